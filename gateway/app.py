@@ -1,0 +1,53 @@
+"""The FastAPI application: ``create_app(settings)`` wires routers, error handlers and the
+lifespan that owns the backend client."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.backend import Backend
+from gateway.catalog import ModelCatalog
+from gateway.chat import ChatService
+from gateway.config import Settings
+from gateway.errors import install_handlers
+from gateway.routers import chat, health, models
+
+
+def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
+    """Builds the gateway. Without ``backend`` the lifespan connects to Triton at
+    ``settings.triton_url``; tests pass a fake one instead."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        active = backend
+        if active is None:
+            from gateway.backend.triton import TritonBackend
+
+            active = TritonBackend(settings.triton_url, settings.triton_timeout_s)
+        catalog = ModelCatalog(active, settings.model_cache_ttl_s)
+        app.state.backend = active
+        app.state.catalog = catalog
+        app.state.chat = ChatService(active, catalog, settings.default_chat_template)
+        try:
+            yield
+        finally:
+            if backend is None:  # we created it, we close it
+                await active.close()
+
+    logging.getLogger("gateway").setLevel(settings.log_level.upper())
+    app = FastAPI(
+        title="Triton OpenAI gateway",
+        summary="OpenAI-compatible API in front of NVIDIA Triton Inference Server",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    install_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,10 @@
+"""The one interface between the gateway and an inference server.
+
+:class:`Backend` is implemented by :class:`gateway.backend.triton.TritonBackend` (the only
+module that imports ``tritonclient``) and by :class:`gateway.backend.fake.FakeBackend` for
+unit tests.
+"""
+
+from gateway.backend.base import Backend, GenerationChunk, ModelInfo, SamplingOptions
+
+__all__ = ["Backend", "GenerationChunk", "ModelInfo", "SamplingOptions"]

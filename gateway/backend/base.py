@@ -1,0 +1,77 @@
+"""Types of the backend interface; they speak the gateway's terms, never Triton's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model the backend can serve, as read from its repository and configuration.
+
+    ``task`` is the OpenAI capability it serves (``chat``; later ``speech``,
+    ``transcription``); ``ready`` is false for a model that is in the repository but not
+    loaded."""
+
+    name: str
+    task: str | None
+    ready: bool
+    chat_template: str | None = None
+    context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling parameters in the vLLM names the chat models take; ``None`` = model default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def to_json(self) -> str:
+        """The ``sampling_parameters`` tensor: only the fields that are set."""
+        return json.dumps({k: v for k, v in asdict(self).items() if v not in (None, [])})
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """A piece of generated text. ``completion_tokens`` counts the tokens since the previous
+    chunk; ``finish_reason`` is set on the last chunk only."""
+
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+
+
+class Backend(Protocol):
+    """What the gateway needs from an inference server.
+
+    Implementations raise :mod:`gateway.errors` exceptions (``BackendUnavailableError``,
+    ``BackendError``, ...) and never their client library's own."""
+
+    async def ready(self) -> bool:
+        """True when the server is up and accepts requests."""
+        ...
+
+    async def models(self) -> list[ModelInfo]:
+        """Every model in the repository, loaded or not."""
+        ...
+
+    def generate(
+        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        """Generates text for a rendered prompt. With ``stream`` false the server may answer
+        in one chunk. Closing the iterator early cancels the request on the server."""
+        ...
+
+    async def close(self) -> None:
+        """Releases connections."""
+        ...

@@ -1,0 +1,99 @@
+"""An in-memory :class:`gateway.backend.Backend` for fast unit tests.
+
+It echoes the last line of the prompt's user message as words, honours ``max_tokens`` and
+``stop``, records every call, and can be told to fail before or during a stream, or to be
+unreachable. It never replaces the real Triton in an end-to-end test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from gateway.backend.base import GenerationChunk, ModelInfo, SamplingOptions
+from gateway.config import CHATML_TEMPLATE
+from gateway.errors import BackendError, BackendUnavailableError
+
+
+@dataclass
+class GenerateCall:
+    model: str
+    prompt: str
+    options: SamplingOptions
+    stream: bool
+    cancelled: bool = False
+    tokens_sent: int = 0
+
+
+@dataclass
+class FakeBackend:
+    """A backend whose answers are the words of :attr:`reply`."""
+
+    reply: str = "Hello from the fake backend."
+    model_list: list[ModelInfo] = field(
+        default_factory=lambda: [
+            ModelInfo("fake-chat", "chat", True, CHATML_TEMPLATE, 2048),
+            ModelInfo("fake-tts", "speech", True),
+            ModelInfo("fake-unloaded", None, False),
+        ]
+    )
+    up: bool = True
+    fail_after_tokens: int | None = None
+    """Raise a model error after this many tokens (0: before the first one)."""
+    token_delay_s: float = 0.0
+    calls: list[GenerateCall] = field(default_factory=list)
+
+    async def ready(self) -> bool:
+        return self.up
+
+    async def models(self) -> list[ModelInfo]:
+        self._check_up()
+        return list(self.model_list)
+
+    async def generate(
+        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        self._check_up()
+        call = GenerateCall(model, prompt, options, stream)
+        self.calls.append(call)
+        words = self.reply.split(" ")
+        limit = options.max_tokens if options.max_tokens is not None else len(words)
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(words[:limit])]
+        finish = "length" if limit < len(words) else "stop"
+        text = "".join(pieces)
+        for stop in options.stop:
+            if stop in text:
+                cut = text.index(stop)
+                pieces, finish = [text[:cut]], "stop"
+                text = text[:cut]
+        prompt_tokens = len(prompt.split())
+        try:
+            if not stream:
+                self._maybe_fail(0)
+                call.tokens_sent = len(pieces)
+                yield GenerationChunk(text, finish, prompt_tokens, len(pieces))
+                return
+            for i, piece in enumerate(pieces):
+                self._maybe_fail(i)
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                call.tokens_sent += 1
+                last = i == len(pieces) - 1
+                yield GenerationChunk(piece, finish if last else None, prompt_tokens, 1)
+            if not pieces:
+                yield GenerationChunk("", finish, prompt_tokens, 0)
+        except (GeneratorExit, asyncio.CancelledError):
+            call.cancelled = True
+            raise
+
+    def _maybe_fail(self, index: int) -> None:
+        if self.fail_after_tokens is not None and index >= self.fail_after_tokens:
+            raise BackendError("Model 'fake-chat' failed: injected failure")
+
+    def _check_up(self) -> None:
+        if not self.up:
+            raise BackendUnavailableError("Triton is unavailable: connection refused")
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,199 @@
+"""The Triton implementation of :class:`gateway.backend.Backend`, over gRPC streaming.
+
+This is the only module that imports ``tritonclient``. Chat requests use the vLLM-backend
+tensors (see ``triton_repo/README.md``), one bidirectional ``ModelStreamInfer`` call per
+request on one shared channel: the request is written, the client half-closes, and Triton
+ends the stream after the model's final response. Cancelling the call cancels the request
+in Triton, which the model sees through ``is_cancelled()``.
+
+Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
+DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the client
+as text only (Triton 2.51's ``triton_grpc_error`` mode, which would carry the code, crashes
+the server on an error after the first response), so it becomes a 500 ``model_error``
+carrying the model's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+from gateway.backend.base import GenerationChunk, ModelInfo, SamplingOptions
+from gateway.errors import (
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    GatewayError,
+    InvalidRequestError,
+    ModelNotFoundError,
+)
+
+_CHAT_INPUTS = {"text_input", "sampling_parameters"}
+_TRUE = np.array([True], dtype=bool)
+_FALSE = np.array([False], dtype=bool)
+
+
+def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
+    """Maps a gRPC status (name, e.g. ``UNAVAILABLE``) to the gateway error of that kind."""
+    if code in ("UNAVAILABLE", "CANCELLED"):
+        return BackendUnavailableError(f"Triton is unavailable: {message}")
+    if code == "DEADLINE_EXCEEDED":
+        return BackendTimeoutError(f"Triton did not answer in time: {message}")
+    if code == "NOT_FOUND" and model is not None:
+        return ModelNotFoundError(model)
+    if code == "INVALID_ARGUMENT":
+        return InvalidRequestError(message)
+    return BackendError(f"Triton error ({code}): {message}")
+
+
+def _from_client_error(exc: InferenceServerException, model: str | None = None) -> GatewayError:
+    status = exc.status() or ""
+    return _status_error(status.removeprefix("StatusCode."), exc.message() or str(exc), model)
+
+
+def _from_rpc_error(exc: grpc.aio.AioRpcError, model: str | None = None) -> GatewayError:
+    return _status_error(exc.code().name, exc.details() or "", model)
+
+
+def _parameters(config: dict[str, Any]) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
+    """Reads the OpenAI task, chat template and context length from a model's config.
+
+    A model without an ``openai_task`` parameter whose inputs are the vLLM backend's is a
+    chat model, so a stock vLLM Triton is served without editing its configs."""
+    params = _parameters(config)
+    task = params.get("openai_task") or None
+    inputs = {i.get("name") for i in config.get("input", [])}
+    if task is None and _CHAT_INPUTS <= inputs:
+        task = "chat"
+    context = params.get("context_length") or params.get("max_model_len")
+    return ModelInfo(
+        name=name,
+        task=task,
+        ready=True,
+        chat_template=params.get("chat_template") or None,
+        context_length=int(context) if context and context.isdigit() else None,
+    )
+
+
+class TritonBackend:
+    """Talks to one Triton server over ``tritonclient.grpc.aio``."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.client = triton_grpc.InferenceServerClient(url)
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
+        except InferenceServerException:
+            return False
+
+    async def models(self) -> list[ModelInfo]:
+        try:
+            index = await self.client.get_model_repository_index(
+                as_json=True, client_timeout=self.timeout_s
+            )
+        except InferenceServerException as exc:
+            raise _from_client_error(exc) from exc
+        entries = index.get("models", [])
+        ready = [e["name"] for e in entries if e.get("state") == "READY"]
+        configs = await asyncio.gather(*(self._config(name) for name in ready))
+        infos = {info.name: info for info in configs if info is not None}
+        for entry in entries:
+            infos.setdefault(entry["name"], ModelInfo(name=entry["name"], task=None, ready=False))
+        return sorted(infos.values(), key=lambda info: info.name)
+
+    async def _config(self, name: str) -> ModelInfo | None:
+        try:
+            reply = await self.client.get_model_config(
+                name, as_json=True, client_timeout=self.timeout_s
+            )
+        except InferenceServerException:
+            return None  # unloaded between the index and this call
+        return model_info_from_config(name, reply.get("config", {}))
+
+    async def generate(
+        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        request = {
+            "model_name": model,
+            "inputs": self._chat_inputs(prompt, options, stream),
+            "enable_empty_final_response": True,
+        }
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield request  # then half-close: Triton ends the stream after the final response
+
+        responses = self.client.stream_infer(requests())
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise BackendError(f"Model '{model}' failed: {error.message()}")
+                response = result.get_response()
+                finished = response.parameters["triton_final_response"].bool_param
+                yield self._chunk(result, finished)
+        except grpc.aio.AioRpcError as exc:
+            raise _from_rpc_error(exc, model) from exc
+        except InferenceServerException as exc:
+            raise _from_client_error(exc, model) from exc
+        finally:
+            if not finished:
+                responses.cancel()  # the client went away or we failed: stop the model
+
+    @staticmethod
+    def _chat_inputs(
+        prompt: str, options: SamplingOptions, stream: bool
+    ) -> list[triton_grpc.InferInput]:
+        def tensor(name: str, value: np.ndarray, datatype: str) -> triton_grpc.InferInput:
+            item = triton_grpc.InferInput(name, [1], datatype)
+            item.set_data_from_numpy(value)
+            return item
+
+        return [
+            tensor("text_input", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES"),
+            tensor("stream", _TRUE if stream else _FALSE, "BOOL"),
+            tensor(
+                "sampling_parameters",
+                np.array([options.to_json().encode("utf-8")], dtype=np.object_),
+                "BYTES",
+            ),
+            tensor("exclude_input_in_output", _TRUE, "BOOL"),
+            tensor("return_finish_reason", _TRUE, "BOOL"),
+            tensor("return_num_input_tokens", _TRUE, "BOOL"),
+            tensor("return_num_output_tokens", _TRUE, "BOOL"),
+        ]
+
+    @staticmethod
+    def _chunk(result: Any, final: bool) -> GenerationChunk:
+        def first(name: str) -> Any:
+            array = result.as_numpy(name)
+            return None if array is None or array.size == 0 else array.reshape(-1)[0]
+
+        text = first("text_output")
+        reason = first("finish_reason")
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8")
+        prompt_tokens = first("num_input_tokens")
+        output_tokens = first("num_output_tokens")
+        return GenerationChunk(
+            text=text.decode("utf-8", errors="replace") if isinstance(text, bytes) else "",
+            # vLLM sends the string "None" until the sequence finishes.
+            finish_reason=reason if reason not in (None, "", "None") else None,
+            prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
+            completion_tokens=int(output_tokens) if output_tokens is not None else 0,
+        )
+
+    async def close(self) -> None:
+        await self.client.close()

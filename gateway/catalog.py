@@ -1,0 +1,60 @@
+"""The models the backend serves, read from it and cached for a short time.
+
+The model list comes from Triton's repository index and each model's config, so a model
+added to the repository (and loaded) appears without code changes. Lookups use a cached
+copy (``model_cache_ttl_s``); a name that is not in it forces one fresh read, so a model
+loaded a moment ago is found at once while a stream of requests costs no extra round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from gateway.backend import Backend, ModelInfo
+from gateway.errors import InvalidRequestError, ModelNotFoundError
+
+
+class ModelCatalog:
+    def __init__(self, backend: Backend, ttl_s: float) -> None:
+        self.backend = backend
+        self.ttl_s = ttl_s
+        self._models: dict[str, ModelInfo] = {}
+        self._read_at = float("-inf")
+        self._lock = asyncio.Lock()
+        #: ``created`` of the OpenAI model objects: when this gateway first saw the models.
+        self.created = int(time.time())
+
+    async def refresh(self) -> dict[str, ModelInfo]:
+        """Reads the model list from the backend now (one read for concurrent callers)."""
+        started = time.monotonic()
+        async with self._lock:
+            if self._read_at >= started:  # another caller read it while we waited
+                return self._models
+            models = await self.backend.models()
+            self._models = {m.name: m for m in models}
+            self._read_at = time.monotonic()
+            return self._models
+
+    async def all(self) -> list[ModelInfo]:
+        """Every model in the repository (loaded or not), read at most ``ttl_s`` ago."""
+        if time.monotonic() - self._read_at > self.ttl_s:
+            await self.refresh()
+        return list(self._models.values())
+
+    async def get(self, name: str, task: str) -> ModelInfo:
+        """A loaded model serving ``task``; 404 for an unknown or unloaded model, 400 for a
+        model of another task."""
+        model = self._models.get(name)
+        if model is None or not model.ready or time.monotonic() - self._read_at > self.ttl_s:
+            model = (await self.refresh()).get(name)
+        if model is None or not model.ready:
+            raise ModelNotFoundError(name)
+        if model.task != task:
+            raise InvalidRequestError(
+                f"The model '{name}' does not support this endpoint (it serves "
+                f"{model.task or 'no OpenAI task'}, this endpoint needs {task}).",
+                param="model",
+                code="model_not_supported",
+            )
+        return model

@@ -1,0 +1,74 @@
+"""Gateway settings, read from ``GATEWAY_*`` environment variables (and a ``.env`` file).
+
+Every field can be set as ``GATEWAY_<FIELD>``; lists take commas (``GATEWAY_MODELS=a,b``).
+Settings are passed into :func:`gateway.app.create_app`; nothing reads them at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: ChatML, used for chat models whose Triton config carries no ``chat_template`` parameter
+#: (a stock vLLM-backend model, say). Set ``GATEWAY_DEFAULT_CHAT_TEMPLATE`` to change it.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class Settings(BaseSettings):
+    """Configuration of the gateway and of the Triton server it may start."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", env_file=".env", env_nested_delimiter="__", extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    """Address the OpenAI API listens on."""
+    port: int = Field(8080, ge=1, le=65535)
+    """Port the OpenAI API listens on."""
+
+    triton_url: str = "127.0.0.1:8001"
+    """gRPC address (host:port) of Triton. With ``embedded_triton`` the server started by
+    ``gateway up`` listens here."""
+    embedded_triton: bool = True
+    """``gateway up`` starts Triton from the nvidia-pytriton wheel. False (or
+    ``--triton-url``): use the Triton already running at ``triton_url``."""
+    triton_http_port: int = Field(8000, ge=1, le=65535)
+    """HTTP port of the embedded Triton (health, model control by hand)."""
+    triton_metrics_port: int = Field(8002, ge=1, le=65535)
+    """Prometheus metrics port of the embedded Triton."""
+    model_repository: Path = PROJECT_ROOT / "triton_repo"
+    """Model repository the embedded Triton serves."""
+    models: Annotated[list[str], NoDecode] = ["smollm2", "mock_chat"]
+    """Models the embedded Triton loads at start; ``/health/ready`` waits for all of them."""
+    run_dir: Path = Path(".run")
+    """Where the embedded Triton's logs and backend directory go."""
+    triton_start_timeout_s: float = Field(300.0, gt=0)
+    """How long ``gateway up`` waits for Triton and its models to become ready."""
+
+    model_cache_ttl_s: float = Field(5.0, ge=0)
+    """How long the model list read from Triton is reused before it is read again. An unknown
+    model name always triggers a fresh read, so a newly loaded model is found at once."""
+    default_chat_template: str = CHATML_TEMPLATE
+    """Jinja chat template for chat models whose config has no ``chat_template``."""
+    triton_timeout_s: float = Field(10.0, gt=0)
+    """Timeout of Triton control calls (health, repository index, model config)."""
+
+    log_level: str = "info"
+    """Log level of the gateway (and uvicorn)."""
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

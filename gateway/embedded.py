@@ -1,0 +1,241 @@
+"""Runs the real ``tritonserver`` binary shipped in the ``nvidia-pytriton`` wheel, no Docker.
+
+The wheel carries the server, the Python backend and one backend stub per Python version.
+Triton wants them laid out as ``<backend-dir>/python/``, with the running interpreter's
+``libpython`` and the wheel's bundled libraries (``libcudart`` among them) on
+``LD_LIBRARY_PATH``.
+
+Model code must see this virtual environment's packages. The stub embeds an *isolated*
+interpreter: it ignores ``PYTHONPATH``, and its ``sys.path`` holds the base interpreter's
+site-packages, whose numpy may be 2.x, which the stub's bindings misread (BYTES tensors
+arrive corrupted). Its ``sys.path`` does start with the working directory, so the server
+runs with its working directory at this environment's site-packages: the environment's
+packages, numpy < 2 included, are found first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+class EmbeddedTritonError(RuntimeError):
+    """Triton could not be started; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the pieces of Triton live inside the installed ``nvidia-pytriton`` wheel."""
+
+    binary: Path
+    python_backend: Path
+    stub: Path
+    libs: Path
+
+    @classmethod
+    def locate(cls) -> TritonInstall:
+        spec = importlib.util.find_spec("pytriton")
+        if spec is None or not spec.submodule_search_locations:
+            raise EmbeddedTritonError(
+                "the nvidia-pytriton package is not installed; run `make run` (or "
+                "`pip install nvidia-pytriton`) to get the tritonserver binary"
+            )
+        package = Path(list(spec.submodule_search_locations)[0])
+        root = package / "tritonserver"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        install = cls(
+            binary=root / "bin" / "tritonserver",
+            python_backend=root / "backends" / "python",
+            stub=root / "python_backend_stubs" / version / "triton_python_backend_stub",
+            libs=package.parent / "nvidia_pytriton.libs",
+        )
+        for path in (install.binary, install.python_backend, install.stub, install.libs):
+            if not path.exists():
+                raise EmbeddedTritonError(
+                    f"{path} is missing: this nvidia-pytriton install is incomplete or has no "
+                    f"stub for Python {version}; reinstall it with `make run`"
+                )
+        return install
+
+    def backend_dir(self, run_dir: Path) -> Path:
+        """Lays out ``<run_dir>/backends/python`` with links into the wheel; returns the
+        folder to pass as ``--backend-directory``."""
+        python_dir = run_dir / "backends" / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        for source in (
+            self.python_backend / "libtriton_python.so",
+            self.python_backend / "triton_python_backend_utils.py",
+            self.stub,
+        ):
+            link = python_dir / source.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(source)
+        return python_dir.parent
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (libdir, str(self.libs), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        return env
+
+    @staticmethod
+    def working_directory() -> str:
+        """The running environment's site-packages (see the module docstring)."""
+        return sysconfig.get_paths()["purelib"]
+
+
+def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
+    """Fails with a clear message when something already listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise EmbeddedTritonError(
+                f"port {port} ({what}) is already in use on {host}: stop what uses it, "
+                f"or choose another port with {setting}"
+            ) from exc
+
+
+class EmbeddedTriton:
+    """One ``tritonserver`` child process in explicit model-control mode."""
+
+    def __init__(
+        self,
+        repository: Path,
+        models: list[str],
+        run_dir: Path,
+        grpc_port: int,
+        http_port: int,
+        metrics_port: int,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.repository = repository.resolve()
+        self.models = models
+        self.run_dir = run_dir.resolve()
+        self.grpc_port = grpc_port
+        self.http_port = http_port
+        self.metrics_port = metrics_port
+        self.host = host
+        self.log_path = self.run_dir / "triton.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    def start(self) -> None:
+        if not self.repository.is_dir():
+            raise EmbeddedTritonError(f"model repository {self.repository} does not exist")
+        for model in self.models:
+            if not (self.repository / model / "config.pbtxt").is_file():
+                raise EmbeddedTritonError(
+                    f"model '{model}' has no {self.repository / model / 'config.pbtxt'}"
+                )
+        for port, what, setting in (
+            (self.grpc_port, "Triton gRPC", "--triton-grpc-port"),
+            (self.http_port, "Triton HTTP", "--triton-http-port"),
+            (self.metrics_port, "Triton metrics", "--triton-metrics-port"),
+        ):
+            ensure_port_free(self.host, port, what, setting)
+        install = TritonInstall.locate()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(install.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={install.backend_dir(self.run_dir)}",
+            "--model-control-mode=explicit",
+            *(f"--load-model={model}" for model in self.models),
+            f"--grpc-port={self.grpc_port}",
+            f"--http-port={self.http_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--grpc-address={self.host}",
+            f"--http-address={self.host}",
+            f"--metrics-address={self.host}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--log-verbose=0",
+        ]
+        log = self.log_path.open("ab")
+        try:
+            # A session of its own: Ctrl-C in the terminal reaches the gateway, which then
+            # stops Triton in order, instead of both racing to exit.
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=install.environment(),
+                cwd=install.working_directory(),
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, timeout_s: float, progress: Callable[[str], None] = print) -> None:
+        """Blocks until the server and every model report ready; raises with the log's tail
+        when the process exits or the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        base = f"http://{self.host}:{self.http_port}/v2"
+        pending = ["server", *self.models]
+        started = time.monotonic()
+        last_note = 0.0
+        with httpx.Client(timeout=2.0) as client:
+            while pending:
+                if self.process is not None and self.process.poll() is not None:
+                    raise EmbeddedTritonError(
+                        f"tritonserver exited with code {self.process.returncode} while "
+                        f"starting; the end of {self.log_path}:\n{self.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise EmbeddedTritonError(
+                        f"Triton was not ready after {timeout_s:.0f} s (waiting for "
+                        f"{', '.join(pending)}); the end of {self.log_path}:\n{self.log_tail()}"
+                    )
+                name = pending[0]
+                url = f"{base}/health/ready" if name == "server" else f"{base}/models/{name}/ready"
+                try:
+                    ready = client.get(url).status_code == 200
+                except httpx.TransportError:
+                    ready = False
+                if ready:
+                    pending.pop(0)
+                    progress(f"  ready: {name} ({time.monotonic() - started:.1f} s)")
+                    continue
+                if time.monotonic() - last_note > 10:
+                    progress(f"  waiting for {name}...")
+                    last_note = time.monotonic()
+                time.sleep(0.2)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops the server: SIGTERM (Triton unloads models gracefully), SIGKILL after the
+        timeout."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

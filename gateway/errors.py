@@ -1,0 +1,141 @@
+"""Every failure the gateway reports, and the one place that turns them into OpenAI errors.
+
+::
+
+    GatewayError                      -> {"error": {"message", "type", "param", "code"}}
+    ├── InvalidRequestError           400 invalid_request_error
+    ├── ModelNotFoundError            404 invalid_request_error / model_not_found
+    ├── BackendError                  500 server_error / model_error
+    ├── BackendUnavailableError       503 server_error / backend_unavailable
+    └── BackendTimeoutError           504 server_error / backend_timeout
+
+Routers never catch exceptions: the handlers installed by :func:`install_handlers` render
+these, FastAPI's validation errors (as 400, like OpenAI) and anything unexpected (500),
+always in the OpenAI error body. Errors after a stream began are rendered by the chat
+service as an SSE ``error`` event with the same body (see :func:`error_body`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("gateway")
+
+
+class GatewayError(Exception):
+    """An error with its HTTP status and OpenAI error fields."""
+
+    status_code = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequestError(GatewayError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class ModelNotFoundError(GatewayError):
+    status_code = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist", param="model")
+
+
+class BackendError(GatewayError):
+    """The model or Triton failed while serving a request."""
+
+    code = "model_error"
+
+
+class BackendUnavailableError(GatewayError):
+    """Triton cannot be reached, or the model is not ready."""
+
+    status_code = 503
+    code = "backend_unavailable"
+
+
+class BackendTimeoutError(GatewayError):
+    status_code = 504
+    code = "backend_timeout"
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+_HTTP_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def _validation_param(loc: tuple[Any, ...]) -> str | None:
+    # ("body", "messages", 0, "content") -> "messages.[0].content", as OpenAI names params.
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts) or None
+
+
+async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)  # registered for GatewayError only
+    if exc.status_code >= 500:
+        logger.warning("%s: %s", type(exc).__name__, exc.message)
+    return JSONResponse(exc.body(), status_code=exc.status_code)
+
+
+async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = _validation_param(tuple(first.get("loc", ())))
+    message = str(first.get("msg", "invalid request"))
+    if first.get("type") == "json_invalid":
+        message, param = "The request body is not valid JSON.", None
+    elif param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error(s))"
+    return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+
+
+async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    body = error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "invalid_request_error"))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", exc_info=exc)
+    body = error_body("The server had an error while processing your request.", "server_error")
+    return JSONResponse(body, status_code=500)
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(GatewayError, _on_gateway_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,1 @@
+"""One module per endpoint group; routes parse, call one service and return."""

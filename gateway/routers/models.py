@@ -1,0 +1,35 @@
+"""GET /v1/models and /v1/models/{id}: the loaded models that serve an OpenAI task."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.backend import ModelInfo
+from gateway.dependencies import CatalogDep
+from gateway.errors import ModelNotFoundError
+from gateway.protocol import Model, ModelList
+
+router = APIRouter(prefix="/v1", tags=["models"])
+
+
+def _public(info: ModelInfo, created: int) -> Model:
+    return Model(id=info.name, created=created, task=info.task,
+                 context_length=info.context_length)
+
+
+def _served(models: list[ModelInfo]) -> list[ModelInfo]:
+    return [m for m in models if m.ready and m.task is not None]
+
+
+@router.get("/models")
+async def list_models(catalog: CatalogDep) -> ModelList:
+    models = _served(await catalog.all())
+    return ModelList(data=[_public(m, catalog.created) for m in models])
+
+
+@router.get("/models/{model_id:path}")
+async def retrieve_model(model_id: str, catalog: CatalogDep) -> Model:
+    for model in _served(await catalog.all()):
+        if model.name == model_id:
+            return _public(model, catalog.created)
+    raise ModelNotFoundError(model_id)

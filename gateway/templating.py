@@ -1,0 +1,58 @@
+"""Renders chat prompts from a model's Jinja chat template, in a sandbox.
+
+Templates come from model configs (operators' files, not users'), but they run over user
+messages, so they run in Jinja's immutable sandbox with the conventions of Hugging Face
+chat templates (``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``tojson``).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, NoReturn
+
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from gateway.errors import BackendError, InvalidRequestError
+
+
+class TemplateRejected(TemplateError):
+    """The template itself refused the conversation (``raise_exception`` in the template)."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise TemplateRejected(message)
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+_ENV = ImmutableSandboxedEnvironment(
+    trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols], autoescape=False
+)
+_ENV.globals["raise_exception"] = _raise_exception
+_ENV.filters["tojson"] = _tojson
+
+
+@lru_cache(maxsize=64)
+def _compile(source: str) -> Any:
+    return _ENV.from_string(source)
+
+
+def render_chat(template: str, messages: list[dict[str, str]], **extra: Any) -> str:
+    """Renders ``messages`` (``role``/``content`` dicts) with a generation prompt.
+
+    A conversation the template rejects is the client's error (400); a template that fails
+    otherwise is the operator's (500)."""
+    try:
+        compiled = _compile(template)
+        return str(compiled.render(messages=messages, add_generation_prompt=True, **extra))
+    except TemplateRejected as exc:
+        raise InvalidRequestError(f"The chat template rejected the messages: {exc}",
+                                  param="messages") from exc
+    except TemplateError as exc:
+        raise BackendError(f"The model's chat template failed: {exc}",
+                           code="chat_template_error") from exc

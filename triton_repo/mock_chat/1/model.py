@@ -1,0 +1,135 @@
+"""A weightless chat model with the vLLM-backend tensors, for fast tests and benchmarks.
+
+It answers every prompt with deterministic words, so the gateway's own cost can be measured
+against a direct Triton call. Each request runs on its own thread, so concurrent requests
+stream concurrently as they would from a batching engine.
+
+Behaviour (documented in ``triton_repo/README.md``):
+- without ``max_tokens`` it sends the nine words of :data:`SENTENCE` and finishes ``stop``;
+  with ``max_tokens`` it sends exactly that many words (cycling) and finishes ``length``;
+- a ``stop`` string ends the text before it and finishes ``stop``;
+- a prompt token is a whitespace-separated word of the prompt;
+- directives in the prompt steer it for tests: ``[mock:delay_ms=N]`` waits N ms before each
+  token (default: the ``token_delay_ms`` config parameter), ``[mock:fail_after=N]`` sends N
+  tokens, then an error response.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+_DIRECTIVE = re.compile(r"\[mock:(delay_ms|fail_after)=(\d+)\]")
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        # Shared modules sit at the repository root, beside the model folders.
+        sys.path.insert(0, os.path.dirname(args["model_repository"]))
+        import vllm_contract
+
+        self.contract = vllm_contract
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("mock_chat must be decoupled")
+        parameters = model_config.get("parameters", {})
+        self.default_delay_s = (
+            float(parameters.get("token_delay_ms", {}).get("string_value", "0")) / 1000.0
+        )
+        self.words = SENTENCE.split(" ")
+        self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
+        self.inflight: set[threading.Thread] = set()
+        self.lock = threading.Lock()
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                decoded = self.contract.read_request(pb_utils, request)
+            except self.contract.InvalidRequest as exc:
+                self.contract.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
+                continue
+            thread = threading.Thread(target=self._generate, args=(decoded, sender), daemon=True)
+            with self.lock:
+                self.inflight.add(thread)
+            thread.start()
+        return None
+
+    def _generate(self, request: Any, sender: Any) -> None:
+        try:
+            self._stream(request, sender)
+        except Exception as exc:  # the request must end even if this model has a bug
+            self.contract.send_error(pb_utils, sender, f"mock_chat failed: {exc}")
+        finally:
+            with self.lock:
+                self.inflight.discard(threading.current_thread())
+
+    def _stream(self, request: Any, sender: Any) -> None:
+        directives = dict(_DIRECTIVE.findall(request.prompt))
+        delay = self.default_delay_s
+        if "delay_ms" in directives:
+            delay = float(directives["delay_ms"]) / 1000.0
+        fail_after = int(directives["fail_after"]) if "fail_after" in directives else None
+        params = request.params
+        limit = params.max_tokens if params.max_tokens is not None else len(self.words)
+        finish = "length" if params.max_tokens is not None else "stop"
+        n_in = len(request.prompt.split())
+        text, sent, unsent_tokens = "", 0, 0
+        for i in range(limit):
+            if sender.is_cancelled():
+                self.contract.send_error(pb_utils, sender, "cancelled", "CANCELLED")
+                return
+            if fail_after is not None and i == fail_after:
+                self.contract.send_error(pb_utils, sender, "mock_chat: failure requested")
+                return
+            if delay:
+                time.sleep(delay)
+            word = self.words[i % len(self.words)]
+            text += word if i == 0 else " " + word
+            self.tokens.increment(1)
+            unsent_tokens += 1
+            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+            # Hold back a tail that could still grow into a stop string, as engines do.
+            safe = len(text) - _stop_prefix_len(text, params.stop)
+            if request.stream and safe > sent and i < limit - 1:
+                sender.send(
+                    self.contract.make_response(
+                        pb_utils, request, text[sent:safe], None, n_in, unsent_tokens
+                    )
+                )
+                sent, unsent_tokens = safe, 0
+        sender.send(
+            self.contract.make_response(
+                pb_utils, request, text[sent:], finish, n_in, unsent_tokens
+            ),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+        )
+
+    def finalize(self) -> None:
+        # Let in-flight requests finish their responses before the model goes away.
+        with self.lock:
+            threads = list(self.inflight)
+        for thread in threads:
+            thread.join(timeout=5)
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best

@@ -1,0 +1,224 @@
+"""The request/response contract of Triton's vLLM backend, shared by the chat models here.
+
+Both chat models in this repository (``smollm2`` and ``mock_chat``) speak exactly the tensors
+of Triton's vLLM backend, so the gateway fronts them and a production vLLM Triton the same way.
+This module parses those tensors and builds the responses; it never imports a model runtime.
+
+Each ``model.py`` puts this repository's root on ``sys.path`` in ``initialize`` and imports
+this module from there, so the repository stays self-contained (no package to install).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Sampling fields a chat model accepts; anything else in ``sampling_parameters`` is an error,
+#: so a typo never silently changes nothing.
+KNOWN_SAMPLING_FIELDS = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+    }
+)
+
+
+class InvalidRequest(ValueError):
+    """Bad input from the client; the model answers it with ``TritonError(INVALID_ARG)``."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling parameters (vLLM names; ``None`` means the model's default)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @classmethod
+    def from_json(cls, raw: bytes | str | None) -> SamplingParams:
+        if raw is None or raw in (b"", ""):
+            return cls()
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidRequest(f"sampling_parameters is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise InvalidRequest("sampling_parameters must be a JSON object")
+        unknown = sorted(set(data) - KNOWN_SAMPLING_FIELDS)
+        if unknown:
+            raise InvalidRequest(f"unsupported sampling parameter(s): {', '.join(unknown)}")
+        # vLLM sends numbers as strings in some clients; accept both, reject anything else.
+        out: dict[str, Any] = {}
+        if data.get("max_tokens") is not None:
+            out["max_tokens"] = _int(data, "max_tokens", low=1)
+        if data.get("temperature") is not None:
+            out["temperature"] = _float(data, "temperature", 0.0, 2.0)
+        if data.get("top_p") is not None:
+            out["top_p"] = _float(data, "top_p", 0.0, 1.0)
+            if out["top_p"] == 0.0:
+                raise InvalidRequest("top_p must be in (0, 1], got 0")
+        if data.get("top_k") is not None:
+            out["top_k"] = _int(data, "top_k", low=-1)
+        if data.get("seed") is not None:
+            out["seed"] = _int(data, "seed", low=-(2**63))
+        if data.get("presence_penalty") is not None:
+            out["presence_penalty"] = _float(data, "presence_penalty", -2.0, 2.0)
+        if data.get("frequency_penalty") is not None:
+            out["frequency_penalty"] = _float(data, "frequency_penalty", -2.0, 2.0)
+        stop = data.get("stop")
+        if stop is not None:
+            if isinstance(stop, str):
+                stop = [stop]
+            if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+                raise InvalidRequest("stop must be a non-empty string or a list of them")
+            out["stop"] = stop
+        return cls(**out)
+
+
+def _int(data: dict[str, Any], name: str, low: int) -> int:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidRequest(f"{name} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} must be an integer, got {value!r}") from exc
+    if number < low:
+        raise InvalidRequest(f"{name} must be >= {low}, got {number}")
+    return number
+
+
+def _float(data: dict[str, Any], name: str, low: float, high: float) -> float:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidRequest(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} must be a number, got {value!r}") from exc
+    if math.isnan(number) or not low <= number <= high:
+        raise InvalidRequest(f"{name} must be between {low} and {high}, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One decoded request: the rendered prompt, its options and which extra outputs to send."""
+
+    prompt: str
+    stream: bool
+    params: SamplingParams
+    exclude_input: bool
+    want_finish_reason: bool
+    want_input_tokens: bool
+    want_output_tokens: bool
+
+
+def read_request(pb_utils: Any, request: Any) -> ChatRequest:
+    """Decodes a vLLM-contract request; raises :class:`InvalidRequest` on bad input."""
+
+    def scalar(name: str) -> Any:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            return None
+        array = tensor.as_numpy().reshape(-1)
+        if array.size != 1:
+            raise InvalidRequest(f"input '{name}' must hold exactly one element")
+        return array[0]
+
+    def flag(name: str, default: bool = False) -> bool:
+        value = scalar(name)
+        return default if value is None else bool(value)
+
+    raw_prompt = scalar("text_input")
+    if raw_prompt is None:
+        raise InvalidRequest("input 'text_input' is required")
+    try:
+        prompt = raw_prompt.decode("utf-8") if isinstance(raw_prompt, bytes) else str(raw_prompt)
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("text_input is not valid UTF-8") from exc
+    if not prompt:
+        raise InvalidRequest("text_input must not be empty")
+    return ChatRequest(
+        prompt=prompt,
+        stream=flag("stream", True),
+        params=SamplingParams.from_json(scalar("sampling_parameters")),
+        exclude_input=flag("exclude_input_in_output", False),
+        want_finish_reason=flag("return_finish_reason"),
+        want_input_tokens=flag("return_num_input_tokens"),
+        want_output_tokens=flag("return_num_output_tokens"),
+    )
+
+
+def make_response(
+    pb_utils: Any,
+    request: ChatRequest,
+    text: str,
+    finish_reason: str | None,
+    num_input_tokens: int,
+    num_output_tokens: int,
+) -> Any:
+    """Builds one response. ``num_output_tokens`` counts the tokens since the previous response
+    (vLLM's meaning); ``finish_reason`` is ``None`` until the last response."""
+    tensors = [
+        pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+    ]
+    if request.want_finish_reason:
+        reason = (finish_reason or "None").encode("utf-8")
+        tensors.append(pb_utils.Tensor("finish_reason", np.array([reason], dtype=np.object_)))
+    if request.want_input_tokens:
+        tensors.append(
+            pb_utils.Tensor("num_input_tokens", np.array([num_input_tokens], dtype=np.uint32))
+        )
+    if request.want_output_tokens:
+        tensors.append(
+            pb_utils.Tensor("num_output_tokens", np.array([num_output_tokens], dtype=np.uint32))
+        )
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def send_error(pb_utils: Any, sender: Any, message: str, code: str = "INTERNAL") -> None:
+    """Ends a request with an error response; ``code`` names a ``TritonError`` code
+    (``INVALID_ARG`` for the client's fault, ``CANCELLED`` when the client went away)."""
+    sender.send(
+        pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+        ),
+        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    )
+
+
+class TokenCounter:
+    """A Triton custom metric counting generated tokens, exposed on Triton's /metrics as
+    ``model_generated_tokens_total{model=...}``.
+
+    Operators see generation throughput per model; tests use it to prove that a cancelled
+    request stops generating. Triton requires the family to outlive its metric, so this
+    object keeps both."""
+
+    def __init__(self, pb_utils: Any, model_name: str) -> None:
+        self.family = pb_utils.MetricFamily(
+            name="model_generated_tokens_total",
+            description="Tokens generated by the chat models of this repository",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self.metric = self.family.Metric(labels={"model": model_name})
+
+    def increment(self, tokens: int = 1) -> None:
+        self.metric.increment(tokens)
