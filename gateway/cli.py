@@ -59,13 +59,22 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def _stop_on_sigterm(signum: int, _frame: types.FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+class _Terminated(Exception):
+    """SIGTERM arrived: stop everything in order."""
+
+
+def _stop_on_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
+    raise _Terminated
+
+
+# uvicorn handles SIGINT/SIGTERM while it serves and re-raises the signal after its graceful
+# shutdown; both paths end here, so an operator's stop is a clean exit (0).
+_STOP_REQUESTS = (_Terminated, KeyboardInterrupt)
 
 
 def up(settings: Settings) -> int:
     triton: EmbeddedTriton | None = None
-    # Until uvicorn installs its own handlers, SIGTERM unwinds through `finally` below.
+    # SIGTERM unwinds through `finally` below, which stops Triton.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         ensure_port_free(settings.host, settings.port, "OpenAI API", "--port or GATEWAY_PORT")
@@ -109,8 +118,8 @@ def up(settings: Settings) -> int:
     except EmbeddedTritonError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except _STOP_REQUESTS:
+        return 0
     finally:
         if triton is not None and triton.process is not None:
             print("Stopping Triton...", flush=True)

@@ -1,8 +1,9 @@
 """A weightless chat model with the vLLM-backend tensors, for fast tests and benchmarks.
 
 It answers every prompt with deterministic words, so the gateway's own cost can be measured
-against a direct Triton call. Each request runs on its own thread, so concurrent requests
-stream concurrently as they would from a batching engine.
+against a direct Triton call. Concurrent requests stream concurrently, as from a batching
+engine: one scheduler thread interleaves them. (A thread per request crashed Triton 2.51's
+Python backend when several sent responses at once, so all sends happen on that thread.)
 
 Behaviour (documented in ``triton_repo/README.md``):
 - without ``max_tokens`` it sends the nine words of :data:`SENTENCE` and finishes ``stop``;
@@ -16,12 +17,16 @@ Behaviour (documented in ``triton_repo/README.md``):
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import os
+import queue
 import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -46,33 +51,53 @@ class TritonPythonModel:
         )
         self.words = SENTENCE.split(" ")
         self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
-        self.inflight: set[threading.Thread] = set()
-        self.lock = threading.Lock()
+        self.incoming: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self.scheduler = threading.Thread(target=self._schedule, name="mock-chat", daemon=True)
+        self.scheduler.start()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                decoded = self.contract.read_request(pb_utils, request)
+                decoded: Any = self.contract.read_request(pb_utils, request)
             except self.contract.InvalidRequest as exc:
-                self.contract.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
-                continue
-            thread = threading.Thread(target=self._generate, args=(decoded, sender), daemon=True)
-            with self.lock:
-                self.inflight.add(thread)
-            thread.start()
+                decoded = exc
+            self.incoming.put((decoded, sender))
         return None
 
-    def _generate(self, request: Any, sender: Any) -> None:
-        try:
-            self._stream(request, sender)
-        except Exception as exc:  # the request must end even if this model has a bug
-            self.contract.send_error(pb_utils, sender, f"mock_chat failed: {exc}")
-        finally:
-            with self.lock:
-                self.inflight.discard(threading.current_thread())
+    def _schedule(self) -> None:
+        """Runs every request's generator step by step, each step when its delay is due."""
+        due: list[tuple[float, int, Any, Any]] = []  # (when, order, steps, sender)
+        order = itertools.count()
+        while True:
+            wait = max(0.0, due[0][0] - time.monotonic()) if due else None
+            try:
+                item = self.incoming.get(timeout=wait) if wait != 0.0 else self.incoming.get_nowait()
+            except queue.Empty:
+                item = ()
+            if item is None:  # finalize
+                return
+            if item:
+                decoded, sender = item
+                if isinstance(decoded, Exception):
+                    self.contract.send_error(pb_utils, sender, str(decoded), "INVALID_ARG")
+                else:
+                    heapq.heappush(
+                        due, (time.monotonic(), next(order), self._stream(decoded, sender), sender)
+                    )
+                continue
+            when, _, steps, sender = heapq.heappop(due)
+            try:
+                delay = next(steps)
+            except StopIteration:
+                continue
+            except Exception as exc:  # the request must end even if this model has a bug
+                self.contract.send_error(pb_utils, sender, f"mock_chat failed: {exc}")
+                continue
+            heapq.heappush(due, (max(when + delay, time.monotonic()), next(order), steps, sender))
 
-    def _stream(self, request: Any, sender: Any) -> None:
+    def _stream(self, request: Any, sender: Any) -> Iterator[float]:
+        """One request's generation; yields the delay before its next token."""
         directives = dict(_DIRECTIVE.findall(request.prompt))
         delay = self.default_delay_s
         if "delay_ms" in directives:
@@ -90,8 +115,7 @@ class TritonPythonModel:
             if fail_after is not None and i == fail_after:
                 self.contract.send_error(pb_utils, sender, "mock_chat: failure requested")
                 return
-            if delay:
-                time.sleep(delay)
+            yield delay  # lets the scheduler interleave other requests, even at no delay
             word = self.words[i % len(self.words)]
             text += word if i == 0 else " " + word
             self.tokens.increment(1)
@@ -117,11 +141,8 @@ class TritonPythonModel:
         )
 
     def finalize(self) -> None:
-        # Let in-flight requests finish their responses before the model goes away.
-        with self.lock:
-            threads = list(self.inflight)
-        for thread in threads:
-            thread.join(timeout=5)
+        self.incoming.put(None)
+        self.scheduler.join(timeout=5)
 
 
 def _stop_prefix_len(text: str, stops: list[str]) -> int:

@@ -1,0 +1,54 @@
+# Two commands do everything on a fresh Debian machine with Python 3.11:
+#   make run   - install what is missing, then run Triton + the gateway in the foreground
+#   make test  - install what is missing, then run the whole test suite
+# Installs are idempotent: a second run only checks a stamp file.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# llama-cpp-python is built from source; a native (-march=native) build crashed on some
+# CPUs (see README), so build a portable one. pip caches the wheel after the first build.
+export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+
+.PHONY: run test test-unit lint bench system-deps
+
+run: $(STAMP)
+	$(BIN)/gateway up
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway tests triton_repo
+	$(BIN)/ruff format --check gateway tests triton_repo
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m tests.bench.chat
+
+# Debian packages, installed only when what they provide is missing (root or sudo).
+system-deps:
+	@missing=""; \
+	$(PYTHON) -c "import venv, ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
+	$(PYTHON) -c "import sysconfig,os,sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'],'Python.h')))" || missing="$$missing python3-dev"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
+	command -v make >/dev/null || missing="$$missing make"; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(BIN)/python:
+	$(MAKE) system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(MAKE) system-deps
+	$(BIN)/pip install -q -e ".[models,dev]"
+	touch $@

@@ -1,0 +1,79 @@
+"""``gateway up`` as an operator meets it: clear failures, supervision, clean shutdown."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.stack import ROOT, GatewayProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def test_taken_port_fails_with_a_clear_message() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "gateway", "up", "--port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {port} (OpenAI API) is already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_triton_gives_503_and_the_gateway_keeps_serving() -> None:
+    gateway = GatewayProcess(triton_url=f"127.0.0.1:{free_port()}").start()
+    try:
+        gateway.wait_ready(60, path="/health/live")
+        assert httpx.get(gateway.base_url + "/health/ready").status_code == 503
+        client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert info.value.status_code == 503
+        assert info.value.body["code"] == "backend_unavailable"
+        assert httpx.get(gateway.base_url + "/health/live").status_code == 200
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_gateway_exits_when_its_triton_dies() -> None:
+    gateway = GatewayProcess(models=["mock_chat"]).start()
+    try:
+        gateway.wait_ready(120)
+        triton = subprocess.run(
+            ["pgrep", "-f", "--", f"--grpc-port={gateway.grpc_port}"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()
+        assert len(triton) == 1
+        subprocess.run(["kill", "-9", triton[0]], check=True)
+        assert gateway.process is not None
+        gateway.process.wait(timeout=30)
+        assert gateway.process.returncode == 1
+        assert "Triton exited unexpectedly" in gateway.output()
+    finally:
+        gateway.stop()
+
+
+def test_sigterm_stops_triton_too() -> None:
+    gateway = GatewayProcess(models=["mock_chat"]).start()
+    gateway.wait_ready(120)
+    assert gateway.process is not None
+    gateway.process.send_signal(signal.SIGTERM)
+    assert gateway.process.wait(timeout=60) == 0
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", "--", f"--grpc-port={gateway.grpc_port}"],
+                          capture_output=True, text=True)
+    assert left.stdout.strip() == "", "tritonserver outlived the gateway"
+    gateway.stop()

@@ -1,0 +1,99 @@
+"""Starts the real stack (``gateway up``: Triton from the nvidia-pytriton wheel + the gateway)
+as a subprocess on free ports, for integration tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    """One ``python -m gateway up`` process and the ports it was given."""
+
+    models: list[str] = field(default_factory=lambda: ["mock_chat"])
+    triton_url: str | None = None
+    run_dir: Path = ROOT / ".run" / "tests"
+    port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[str] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def triton_grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def triton_metrics(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "gateway", "up", "--port", str(self.port),
+                   "--log-level", "warning"]
+        if self.triton_url:
+            return [*command, "--triton-url", self.triton_url]
+        return [*command, "--models", ",".join(self.models),
+                "--triton-grpc-port", str(self.grpc_port),
+                "--triton-http-port", str(self.http_port),
+                "--triton-metrics-port", str(self.metrics_port)]
+
+    def start(self) -> GatewayProcess:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GATEWAY_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        self.log = (self.run_dir / f"gateway-{self.port}.log").open("w")
+        self.process = subprocess.Popen(
+            self.command(), cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            text=True,
+        )
+        return self
+
+    def output(self) -> str:
+        return (self.run_dir / f"gateway-{self.port}.log").read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 300.0, path: str = "/health/ready") -> None:
+        deadline = time.monotonic() + timeout_s
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway up exited early:\n{self.output()}")
+            try:
+                if httpx.get(self.base_url + path, timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"gateway up not ready after {timeout_s} s:\n{self.output()}")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, as a service manager would; returns the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        return self.process.returncode

@@ -1,0 +1,193 @@
+"""Non-streaming chat completions through the official SDK, and what reaches the backend."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from gateway.backend import SamplingOptions
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import REPLY, USER_HI, chat_body
+
+CHATML_HI = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_reply_finish_reason_and_usage(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
+    completion = await client.chat.completions.create(model="fake-chat", messages=USER_HI)
+
+    assert completion.object == "chat.completion"
+    assert completion.id.startswith("chatcmpl-")
+    assert completion.model == "fake-chat"
+    assert len(completion.choices) == 1
+    choice = completion.choices[0]
+    assert choice.index == 0
+    assert choice.message.role == "assistant"
+    assert choice.message.content == REPLY
+    assert choice.finish_reason == "stop"
+
+    usage = completion.usage
+    assert usage is not None
+    assert usage.completion_tokens == len(REPLY.split())
+    assert usage.prompt_tokens == len(fake.calls[-1].prompt.split()) > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+    assert len(fake.calls) == 1
+    assert fake.calls[-1].model == "fake-chat"
+    assert fake.calls[-1].stream is False
+
+
+async def test_each_completion_has_its_own_id(client: openai.AsyncOpenAI) -> None:
+    first = await client.chat.completions.create(model="fake-chat", messages=USER_HI)
+    second = await client.chat.completions.create(model="fake-chat", messages=USER_HI)
+    assert first.id != second.id
+
+
+async def test_max_tokens_cuts_the_reply_with_finish_length(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    completion = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, max_tokens=2
+    )
+    assert completion.choices[0].message.content == "Hello from"
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 2
+    assert fake.calls[-1].options.max_tokens == 2
+
+
+async def test_max_completion_tokens_is_honoured(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    completion = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, max_completion_tokens=3
+    )
+    assert completion.choices[0].message.content == "Hello from the"
+    assert completion.choices[0].finish_reason == "length"
+    assert fake.calls[-1].options.max_tokens == 3
+
+
+async def test_max_completion_tokens_wins_over_max_tokens(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    completion = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, max_tokens=1, max_completion_tokens=3
+    )
+    assert completion.choices[0].message.content == "Hello from the"
+    assert fake.calls[-1].options.max_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("fake", "Hello from the "), (["zzz", "the"], "Hello from ")],
+)
+async def test_stop_sequence_cuts_the_text(
+    client: openai.AsyncOpenAI, fake: FakeBackend, stop: str | list[str], expected: str
+) -> None:
+    completion = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, stop=stop
+    )
+    assert completion.choices[0].message.content == expected
+    assert completion.choices[0].finish_reason == "stop"
+    assert fake.calls[-1].options.stop == ([stop] if isinstance(stop, str) else stop)
+
+
+async def test_sampling_parameters_reach_the_backend(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.chat.completions.create(
+        model="fake-chat",
+        messages=USER_HI,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        presence_penalty=0.25,
+        frequency_penalty=-0.5,
+        stop=["END"],
+        max_tokens=40,
+    )
+    assert fake.calls[-1].options == SamplingOptions(
+        max_tokens=40,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        stop=["END"],
+        presence_penalty=0.25,
+        frequency_penalty=-0.5,
+    )
+
+
+async def test_unset_parameters_leave_the_model_defaults(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.chat.completions.create(model="fake-chat", messages=USER_HI)
+    assert fake.calls[-1].options == SamplingOptions()
+
+
+async def test_temperature_zero_is_passed_not_dropped(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.chat.completions.create(model="fake-chat", messages=USER_HI, temperature=0, seed=0)
+    assert fake.calls[-1].options.temperature == 0.0
+    assert fake.calls[-1].options.seed == 0
+
+
+async def test_top_p_zero_becomes_greedy_decoding(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, top_p=0, temperature=0.8
+    )
+    options = fake.calls[-1].options
+    assert options.temperature == 0.0
+    assert options.top_p is None
+
+
+async def test_prompt_is_the_chatml_rendering_of_the_messages(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.chat.completions.create(
+        model="fake-chat",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Line one"}, {"type": "text", "text": "two"}],
+            },
+            {"role": "assistant", "content": "Sure."},
+            {"role": "developer", "content": "Answer in French."},
+            {"role": "user", "content": "Go"},
+        ],
+    )
+    assert fake.calls[-1].prompt == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nLine one\ntwo<|im_end|>\n"
+        "<|im_start|>assistant\nSure.<|im_end|>\n"
+        "<|im_start|>system\nAnswer in French.<|im_end|>\n"
+        "<|im_start|>user\nGo<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+async def test_single_user_message_prompt(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
+    await client.chat.completions.create(model="fake-chat", messages=USER_HI)
+    assert fake.calls[-1].prompt == CHATML_HI
+
+
+async def test_unknown_openai_fields_are_ignored(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # Apps written for OpenAI send fields the gateway does not know; they must keep working.
+    response = await http.post(
+        "/v1/chat/completions",
+        json=chat_body(metadata={"k": "v"}, store=False, user="u1", tool_choice="none"),
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == REPLY
+
+
+async def test_response_format_text_is_accepted(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/chat/completions", json=chat_body(response_format={"type": "text"}, n=1)
+    )
+    assert response.status_code == 200, response.text

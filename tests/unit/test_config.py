@@ -1,0 +1,74 @@
+"""Settings from GATEWAY_* environment variables."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.config import CHATML_TEMPLATE, Settings
+
+
+def settings() -> Settings:
+    return Settings(_env_file=None)  # type: ignore[call-arg]
+
+
+def test_models_take_commas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MODELS", "a, b")
+    assert settings().models == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("value", "models"),
+    [("single", ["single"]), ("a,,b, ", ["a", "b"]), ("  x  ,y", ["x", "y"]), ("", [])],
+)
+def test_models_list_forms(monkeypatch: pytest.MonkeyPatch, value: str, models: list[str]) -> None:
+    monkeypatch.setenv("GATEWAY_MODELS", value)
+    assert settings().models == models
+
+
+def test_models_as_a_python_list() -> None:
+    assert Settings(_env_file=None, models=["x", "y"]).models == ["x", "y"]  # type: ignore[call-arg]
+
+
+def test_defaults() -> None:
+    current = settings()
+    assert current.models == ["smollm2", "mock_chat"]
+    assert current.model_cache_ttl_s == 5.0
+    assert current.default_chat_template == CHATML_TEMPLATE
+    assert current.triton_url == "127.0.0.1:8001"
+
+
+def test_scalar_fields_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE_TTL_S", "0.5")
+    monkeypatch.setenv("GATEWAY_PORT", "9090")
+    monkeypatch.setenv("GATEWAY_TRITON_URL", "triton:8001")
+    monkeypatch.setenv("GATEWAY_EMBEDDED_TRITON", "false")
+    current = settings()
+    assert current.model_cache_ttl_s == 0.5
+    assert current.port == 9090
+    assert current.triton_url == "triton:8001"
+    assert current.embedded_triton is False
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("GATEWAY_MODEL_CACHE_TTL_S", "-1"),
+        ("GATEWAY_PORT", "70000"),
+        ("GATEWAY_TRITON_TIMEOUT_S", "0"),
+    ],
+)
+def test_invalid_values_are_rejected(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError):
+        settings()
+
+
+def test_env_file_is_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("GATEWAY_MODELS=m1,m2\nGATEWAY_LOG_LEVEL=debug\n")
+    current = Settings(_env_file=env_file)  # type: ignore[call-arg]
+    assert current.models == ["m1", "m2"]
+    assert current.log_level == "debug"
