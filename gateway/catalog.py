@@ -26,29 +26,41 @@ class ModelCatalog:
         self.created = int(time.time())
 
     async def refresh(self) -> dict[str, ModelInfo]:
-        """Reads the model list from the backend now (one read for concurrent callers)."""
-        started = time.monotonic()
+        """Reads the model list from the backend now. Concurrent callers share one read, but
+        only a read that began after they asked: an older one may predate a model they
+        expect."""
+        asked = time.monotonic()
         async with self._lock:
-            if self._read_at >= started:  # another caller read it while we waited
+            if self._read_at >= asked:
                 return self._models
+            began = time.monotonic()
             models = await self.backend.models()
             self._models = {m.name: m for m in models}
-            self._read_at = time.monotonic()
+            self._read_at = began
             return self._models
+
+    def _stale(self) -> bool:
+        return time.monotonic() - self._read_at > self.ttl_s
 
     async def all(self) -> list[ModelInfo]:
         """Every model in the repository (loaded or not), read at most ``ttl_s`` ago."""
-        if time.monotonic() - self._read_at > self.ttl_s:
+        if self._stale():
             await self.refresh()
         return list(self._models.values())
+
+    async def find(self, name: str) -> ModelInfo | None:
+        """The loaded model called ``name``, or None. A name that is not loaded in the cached
+        list forces a fresh read, so a model loaded a moment ago is found."""
+        model = self._models.get(name)
+        if model is None or not model.ready or self._stale():
+            model = (await self.refresh()).get(name)
+        return model if model is not None and model.ready else None
 
     async def get(self, name: str, task: str) -> ModelInfo:
         """A loaded model serving ``task``; 404 for an unknown or unloaded model, 400 for a
         model of another task."""
-        model = self._models.get(name)
-        if model is None or not model.ready or time.monotonic() - self._read_at > self.ttl_s:
-            model = (await self.refresh()).get(name)
-        if model is None or not model.ready:
+        model = await self.find(name)
+        if model is None:
             raise ModelNotFoundError(name)
         if model.task != task:
             raise InvalidRequestError(

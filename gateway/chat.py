@@ -60,9 +60,14 @@ def _message_text(index: int, message: ChatMessage) -> str:
         return message.content
     texts = []
     for part in message.content:
-        if part.type != "text" or part.text is None:
+        if part.type != "text":
             raise InvalidRequestError(
                 f"Content parts of type '{part.type}' are not supported; only 'text' is.",
+                param=f"messages.[{index}].content",
+            )
+        if part.text is None:
+            raise InvalidRequestError(
+                "A content part of type 'text' needs a 'text' field.",
                 param=f"messages.[{index}].content",
             )
         texts.append(part.text)
@@ -105,20 +110,29 @@ class _ChunkWriter:
     parts are encoded once: this runs once per token on the hot path."""
 
     def __init__(self, chat: PreparedChat) -> None:
-        head = {"id": chat.id, "object": "chat.completion.chunk", "created": chat.created,
-                "model": chat.model, "system_fingerprint": None}
+        head = {
+            "id": chat.id,
+            "object": "chat.completion.chunk",
+            "created": chat.created,
+            "model": chat.model,
+            "system_fingerprint": None,
+        }
         self._prefix = "data: " + json.dumps(head)[:-1] + ',"choices":[{"index":0,"delta":'
         self._suffix = "}]" + (',"usage":null' if chat.include_usage else "") + "}\n\n"
         self._head = head
 
     def delta(self, delta: dict[str, str], finish_reason: str | None = None) -> str:
         reason = json.dumps(finish_reason)
-        return (f'{self._prefix}{json.dumps(delta)},"logprobs":null,'
-                f'"finish_reason":{reason}{self._suffix}')
+        return (
+            f'{self._prefix}{json.dumps(delta)},"logprobs":null,'
+            f'"finish_reason":{reason}{self._suffix}'
+        )
 
     def content(self, text: str) -> str:
-        return f'{self._prefix}{{"content":{json.dumps(text)}}},"logprobs":null,' \
-               f'"finish_reason":null{self._suffix}'
+        return (
+            f'{self._prefix}{{"content":{json.dumps(text)}}},"logprobs":null,'
+            f'"finish_reason":null{self._suffix}'
+        )
 
     def usage(self, usage: Usage) -> str:
         chunk = {**self._head, "choices": [], "usage": usage.model_dump()}

@@ -89,11 +89,15 @@ def up(settings: Settings) -> int:
                 metrics_port=settings.triton_metrics_port,
                 host=host or "127.0.0.1",
             )
-            print(f"Starting Triton with models {', '.join(settings.models)} "
-                  f"(log: {triton.log_path})", flush=True)
+            print(
+                f"Starting Triton with models {', '.join(settings.models)} "
+                f"(log: {triton.log_path})",
+                flush=True,
+            )
             triton.start()
-            triton.wait_ready(settings.triton_start_timeout_s,
-                              progress=lambda line: print(line, flush=True))
+            triton.wait_ready(
+                settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
+            )
         else:
             print(f"Using the Triton server at {settings.triton_url}", flush=True)
         server = uvicorn.Server(
@@ -111,8 +115,11 @@ def up(settings: Settings) -> int:
         print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
         server.run()
         if died.is_set() and triton is not None:
-            print(f"error: Triton exited unexpectedly; the end of {triton.log_path}:\n"
-                  f"{triton.log_tail()}", file=sys.stderr)
+            print(
+                f"error: Triton exited unexpectedly; the end of {triton.log_path}:\n"
+                f"{triton.log_tail()}",
+                file=sys.stderr,
+            )
             return 1
         return 0 if server.started else 1
     except EmbeddedTritonError as exc:

@@ -51,7 +51,7 @@ class TritonInstall:
                 "the nvidia-pytriton package is not installed; run `make run` (or "
                 "`pip install nvidia-pytriton`) to get the tritonserver binary"
             )
-        package = Path(list(spec.submodule_search_locations)[0])
+        package = Path(next(iter(spec.submodule_search_locations)))
         root = package / "tritonserver"
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         install = cls(

@@ -94,10 +94,27 @@ _HTTP_TYPES = {
 }
 
 
+_LOCATIONS = {"body", "query", "path", "header"}
+
+
+def _is_union_tag(part: str) -> bool:
+    # pydantic names the member of a union a value failed as (``str``, ``list[str]``,
+    # ``function-after[...]``); those are types, not parameters. No field here is so named.
+    return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
 def _validation_param(loc: tuple[Any, ...]) -> str | None:
     # ("body", "messages", 0, "content") -> "messages.[0].content", as OpenAI names params.
-    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    parts = [
+        p for p in loc if p not in _LOCATIONS and not (isinstance(p, str) and _is_union_tag(p))
+    ]
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts) or None
+
+
+def _most_telling(errors: list[Any]) -> Any:
+    # A value that fails every member of a union yields one error per member; a broken
+    # constraint (too long, out of range) says more than "not a string".
+    return sorted(errors, key=lambda e: str(e.get("type", "")).endswith("_type"))[0]
 
 
 async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
@@ -109,16 +126,17 @@ async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    errors = list(exc.errors())
+    first = _most_telling(errors) if errors else {"loc": (), "msg": "invalid request"}
     param = _validation_param(tuple(first.get("loc", ())))
     message = str(first.get("msg", "invalid request"))
     if first.get("type") == "json_invalid":
         message, param = "The request body is not valid JSON.", None
     elif param:
         message = f"{param}: {message}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error(s))"
+    others = {_validation_param(tuple(e.get("loc", ()))) for e in errors} - {param}
+    if others:
+        message += f" (and {len(others)} more invalid parameter(s))"
     return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
 

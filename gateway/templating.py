@@ -51,8 +51,10 @@ def render_chat(template: str, messages: list[dict[str, str]], **extra: Any) -> 
         compiled = _compile(template)
         return str(compiled.render(messages=messages, add_generation_prompt=True, **extra))
     except TemplateRejected as exc:
-        raise InvalidRequestError(f"The chat template rejected the messages: {exc}",
-                                  param="messages") from exc
+        raise InvalidRequestError(
+            f"The chat template rejected the messages: {exc}", param="messages"
+        ) from exc
     except TemplateError as exc:
-        raise BackendError(f"The model's chat template failed: {exc}",
-                           code="chat_template_error") from exc
+        raise BackendError(
+            f"The model's chat template failed: {exc}", code="chat_template_error"
+        ) from exc

@@ -49,21 +49,40 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "gateway", "up", "--port", str(self.port),
-                   "--log-level", "warning"]
+        command = [
+            sys.executable,
+            "-m",
+            "gateway",
+            "up",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        ]
         if self.triton_url:
             return [*command, "--triton-url", self.triton_url]
-        return [*command, "--models", ",".join(self.models),
-                "--triton-grpc-port", str(self.grpc_port),
-                "--triton-http-port", str(self.http_port),
-                "--triton-metrics-port", str(self.metrics_port)]
+        return [
+            *command,
+            "--models",
+            ",".join(self.models),
+            "--triton-grpc-port",
+            str(self.grpc_port),
+            "--triton-http-port",
+            str(self.http_port),
+            "--triton-metrics-port",
+            str(self.metrics_port),
+        ]
 
     def start(self) -> GatewayProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GATEWAY_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
         self.log = (self.run_dir / f"gateway-{self.port}.log").open("w")
         self.process = subprocess.Popen(
-            self.command(), cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            self.command(),
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             text=True,
         )
         return self

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -35,8 +36,30 @@ from gateway.errors import (
 )
 
 _CHAT_INPUTS = {"text_input", "sampling_parameters"}
-_TRUE = np.array([True], dtype=bool)
-_FALSE = np.array([False], dtype=bool)
+
+
+def _tensor(name: str, value: npt.NDArray[Any], datatype: str) -> triton_grpc.InferInput:
+    item = triton_grpc.InferInput(name, [1], datatype)
+    item.set_data_from_numpy(value)
+    return item
+
+
+def _flag(name: str, value: bool) -> triton_grpc.InferInput:
+    return _tensor(name, np.array([value], dtype=bool), "BOOL")
+
+
+# The switches are the same on every request; an InferInput is only read when a request is
+# serialized, so these are built once and shared.
+_STREAM = {True: _flag("stream", True), False: _flag("stream", False)}
+_SWITCHES = [
+    _flag(name, True)
+    for name in (
+        "exclude_input_in_output",
+        "return_finish_reason",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+    )
+]
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
@@ -73,7 +96,7 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
     params = _parameters(config)
     task = params.get("openai_task") or None
     inputs = {i.get("name") for i in config.get("input", [])}
-    if task is None and _CHAT_INPUTS <= inputs:
+    if task is None and inputs >= _CHAT_INPUTS:
         task = "chat"
     context = params.get("context_length") or params.get("max_model_len")
     return ModelInfo(
@@ -156,23 +179,14 @@ class TritonBackend:
     def _chat_inputs(
         prompt: str, options: SamplingOptions, stream: bool
     ) -> list[triton_grpc.InferInput]:
-        def tensor(name: str, value: np.ndarray, datatype: str) -> triton_grpc.InferInput:
-            item = triton_grpc.InferInput(name, [1], datatype)
-            item.set_data_from_numpy(value)
-            return item
+        def text(name: str, value: str) -> triton_grpc.InferInput:
+            return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
 
         return [
-            tensor("text_input", np.array([prompt.encode("utf-8")], dtype=np.object_), "BYTES"),
-            tensor("stream", _TRUE if stream else _FALSE, "BOOL"),
-            tensor(
-                "sampling_parameters",
-                np.array([options.to_json().encode("utf-8")], dtype=np.object_),
-                "BYTES",
-            ),
-            tensor("exclude_input_in_output", _TRUE, "BOOL"),
-            tensor("return_finish_reason", _TRUE, "BOOL"),
-            tensor("return_num_input_tokens", _TRUE, "BOOL"),
-            tensor("return_num_output_tokens", _TRUE, "BOOL"),
+            text("text_input", prompt),
+            _STREAM[stream],
+            text("sampling_parameters", options.to_json()),
+            *_SWITCHES,
         ]
 
     @staticmethod

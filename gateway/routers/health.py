@@ -17,14 +17,14 @@ async def live() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(backend: BackendDep, catalog: CatalogDep, settings: SettingsDep) -> dict[str, object]:
+async def ready(
+    backend: BackendDep, catalog: CatalogDep, settings: SettingsDep
+) -> dict[str, object]:
     """Triton is up and every model named in ``GATEWAY_MODELS`` is loaded; 503 otherwise."""
     if not await backend.ready():
         raise BackendUnavailableError("Triton is not ready", code="not_ready")
     models = await catalog.refresh()
     missing = [m for m in settings.models if m not in models or not models[m].ready]
     if missing:
-        raise BackendUnavailableError(
-            f"Models not ready: {', '.join(missing)}", code="not_ready"
-        )
+        raise BackendUnavailableError(f"Models not ready: {', '.join(missing)}", code="not_ready")
     return {"status": "ready", "models": settings.models}

@@ -13,23 +13,18 @@ router = APIRouter(prefix="/v1", tags=["models"])
 
 
 def _public(info: ModelInfo, created: int) -> Model:
-    return Model(id=info.name, created=created, task=info.task,
-                 context_length=info.context_length)
-
-
-def _served(models: list[ModelInfo]) -> list[ModelInfo]:
-    return [m for m in models if m.ready and m.task is not None]
+    return Model(id=info.name, created=created, task=info.task, context_length=info.context_length)
 
 
 @router.get("/models")
 async def list_models(catalog: CatalogDep) -> ModelList:
-    models = _served(await catalog.all())
+    models = [m for m in await catalog.all() if m.ready and m.task is not None]
     return ModelList(data=[_public(m, catalog.created) for m in models])
 
 
 @router.get("/models/{model_id:path}")
 async def retrieve_model(model_id: str, catalog: CatalogDep) -> Model:
-    for model in _served(await catalog.all()):
-        if model.name == model_id:
-            return _public(model, catalog.created)
-    raise ModelNotFoundError(model_id)
+    model = await catalog.find(model_id)
+    if model is None or model.task is None:
+        raise ModelNotFoundError(model_id)
+    return _public(model, catalog.created)

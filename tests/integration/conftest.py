@@ -12,6 +12,7 @@ import pytest
 
 from tests.stack import GatewayProcess
 
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[GatewayProcess]:
     gateway = GatewayProcess(models=["smollm2", "mock_chat"]).start()

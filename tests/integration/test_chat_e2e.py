@@ -46,13 +46,19 @@ def test_streaming_gives_the_same_answer_token_by_token(client: openai.OpenAI) -
     )
     chunks = list(
         client.chat.completions.create(
-            model="smollm2", messages=QUESTION, temperature=0, max_tokens=40, stream=True,
+            model="smollm2",
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=40,
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
-    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    pieces = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
     assert len(pieces) > 3, "the answer should arrive in several chunks"
     assert "".join(pieces) == whole.choices[0].message.content
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
@@ -88,7 +94,10 @@ def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
         reply = client.chat.completions.create(
             model="smollm2",
             messages=[{"role": "user", "content": "Write a short poem about the sea."}],
-            temperature=1.0, top_p=0.95, seed=seed, max_tokens=24,
+            temperature=1.0,
+            top_p=0.95,
+            seed=seed,
+            max_tokens=24,
         )
         return reply.choices[0].message.content or ""
 
@@ -116,9 +125,13 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(
     ("params", "param"),
-    [({"temperature": 5}, "temperature"), ({"top_p": 1.5}, "top_p"),
-     ({"max_tokens": 0}, "max_tokens"), ({"n": 3}, "n"),
-     ({"presence_penalty": -3}, "presence_penalty")],
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 3}, "n"),
+        ({"presence_penalty": -3}, "presence_penalty"),
+    ],
 )
 def test_invalid_parameters_are_400(client: openai.OpenAI, params: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
@@ -129,7 +142,8 @@ def test_invalid_parameters_are_400(client: openai.OpenAI, params: dict, param: 
 
 def test_error_mid_stream_arrives_as_an_sse_error(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="mock_chat", messages=[{"role": "user", "content": "[mock:fail_after=2]"}],
+        model="mock_chat",
+        messages=[{"role": "user", "content": "[mock:fail_after=2]"}],
         stream=True,
     )
     received = []
@@ -139,20 +153,29 @@ def test_error_mid_stream_arrives_as_an_sse_error(client: openai.OpenAI) -> None
     assert "".join(received) == "The quick"
     assert "failure requested" in info.value.message
     # The server keeps serving.
-    assert client.chat.completions.create(
-        model="mock_chat", messages=[{"role": "user", "content": "hi"}]
-    ).choices[0].message.content == "The quick brown fox jumps over the lazy dog."
+    assert (
+        client.chat.completions.create(
+            model="mock_chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        .choices[0]
+        .message.content
+        == "The quick brown fox jumps over the lazy dog."
+    )
 
 
 def test_disconnect_mid_stream_stops_generation(stack: GatewayProcess) -> None:
     before = generated_tokens(stack, "mock_chat")
     body = {
-        "model": "mock_chat", "stream": True, "max_tokens": 2000,
+        "model": "mock_chat",
+        "stream": True,
+        "max_tokens": 2000,
         "messages": [{"role": "user", "content": "[mock:delay_ms=20]"}],
     }
     # 2000 tokens at 20 ms would take 40 s; read three chunks, then hang up.
-    with httpx.Client(base_url=stack.base_url, timeout=30) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body) as response:
+    with (
+        httpx.Client(base_url=stack.base_url, timeout=30) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         assert response.status_code == 200
         data = []
         for line in response.iter_lines():
@@ -171,12 +194,14 @@ def test_disconnect_mid_stream_stops_generation(stack: GatewayProcess) -> None:
 async def test_concurrent_streams_each_get_their_own_answer(aclient: openai.AsyncOpenAI) -> None:
     async def one(n: int) -> tuple[int, str]:
         stream = await aclient.chat.completions.create(
-            model="mock_chat", messages=[{"role": "user", "content": f"request {n}"}],
-            max_tokens=n, stream=True,
+            model="mock_chat",
+            messages=[{"role": "user", "content": f"request {n}"}],
+            max_tokens=n,
+            stream=True,
         )
         return n, "".join([c.choices[0].delta.content or "" async for c in stream])
 
     results = await asyncio.gather(*(one(n) for n in range(1, 17)))
-    words = "The quick brown fox jumps over the lazy dog.".split()
+    words = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog."]
     for n, text in results:
         assert text.split() == [words[i % len(words)] for i in range(n)]

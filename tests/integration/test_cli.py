@@ -24,7 +24,10 @@ def test_taken_port_fails_with_a_clear_message() -> None:
         port = taken.getsockname()[1]
         result = subprocess.run(
             [sys.executable, "-m", "gateway", "up", "--port", str(port)],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert result.returncode == 1
     assert f"port {port} (OpenAI API) is already in use" in result.stderr
@@ -54,7 +57,9 @@ def test_gateway_exits_when_its_triton_dies() -> None:
         gateway.wait_ready(120)
         triton = subprocess.run(
             ["pgrep", "-f", "--", f"--grpc-port={gateway.grpc_port}"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()
         assert len(triton) == 1
         subprocess.run(["kill", "-9", triton[0]], check=True)
@@ -73,7 +78,8 @@ def test_sigterm_stops_triton_too() -> None:
     gateway.process.send_signal(signal.SIGTERM)
     assert gateway.process.wait(timeout=60) == 0
     time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", "--", f"--grpc-port={gateway.grpc_port}"],
-                          capture_output=True, text=True)
+    left = subprocess.run(
+        ["pgrep", "-f", "--", f"--grpc-port={gateway.grpc_port}"], capture_output=True, text=True
+    )
     assert left.stdout.strip() == "", "tritonserver outlived the gateway"
     gateway.stop()

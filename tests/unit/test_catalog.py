@@ -91,11 +91,6 @@ async def test_new_model_appears_in_the_list_after_the_ttl(
     assert "fake-new" in listed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/routers/models.py retrieve_model looks the name up in catalog.all() (the "
-    "cached list) instead of forcing a refresh for an unknown name as chat does",
-)
 async def test_new_model_is_found_at_once_by_retrieve(
     http: httpx.AsyncClient, fake: FakeBackend
 ) -> None:
@@ -183,11 +178,6 @@ class GatedBackend(FakeBackend):
         return snapshot
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/catalog.py ModelCatalog.refresh reuses a read that began before the caller "
-    "started (it compares the caller's start with the time the other read *ended*)",
-)
 async def test_model_loaded_during_another_read_is_still_found() -> None:
     backend = GatedBackend()
     async with serve(make_settings(), backend) as (_, http, _sdk):

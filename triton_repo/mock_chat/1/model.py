@@ -72,7 +72,9 @@ class TritonPythonModel:
         while True:
             wait = max(0.0, due[0][0] - time.monotonic()) if due else None
             try:
-                item = self.incoming.get(timeout=wait) if wait != 0.0 else self.incoming.get_nowait()
+                item = (
+                    self.incoming.get(timeout=wait) if wait != 0.0 else self.incoming.get_nowait()
+                )
             except queue.Empty:
                 item = ()
             if item is None:  # finalize

