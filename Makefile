@@ -16,7 +16,7 @@ export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 run: $(STAMP)
 	$(BIN)/gateway up
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)
