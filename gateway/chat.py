@@ -159,6 +159,15 @@ class ChatService:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
         model = await self.catalog.get(request.model, "chat")
+        options = sampling_options(request)
+        if model.context_length and (options.max_tokens or 0) >= model.context_length:
+            # Caught here because an error the model reports mid-stream carries no kind.
+            raise InvalidRequestError(
+                f"max_tokens is {options.max_tokens}, but the model's context length is "
+                f"{model.context_length} tokens (prompt included).",
+                param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
+                code="context_length_exceeded",
+            )
         prompt = render_chat(
             model.chat_template or self.default_template, _template_messages(request.messages)
         )
@@ -167,7 +176,7 @@ class ChatService:
             created=int(time.time()),
             model=request.model,
             prompt=prompt,
-            options=sampling_options(request),
+            options=options,
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 

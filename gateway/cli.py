@@ -151,6 +151,7 @@ def _watch(triton: EmbeddedTriton, server: uvicorn.Server, died: threading.Event
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
     try:
         settings = _settings(args)
     except ValidationError as exc:

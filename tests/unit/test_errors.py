@@ -271,3 +271,13 @@ async def test_unexpected_exception_is_a_500_without_internals(
 async def test_unknown_route_and_wrong_method_get_openai_errors(http: httpx.AsyncClient) -> None:
     assert_openai_error(await http.get("/v1/nothing-here"), 404, type="not_found_error")
     assert_openai_error(await http.get(CHAT), 405, type="invalid_request_error")
+
+
+async def test_max_tokens_beyond_the_context_is_400_before_any_generation(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # fake-chat has a 2048-token context.
+    response = await http.post(CHAT, json=chat_body(max_completion_tokens=4096))
+    error = assert_openai_error(response, 400, param="max_completion_tokens")
+    assert error["code"] == "context_length_exceeded"
+    assert fake.calls == []
