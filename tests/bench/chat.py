@@ -98,6 +98,14 @@ async def gateway_call(http: httpx.AsyncClient, stream: bool, max_tokens: int) -
     return Sample(time.perf_counter() - start, ttft, chunks)
 
 
+async def health_call(http: httpx.AsyncClient) -> Sample:
+    start = time.perf_counter()
+    response = await http.get("/health/live")
+    assert response.status_code == 200
+    elapsed = time.perf_counter() - start
+    return Sample(elapsed, elapsed, 0)
+
+
 async def run_load(
     call: Callable[[], Awaitable[Sample]], concurrency: int, total: int
 ) -> tuple[list[Sample], float]:
@@ -121,21 +129,56 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+async def paired(
+    direct: Callable[[], Awaitable[Sample]],
+    gateway: Callable[[], Awaitable[Sample]],
+    concurrency: int,
+    total: int,
+    rounds: int = 6,
+) -> tuple[list[Sample], float, list[Sample], float]:
+    """Runs both sides in alternating rounds, so a drift in machine speed (shared 2-core
+    host) hits both alike. Returns samples and summed wall time of each side."""
+    d_samples: list[Sample] = []
+    g_samples: list[Sample] = []
+    d_wall = g_wall = 0.0
+    per_round = max(concurrency, total // rounds)
+    for _ in range(rounds):
+        samples, wall = await run_load(direct, concurrency, per_round)
+        d_samples += samples
+        d_wall += wall
+        samples, wall = await run_load(gateway, concurrency, per_round)
+        g_samples += samples
+        g_wall += wall
+    return d_samples, d_wall, g_samples, g_wall
+
+
 async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
     rows = []
     client = triton_grpc.InferenceServerClient(stack.triton_grpc)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60, limits=limits) as http:
         for concurrency in (1, 32):
-            n = int((300 if concurrency == 1 else 960) * scale)
+            n = int((600 if concurrency == 1 else 1920) * scale)
             # Warm both paths (connections, caches) before measuring.
             warm = max(50, concurrency * 4)
             await run_load(lambda: direct_call(client, False, 16), concurrency, warm)
             await run_load(lambda: gateway_call(http, False, 16), concurrency, warm)
-            direct, _ = await run_load(lambda: direct_call(client, False, 16), concurrency, n)
-            gateway, _ = await run_load(lambda: gateway_call(http, False, 16), concurrency, n)
+            direct, _, gateway, _ = await paired(
+                lambda: direct_call(client, False, 16),
+                lambda: gateway_call(http, False, 16),
+                concurrency,
+                n,
+            )
             d = [s.latency * 1000 for s in direct]
             g = [s.latency * 1000 for s in gateway]
+            if concurrency == 1:
+                # The floor of any HTTP call here: httpx -> uvicorn -> a route doing nothing.
+                floor, _ = await run_load(lambda: health_call(http), 1, n // 2)
+                f = [s.latency * 1000 for s in floor]
+                rows.append(
+                    f"| HTTP floor: GET /health/live | 1 | - | p50 {pct(f, 50):.2f} ms | "
+                    "(an HTTP round trip from a Python client) |"
+                )
             rows.append(
                 f"| non-streaming latency, 16 tokens | {concurrency} | "
                 f"p50 {pct(d, 50):.2f} / p99 {pct(d, 99):.2f} ms | "
@@ -143,12 +186,12 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
                 f"added p50 **{pct(g, 50) - pct(d, 50):+.2f} ms**, "
                 f"p99 {pct(g, 99) - pct(d, 99):+.2f} ms |"
             )
-            n_stream = int((100 if concurrency == 1 else 320) * scale)
-            direct, d_wall = await run_load(
-                lambda: direct_call(client, True, 256), concurrency, n_stream
-            )
-            gateway, g_wall = await run_load(
-                lambda: gateway_call(http, True, 256), concurrency, n_stream
+            n_stream = int((120 if concurrency == 1 else 384) * scale)
+            direct, d_wall, gateway, g_wall = await paired(
+                lambda: direct_call(client, True, 256),
+                lambda: gateway_call(http, True, 256),
+                concurrency,
+                n_stream,
             )
             d_ttft = [s.ttft * 1000 for s in direct]
             g_ttft = [s.ttft * 1000 for s in gateway]
@@ -168,29 +211,29 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
     return rows
 
 
-async def smollm2_through_gateway(stack: GatewayProcess, runs: int) -> float:
-    rates = []
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as http:
-        for _ in range(runs):
-            body = {
-                "model": "smollm2",
-                "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
-                "max_tokens": 128,
-                "temperature": 0,
-                "stream": True,
-            }
-            first, count = 0.0, 0
-            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                async for line in response.aiter_lines():
-                    if '"content":"' in line and '"content":""' not in line:
-                        count += 1
-                        first = first or time.perf_counter()
-            # Decode rate after the first token (prompt processing excluded on both sides).
-            rates.append((count - 1) / (time.perf_counter() - first))
-    return statistics.median(rates)
+DRAGON = "Write a long story about a dragon."
 
 
-def smollm2_direct(runs: int) -> float:
+async def smollm2_through_gateway(http: httpx.AsyncClient) -> float:
+    """Decode tokens/s after the first token (prompt processing excluded on both sides)."""
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": DRAGON}],
+        "max_tokens": 128,
+        "temperature": 0,
+        "stream": True,
+    }
+    first, count = 0.0, 0
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                count += 1
+                first = first or time.perf_counter()
+    return (count - 1) / (time.perf_counter() - first)
+
+
+def smollm2_direct() -> Callable[[], float]:
+    """llama-cpp-python in this process, with the prompt the gateway renders."""
     import importlib.util
     import os
 
@@ -204,12 +247,12 @@ def smollm2_direct(runs: int) -> float:
     llm = Llama(model_path=path, n_ctx=8192, n_threads=os.cpu_count(), verbose=False)
     prompt = (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-        "Hugging Face<|im_end|>\n<|im_start|>user\nWrite a long story about a dragon."
-        "<|im_end|>\n<|im_start|>assistant\n"
+        f"Hugging Face<|im_end|>\n<|im_start|>user\n{DRAGON}<|im_end|>\n"
+        "<|im_start|>assistant\n"
     )
     tokens = llm.tokenize(prompt.encode(), add_bos=True, special=True)
-    rates = []
-    for _ in range(runs):
+
+    def run() -> float:
         first, count = 0.0, 0
         for chunk in llm.create_completion(
             tokens,
@@ -223,8 +266,23 @@ def smollm2_direct(runs: int) -> float:
             if chunk["choices"][0]["text"]:
                 count += 1
                 first = first or time.perf_counter()
-        rates.append((count - 1) / (time.perf_counter() - first))
-    return statistics.median(rates)
+        return (count - 1) / (time.perf_counter() - first)
+
+    return run
+
+
+async def smollm2_benchmark(stack: GatewayProcess, runs: int = 4) -> str:
+    direct_run = smollm2_direct()
+    direct, through = [], []
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as http:
+        for _ in range(runs):  # alternate, as above
+            through.append(await smollm2_through_gateway(http))
+            direct.append(direct_run())
+    d, g = statistics.median(direct), statistics.median(through)
+    return (
+        f"| SmolLM2 decode tokens/s (llama-cpp direct vs gateway) | 1 | "
+        f"{d:.1f} tok/s | {g:.1f} tok/s | ratio **{g / d:.2f}** |"
+    )
 
 
 def main() -> None:
@@ -241,15 +299,10 @@ def main() -> None:
         ]
         print(*header, sep="\n", flush=True)
         rows = asyncio.run(mock_benchmarks(stack, args.scale))
-        through = asyncio.run(smollm2_through_gateway(stack, 3))
+        rows.append(asyncio.run(smollm2_benchmark(stack)))
+        print(rows[-1])
     finally:
         stack.stop()
-    direct = smollm2_direct(3)
-    rows.append(
-        f"| SmolLM2 decode tokens/s (llama-cpp direct vs gateway) | 1 | "
-        f"{direct:.1f} tok/s | {through:.1f} tok/s | ratio **{through / direct:.2f}** |"
-    )
-    print(rows[-1])
     if args.out:
         with open(args.out, "w") as out:
             out.write("\n".join(header + rows) + "\n")
