@@ -22,8 +22,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger("gateway")
 
@@ -146,6 +147,11 @@ async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
+async def _on_client_gone(_: Request, exc: Exception) -> Response:
+    # Nobody reads this; 499 is nginx's "client closed request", for the access log.
+    return Response(status_code=499)
+
+
 async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error", exc_info=exc)
     body = error_body("The server had an error while processing your request.", "server_error")
@@ -156,4 +162,5 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _on_gateway_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(ClientDisconnect, _on_client_gone)
     app.add_exception_handler(Exception, _on_unexpected)

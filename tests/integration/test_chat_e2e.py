@@ -205,3 +205,20 @@ async def test_concurrent_streams_each_get_their_own_answer(aclient: openai.Asyn
     words = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog."]
     for n, text in results:
         assert text.split() == [words[i % len(words)] for i in range(n)]
+
+
+def test_client_timeout_on_a_plain_request_stops_generation(stack: GatewayProcess) -> None:
+    before = generated_tokens(stack, "mock_chat")
+    body = {
+        "model": "mock_chat",
+        "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "[mock:delay_ms=20]"}],
+    }
+    # A non-streaming request that would take 40 s; the client gives up after 0.5 s.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(stack.base_url + "/v1/chat/completions", json=body, timeout=0.5)
+    time.sleep(0.5)  # let the cancellation reach the model
+    settled = generated_tokens(stack, "mock_chat")
+    time.sleep(1.5)
+    assert generated_tokens(stack, "mock_chat") - settled <= 2, "the model kept generating"
+    assert settled - before < 100
