@@ -14,7 +14,8 @@ from gateway.catalog import ModelCatalog
 from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.errors import install_handlers
-from gateway.routers import chat, health, models
+from gateway.routers import audio, chat, health, models
+from gateway.speech import SpeechService
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -33,6 +34,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.backend = active
         app.state.catalog = catalog
         app.state.chat = ChatService(active, catalog, settings.default_chat_template)
+        app.state.speech = SpeechService(active, catalog)
         try:
             yield
         finally:
@@ -48,6 +50,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.settings = settings
     install_handlers(app)
     app.include_router(chat.router)
+    app.include_router(audio.router)
     app.include_router(models.router)
     app.include_router(health.router)
     return app

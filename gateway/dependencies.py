@@ -10,6 +10,7 @@ from gateway.backend import Backend
 from gateway.catalog import ModelCatalog
 from gateway.chat import ChatService
 from gateway.config import Settings
+from gateway.speech import SpeechService
 
 
 def _settings(request: Request) -> Settings:
@@ -28,7 +29,12 @@ def _chat(request: Request) -> ChatService:
     return request.app.state.chat  # type: ignore[no-any-return]
 
 
+def _speech(request: Request) -> SpeechService:
+    return request.app.state.speech  # type: ignore[no-any-return]
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 BackendDep = Annotated[Backend, Depends(_backend)]
 CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
+SpeechDep = Annotated[SpeechService, Depends(_speech)]

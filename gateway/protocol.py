@@ -133,3 +133,23 @@ class Model(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[Model]
+
+
+#: The voice names of the OpenAI speech API; each maps onto a voice of the speech model.
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx",
+    "nova", "sage", "shimmer", "verse", "marin", "cedar",
+)  # fmt: skip
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = Field(min_length=1)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = None
+    """Accepted for compatibility; Piper voices have no steerable style."""

