@@ -16,6 +16,7 @@ from gateway.config import Settings
 from gateway.errors import install_handlers
 from gateway.routers import audio, chat, health, models
 from gateway.speech import SpeechService
+from gateway.transcription import TranscriptionService
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -35,6 +36,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.catalog = catalog
         app.state.chat = ChatService(active, catalog, settings.default_chat_template)
         app.state.speech = SpeechService(active, catalog)
+        app.state.transcription = TranscriptionService(active, catalog)
         try:
             yield
         finally:

@@ -7,6 +7,7 @@ before the whole text is synthesized. Its methods do CPU work: call them in a th
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +111,30 @@ class StreamEncoder:
             for packet in self.stream.encode(frame):
                 self.container.mux(packet)
         return self.sink.take()
+
+
+class UndecodableAudioError(ValueError):
+    """The upload is not audio PyAV can decode, or holds no samples."""
+
+
+#: The sample rate speech-to-text models take.
+STT_RATE = 16_000
+
+
+def decode_to_pcm(data: bytes, rate: int = STT_RATE) -> npt.NDArray[np.float32]:
+    """Decodes any container/codec FFmpeg knows into mono float32 samples at ``rate``."""
+    parts: list[npt.NDArray[Any]] = []
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.audio:
+                raise UndecodableAudioError("the file has no audio stream")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            for frame in container.decode(audio=0):
+                parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    except av.FFmpegError as exc:
+        raise UndecodableAudioError(f"the file could not be decoded as audio ({exc})") from exc
+    samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    if samples.size == 0:
+        raise UndecodableAudioError("the audio is empty")
+    return samples.astype(np.float32, copy=False)

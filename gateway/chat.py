@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from gateway.backend import Backend, GenerationChunk, SamplingOptions
 from gateway.catalog import ModelCatalog
-from gateway.errors import GatewayError, InvalidRequestError, error_body
+from gateway.errors import InvalidRequestError
 from gateway.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -30,12 +30,10 @@ from gateway.protocol import (
     ChatMessage,
     Usage,
 )
+from gateway.sse import with_error_event
 from gateway.templating import render_chat
 
 logger = logging.getLogger("gateway.chat")
-
-#: Headers for SSE: no caching, and no buffering by nginx (``X-Accel-Buffering``).
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
@@ -212,35 +210,32 @@ class ChatService:
         except BaseException:
             await chunks.aclose()
             raise
-        return self._events(chat, chunks, first)
+        return self._sse(self._events(chat, chunks, first))
 
     async def _events(
         self,
         chat: PreparedChat,
         chunks: AsyncGenerator[GenerationChunk, None],
         first: GenerationChunk | None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         writer = _ChunkWriter(chat)
         finish, prompt_tokens, completion_tokens = None, 0, 0
         async with aclosing(chunks):
-            try:
-                yield writer.delta({"role": "assistant", "content": ""})
-                chunk = first
-                while chunk is not None:
-                    if chunk.text:
-                        yield writer.content(chunk.text)
-                    finish = chunk.finish_reason or finish
-                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                    completion_tokens += chunk.completion_tokens
-                    chunk = await anext(chunks, None)
-                yield writer.delta({}, finish or "stop")
-                if chat.include_usage:
-                    yield writer.usage(_usage(prompt_tokens, completion_tokens))
-            except GatewayError as exc:
-                logger.warning("chat stream %s failed: %s", chat.id, exc.message)
-                yield f"data: {json.dumps(exc.body())}\n\n"
-            except Exception:
-                logger.exception("chat stream %s failed", chat.id)
-                body = error_body("The server had an error while streaming.", "server_error")
-                yield f"data: {json.dumps(body)}\n\n"
-        yield "data: [DONE]\n\n"
+            yield writer.delta({"role": "assistant", "content": ""})
+            chunk = first
+            while chunk is not None:
+                if chunk.text:
+                    yield writer.content(chunk.text)
+                finish = chunk.finish_reason or finish
+                prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                completion_tokens += chunk.completion_tokens
+                chunk = await anext(chunks, None)
+        yield writer.delta({}, finish or "stop")
+        if chat.include_usage:
+            yield writer.usage(_usage(prompt_tokens, completion_tokens))
+
+    async def _sse(self, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+        async with aclosing(with_error_event(events, "chat")) as guarded:
+            async for item in guarded:
+                yield item
+        yield "data: [DONE]\n\n"  # always, after an error event too

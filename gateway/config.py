@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     """Prometheus metrics port of the embedded Triton."""
     model_repository: Path = PROJECT_ROOT / "triton_repo"
     """Model repository the embedded Triton serves."""
-    models: Annotated[list[str], NoDecode] = ["smollm2", "mock_chat", "piper_tts"]
+    models: Annotated[list[str], NoDecode] = ["smollm2", "mock_chat", "piper_tts", "whisper_stt"]
     """Models the embedded Triton loads at start; ``/health/ready`` waits for all of them."""
     run_dir: Path = Path(".run")
     """Where the embedded Triton's logs and backend directory go."""
@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     """Jinja chat template for chat models whose config has no ``chat_template``."""
     triton_timeout_s: float = Field(10.0, gt=0)
     """Timeout of Triton control calls (health, repository index, model config)."""
+
+    max_audio_upload_mb: float = Field(25.0, gt=0)
+    """Largest audio file ``/v1/audio/transcriptions`` accepts (OpenAI's limit is 25 MB)."""
 
     log_level: str = "info"
     """Log level of the gateway (and uvicorn)."""

@@ -11,6 +11,7 @@ from gateway.catalog import ModelCatalog
 from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.speech import SpeechService
+from gateway.transcription import TranscriptionService
 
 
 def _settings(request: Request) -> Settings:
@@ -33,8 +34,13 @@ def _speech(request: Request) -> SpeechService:
     return request.app.state.speech  # type: ignore[no-any-return]
 
 
+def _transcription(request: Request) -> TranscriptionService:
+    return request.app.state.transcription  # type: ignore[no-any-return]
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 BackendDep = Annotated[Backend, Depends(_backend)]
 CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
 SpeechDep = Annotated[SpeechService, Depends(_speech)]
+TranscriptionDep = Annotated[TranscriptionService, Depends(_transcription)]

@@ -5,6 +5,8 @@
     GatewayError                      -> {"error": {"message", "type", "param", "code"}}
     ├── InvalidRequestError           400 invalid_request_error
     ├── ModelNotFoundError            404 invalid_request_error / model_not_found
+    ├── NotSupportedError             404 invalid_request_error / not_supported
+    ├── PayloadTooLargeError          413 invalid_request_error / file_too_large
     ├── BackendError                  500 server_error / model_error
     ├── BackendUnavailableError       503 server_error / backend_unavailable
     └── BackendTimeoutError           504 server_error / backend_timeout
@@ -59,6 +61,20 @@ class ModelNotFoundError(GatewayError):
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model '{model}' does not exist", param="model")
+
+
+class PayloadTooLargeError(GatewayError):
+    status_code = 413
+    type = "invalid_request_error"
+    code = "file_too_large"
+
+
+class NotSupportedError(GatewayError):
+    """An OpenAI endpoint that no model here can serve."""
+
+    status_code = 404
+    type = "invalid_request_error"
+    code = "not_supported"
 
 
 class BackendError(GatewayError):

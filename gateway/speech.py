@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -19,10 +17,9 @@ from dataclasses import dataclass
 from gateway.audio import FORMATS, StreamEncoder
 from gateway.backend import AudioChunk, Backend
 from gateway.catalog import ModelCatalog
-from gateway.errors import GatewayError, InvalidRequestError, error_body
+from gateway.errors import GatewayError, InvalidRequestError
 from gateway.protocol import OPENAI_VOICES, SpeechRequest
-
-logger = logging.getLogger("gateway.speech")
+from gateway.sse import event, with_error_event
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ class SpeechService:
             await chunks.aclose()
             raise
         body = self._encoded(speech, chunks, first)
-        return self._events(body) if speech.sse else body
+        return with_error_event(self._events(body), "speech") if speech.sse else body
 
     async def _encoded(
         self,
@@ -100,17 +97,10 @@ class SpeechService:
             if tail:
                 yield tail
 
-    async def _events(self, body: AsyncGenerator[bytes, None]) -> AsyncIterator[str]:
+    async def _events(self, body: AsyncGenerator[bytes, None]) -> AsyncGenerator[str, None]:
         async with aclosing(body):
-            try:
-                async for data in body:
-                    delta = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-                    yield f"data: {json.dumps(delta)}\n\n"
-                yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"
-            except GatewayError as exc:
-                logger.warning("speech stream failed: %s", exc.message)
-                yield f"data: {json.dumps(exc.body())}\n\n"
-            except Exception:
-                logger.exception("speech stream failed")
-                body_ = error_body("The server had an error while streaming.", "server_error")
-                yield f"data: {json.dumps(body_)}\n\n"
+            async for data in body:
+                yield event(
+                    {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                )
+        yield event({"type": "speech.audio.done"})

@@ -5,6 +5,24 @@ module that imports ``tritonclient``) and by :class:`gateway.backend.fake.FakeBa
 unit tests.
 """
 
-from gateway.backend.base import AudioChunk, Backend, GenerationChunk, ModelInfo, SamplingOptions
+from gateway.backend.base import (
+    AudioChunk,
+    Backend,
+    GenerationChunk,
+    ModelInfo,
+    SamplingOptions,
+    Segment,
+    TranscriptionOptions,
+    Word,
+)
 
-__all__ = ["AudioChunk", "Backend", "GenerationChunk", "ModelInfo", "SamplingOptions"]
+__all__ = [
+    "AudioChunk",
+    "Backend",
+    "GenerationChunk",
+    "ModelInfo",
+    "SamplingOptions",
+    "Segment",
+    "TranscriptionOptions",
+    "Word",
+]

@@ -26,6 +26,8 @@ class ModelInfo:
     context_length: int | None = None
     voices: tuple[str, ...] = ()
     """Speech models: the voices it has, the default first."""
+    languages: tuple[str, ...] = ()
+    """Transcription models: the language codes it transcribes (empty: any)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,34 @@ class AudioChunk:
     sample_rate: int
 
 
+@dataclass(frozen=True)
+class Word:
+    word: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A transcribed stretch of audio (seconds from the start)."""
+
+    text: str
+    start: float
+    end: float
+    words: tuple[Word, ...] = ()
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    language: str = ""
+
+
+@dataclass(frozen=True)
+class TranscriptionOptions:
+    language: str | None = None
+    prompt: str | None = None
+    temperature: float = 0.0
+    word_timestamps: bool = False
+
+
 class Backend(Protocol):
     """What the gateway needs from an inference server.
 
@@ -90,6 +120,13 @@ class Backend(Protocol):
     ) -> AsyncGenerator[AudioChunk, None]:
         """Speaks ``text``, one chunk per sentence as the model produces them. Closing the
         iterator early cancels the request on the server."""
+        ...
+
+    def transcribe(
+        self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
+    ) -> AsyncGenerator[Segment, None]:
+        """Transcribes 16 kHz mono float PCM, one segment at a time as the model produces
+        them. Closing the iterator early cancels the request on the server."""
         ...
 
     async def close(self) -> None:

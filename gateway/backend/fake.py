@@ -10,10 +10,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from gateway.backend.base import AudioChunk, GenerationChunk, ModelInfo, SamplingOptions
+from gateway.backend.base import (
+    AudioChunk,
+    GenerationChunk,
+    ModelInfo,
+    SamplingOptions,
+    Segment,
+    TranscriptionOptions,
+    Word,
+)
 from gateway.config import CHATML_TEMPLATE
 from gateway.errors import BackendError, BackendUnavailableError
 
@@ -37,6 +47,7 @@ class FakeBackend:
         default_factory=lambda: [
             ModelInfo("fake-chat", "chat", True, CHATML_TEMPLATE, 2048),
             ModelInfo("fake-tts", "speech", True, voices=("joe", "amy")),
+            ModelInfo("fake-stt", "transcription", True, languages=("en",)),
             ModelInfo("fake-unloaded", None, False),
         ]
     )
@@ -46,6 +57,7 @@ class FakeBackend:
     token_delay_s: float = 0.0
     calls: list[GenerateCall] = field(default_factory=list)
     speech_calls: list[tuple[str, str, str, float]] = field(default_factory=list)
+    transcribe_calls: list[tuple[str, Any, TranscriptionOptions]] = field(default_factory=list)
 
     async def ready(self) -> bool:
         return self.up
@@ -105,6 +117,26 @@ class FakeBackend:
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             yield AudioChunk(tone, rate)
+
+    async def transcribe(
+        self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
+    ) -> AsyncGenerator[Segment, None]:
+        """One segment per started second of audio: "Segment N says hello." with words."""
+        self._check_up()
+        self.transcribe_calls.append((model, audio, options))
+        seconds = max(1, int(np.ceil(audio.size / 16_000)))
+        for index in range(seconds):
+            self._maybe_fail(index)
+            start, end = float(index), float(min(index + 1, audio.size / 16_000))
+            text = f" Segment {index + 1} says hello."
+            step = (end - start) / 4
+            words = tuple(
+                Word(w, round(start + i * step, 3), round(start + (i + 1) * step, 3))
+                for i, w in enumerate(text.split())
+            )
+            yield Segment(
+                text, start, end, words if options.word_timestamps else (), -0.2, 0.01, "en"
+            )
 
     def _maybe_fail(self, index: int) -> None:
         if self.fail_after_tokens is not None and index >= self.fail_after_tokens:

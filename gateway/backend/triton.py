@@ -16,6 +16,7 @@ carrying the model's message.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -26,7 +27,15 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from gateway.backend.base import AudioChunk, GenerationChunk, ModelInfo, SamplingOptions
+from gateway.backend.base import (
+    AudioChunk,
+    GenerationChunk,
+    ModelInfo,
+    SamplingOptions,
+    Segment,
+    TranscriptionOptions,
+    Word,
+)
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
@@ -47,6 +56,16 @@ def _tensor(name: str, value: npt.NDArray[Any], datatype: str) -> triton_grpc.In
 
 def _text(name: str, value: str) -> triton_grpc.InferInput:
     return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
+
+
+def _number(result: Any, name: str) -> float:
+    value = result.as_numpy(name)
+    return float(value.reshape(-1)[0]) if value is not None else 0.0
+
+
+def _string(result: Any, name: str) -> str:
+    value = result.as_numpy(name)
+    return str(value.reshape(-1)[0].decode("utf-8")) if value is not None else ""
 
 
 def _flag(name: str, value: bool) -> triton_grpc.InferInput:
@@ -104,14 +123,18 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
     if task is None and inputs >= _CHAT_INPUTS:
         task = "chat"
     context = params.get("context_length") or params.get("max_model_len")
-    voices = tuple(v.strip() for v in params.get("voices", "").split(",") if v.strip())
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(v.strip() for v in params.get(key, "").split(",") if v.strip())
+
     return ModelInfo(
         name=name,
         task=task,
         ready=True,
         chat_template=params.get("chat_template") or None,
         context_length=int(context) if context and context.isdigit() else None,
-        voices=voices,
+        voices=names("voices"),
+        languages=names("languages"),
     )
 
 
@@ -203,6 +226,37 @@ class TritonBackend:
                 rate = result.as_numpy("sample_rate")
                 if samples is not None and rate is not None and samples.size:
                     yield AudioChunk(samples.reshape(-1), int(rate.reshape(-1)[0]))
+
+    async def transcribe(
+        self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
+    ) -> AsyncGenerator[Segment, None]:
+        item = triton_grpc.InferInput("audio", [int(audio.size)], "FP32")
+        item.set_data_from_numpy(np.ascontiguousarray(audio, dtype=np.float32).reshape(-1))
+        inputs = [
+            item,
+            _tensor("temperature", np.array([options.temperature], dtype=np.float32), "FP32"),
+            _flag("word_timestamps", options.word_timestamps),
+        ]
+        if options.language:
+            inputs.append(_text("language", options.language))
+        if options.prompt:
+            inputs.append(_text("prompt", options.prompt))
+        async with aclosing(self._stream(model, inputs)) as results:
+            async for result in results:
+                text = result.as_numpy("text")
+                if text is None:
+                    continue  # the empty final response
+
+                words = json.loads(_string(result, "words") or "[]")
+                yield Segment(
+                    text=text.reshape(-1)[0].decode("utf-8"),
+                    start=_number(result, "start"),
+                    end=_number(result, "end"),
+                    words=tuple(Word(w["word"], w["start"], w["end"]) for w in words),
+                    avg_logprob=_number(result, "avg_logprob"),
+                    no_speech_prob=_number(result, "no_speech_prob"),
+                    language=_string(result, "language"),
+                )
 
     @staticmethod
     def _chat_inputs(

@@ -1,13 +1,16 @@
-"""POST /v1/audio/speech."""
+"""POST /v1/audio/speech, /v1/audio/transcriptions (multipart) and /v1/audio/translations."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from typing import Annotated, Literal
 
-from gateway.chat import SSE_HEADERS
-from gateway.dependencies import SpeechDep
+from fastapi import APIRouter, File, Form, UploadFile
+from fastapi.responses import Response, StreamingResponse
+
+from gateway.dependencies import SettingsDep, SpeechDep, TranscriptionDep
+from gateway.errors import NotSupportedError, PayloadTooLargeError
 from gateway.protocol import SpeechRequest
+from gateway.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
@@ -22,3 +25,55 @@ async def create_speech(body: SpeechRequest, speech: SpeechDep) -> StreamingResp
     audio = await speech.stream(prepared)
     headers = SSE_HEADERS if prepared.sse else {"X-Accel-Buffering": "no"}
     return StreamingResponse(audio, media_type=prepared.content_type, headers=headers)
+
+
+@router.post(
+    "/transcriptions",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}, "text/plain": {}}}},
+)
+async def create_transcription(
+    transcriber: TranscriptionDep,
+    settings: SettingsDep,
+    file: Annotated[UploadFile, File(description="The audio file (any format FFmpeg decodes)")],
+    model: Annotated[str, Form(min_length=1)],
+    language: Annotated[str | None, Form()] = None,
+    prompt: Annotated[str | None, Form()] = None,
+    temperature: Annotated[float, Form(ge=0.0, le=1.0)] = 0.0,
+    response_format: Annotated[
+        Literal["json", "text", "srt", "verbose_json", "vtt"], Form()
+    ] = "json",
+    timestamp_granularities: Annotated[
+        list[Literal["word", "segment"]] | None, Form(alias="timestamp_granularities[]")
+    ] = None,
+    stream: Annotated[bool, Form()] = False,
+) -> Response:
+    limit = int(settings.max_audio_upload_mb * 1024 * 1024)
+    if file.size is not None and file.size > limit:
+        raise PayloadTooLargeError(
+            f"The audio file is {file.size / 1e6:.1f} MB; the limit is "
+            f"{settings.max_audio_upload_mb:g} MB.",
+            param="file",
+        )
+    job = await transcriber.prepare(
+        model,
+        await file.read(),
+        language,
+        prompt,
+        temperature,
+        response_format,
+        list(timestamp_granularities or []),
+    )
+    if stream:
+        events = await transcriber.stream(job)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    body, media_type = await transcriber.complete(job)
+    return Response(body, media_type=media_type)
+
+
+@router.post("/translations")
+async def create_translation() -> Response:
+    raise NotSupportedError(
+        "Translation is not supported: no model here translates audio. "
+        "Use /v1/audio/transcriptions.",
+    )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.chat import SSE_HEADERS
 from gateway.dependencies import ChatDep
 from gateway.disconnect import cancel_on_disconnect
 from gateway.protocol import ChatCompletion, ChatCompletionRequest
+from gateway.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 

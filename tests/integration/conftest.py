@@ -15,7 +15,7 @@ from tests.stack import GatewayProcess
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[GatewayProcess]:
-    gateway = GatewayProcess(models=["smollm2", "mock_chat", "piper_tts"]).start()
+    gateway = GatewayProcess(models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"]).start()
     try:
         gateway.wait_ready()
         yield gateway

@@ -1,0 +1,38 @@
+"""Server-sent events: one formatter, and one place that turns a failure after the stream
+began (the HTTP status is already sent) into an SSE ``error`` event."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from gateway.errors import GatewayError, error_body
+
+logger = logging.getLogger("gateway.sse")
+
+#: Headers for SSE: no caching, and no buffering by nginx (``X-Accel-Buffering``).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def with_error_event(
+    events: AsyncGenerator[str, None], what: str
+) -> AsyncGenerator[str, None]:
+    """Passes ``events`` through; an error while producing them ends the stream with an
+    ``{"error": {...}}`` event in the OpenAI error body."""
+    async with aclosing(events):
+        try:
+            async for item in events:
+                yield item
+        except GatewayError as exc:
+            logger.warning("%s stream failed: %s", what, exc.message)
+            yield event(exc.body())
+        except Exception:
+            logger.exception("%s stream failed", what)
+            yield event(error_body("The server had an error while streaming.", "server_error"))
