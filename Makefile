@@ -29,6 +29,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.chat
+	$(BIN)/python -m tests.bench.audio
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:
