@@ -16,6 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from model_io import read_scalar, read_string, send_error
+
+__all__ = [
+    "ChatRequest",
+    "InvalidRequest",
+    "SamplingParams",
+    "TokenCounter",
+    "make_response",
+    "read_request",
+    "send_error",
+]
 
 #: Sampling fields a chat model accepts; anything else in ``sampling_parameters`` is an error,
 #: so a typo never silently changes nothing.
@@ -133,32 +144,21 @@ class ChatRequest:
 def read_request(pb_utils: Any, request: Any) -> ChatRequest:
     """Decodes a vLLM-contract request; raises :class:`InvalidRequest` on bad input."""
 
-    def scalar(name: str) -> Any:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is None:
-            return None
-        array = tensor.as_numpy().reshape(-1)
-        if array.size != 1:
-            raise InvalidRequest(f"input '{name}' must hold exactly one element")
-        return array[0]
-
     def flag(name: str, default: bool = False) -> bool:
-        value = scalar(name)
+        value = read_scalar(pb_utils, request, name)
         return default if value is None else bool(value)
 
-    raw_prompt = scalar("text_input")
-    if raw_prompt is None:
-        raise InvalidRequest("input 'text_input' is required")
     try:
-        prompt = raw_prompt.decode("utf-8") if isinstance(raw_prompt, bytes) else str(raw_prompt)
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest("text_input is not valid UTF-8") from exc
+        prompt = read_string(pb_utils, request, "text_input")
+        sampling = read_scalar(pb_utils, request, "sampling_parameters")
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
     if not prompt:
-        raise InvalidRequest("text_input must not be empty")
+        raise InvalidRequest("input 'text_input' is required and must not be empty")
     return ChatRequest(
         prompt=prompt,
         stream=flag("stream", True),
-        params=SamplingParams.from_json(scalar("sampling_parameters")),
+        params=SamplingParams.from_json(sampling),
         exclude_input=flag("exclude_input_in_output", False),
         want_finish_reason=flag("return_finish_reason"),
         want_input_tokens=flag("return_num_input_tokens"),
@@ -191,17 +191,6 @@ def make_response(
             pb_utils.Tensor("num_output_tokens", np.array([num_output_tokens], dtype=np.uint32))
         )
     return pb_utils.InferenceResponse(output_tensors=tensors)
-
-
-def send_error(pb_utils: Any, sender: Any, message: str, code: str = "INTERNAL") -> None:
-    """Ends a request with an error response; ``code`` names a ``TritonError`` code
-    (``INVALID_ARG`` for the client's fault, ``CANCELLED`` when the client went away)."""
-    sender.send(
-        pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
-        ),
-        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-    )
 
 
 class TokenCounter:

