@@ -30,7 +30,7 @@ from gateway.protocol import (
     ChatMessage,
     Usage,
 )
-from gateway.sse import with_error_event
+from gateway.sse import first_or_close, with_error_event
 from gateway.templating import render_chat
 
 logger = logging.getLogger("gateway.chat")
@@ -205,11 +205,7 @@ class ChatService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chunks = self.backend.generate(chat.model, chat.prompt, chat.options, stream=True)
-        try:
-            first = await anext(chunks, None)
-        except BaseException:
-            await chunks.aclose()
-            raise
+        first = await first_or_close(chunks)
         return self._sse(self._events(chat, chunks, first))
 
     async def _events(

@@ -19,7 +19,7 @@ from gateway.backend import AudioChunk, Backend
 from gateway.catalog import ModelCatalog
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.protocol import OPENAI_VOICES, SpeechRequest
-from gateway.sse import event, with_error_event
+from gateway.sse import event, first_or_close, with_error_event
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,9 @@ class SpeechService:
         """Starts synthesis and returns the response body; raises if the model fails before
         its first sentence."""
         chunks = self.backend.synthesize(speech.model, speech.text, speech.voice, speech.speed)
-        try:
-            first = await anext(chunks)
-        except StopAsyncIteration:
-            raise GatewayError(f"Model '{speech.model}' produced no audio") from None
-        except BaseException:
-            await chunks.aclose()
-            raise
+        first = await first_or_close(chunks)
+        if first is None:
+            raise GatewayError(f"Model '{speech.model}' produced no audio")
         body = self._encoded(speech, chunks, first)
         return with_error_event(self._events(body), "speech") if speech.sse else body
 

@@ -1,5 +1,6 @@
-"""Server-sent events: one formatter, and one place that turns a failure after the stream
-began (the HTTP status is already sent) into an SSE ``error`` event."""
+"""Streamed responses: SSE formatting, the start of a stream, and one place that turns a
+failure after the stream began (the HTTP status is already sent) into an SSE ``error``
+event."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.errors import GatewayError, error_body
 
@@ -15,6 +16,20 @@ logger = logging.getLogger("gateway.sse")
 
 #: Headers for SSE: no caching, and no buffering by nginx (``X-Accel-Buffering``).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+T = TypeVar("T")
+
+
+async def first_or_close(items: AsyncGenerator[T, None]) -> T | None:
+    """The first item of a backend stream (None if it is empty), awaited before the HTTP
+    response starts so that an early failure gets a real status; closes the stream if that
+    fails."""
+    try:
+        return await anext(items, None)
+    except BaseException:
+        await items.aclose()
+        raise
 
 
 def event(payload: dict[str, Any]) -> str:

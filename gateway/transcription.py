@@ -23,7 +23,7 @@ from gateway.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequestError
-from gateway.sse import event, with_error_event
+from gateway.sse import event, first_or_close, with_error_event
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 _LANGUAGE_NAMES = {"en": "english"}  # verbose_json names the language, as OpenAI does
@@ -170,11 +170,7 @@ class TranscriptionService:
         """SSE events; raises (for a real status) if the model fails before its first
         segment."""
         segments = self._segments(job)
-        try:
-            first = await anext(segments, None)
-        except BaseException:
-            await segments.aclose()
-            raise
+        first = await first_or_close(segments)
         return with_error_event(self._events(segments, first), "transcription")
 
     async def _events(
