@@ -7,6 +7,8 @@ exists only inside Triton's Python-backend stub.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -40,3 +42,31 @@ def send_error(pb_utils: Any, sender: Any, message: str, code: str = "INTERNAL")
         ),
         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     )
+
+
+def decoupled_parameters(pb_utils: Any, args: dict[str, Any]) -> dict[str, str]:
+    """Checks that the model's config is decoupled (every model here streams) and returns
+    its ``parameters`` as plain strings."""
+    config = json.loads(args["model_config"])
+    if not pb_utils.using_decoupled_model_transaction_policy(config):
+        raise pb_utils.TritonModelException(f"{args['model_name']} must be decoupled")
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def serve_each(
+    pb_utils: Any,
+    requests: list[Any],
+    handle: Callable[[Any, Any], None],
+    model_name: str,
+    invalid: type[Exception] = ValueError,
+) -> None:
+    """Runs ``handle(request, sender)`` for each request in turn. ``invalid`` errors end the
+    request with INVALID_ARG; any other error with INTERNAL, so no request is left open."""
+    for request in requests:
+        sender = request.get_response_sender()
+        try:
+            handle(request, sender)
+        except invalid as exc:
+            send_error(pb_utils, sender, str(exc), "INVALID_ARG")
+        except Exception as exc:
+            send_error(pb_utils, sender, f"{model_name} failed: {exc}")

@@ -16,16 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from model_io import read_scalar, read_string, send_error
+from model_io import decoupled_parameters, read_scalar, read_string, send_error, serve_each
 
 __all__ = [
     "ChatRequest",
     "InvalidRequest",
     "SamplingParams",
     "TokenCounter",
+    "decoupled_parameters",
     "make_response",
     "read_request",
     "send_error",
+    "serve_each",
 ]
 
 #: Sampling fields a chat model accepts; anything else in ``sampling_parameters`` is an error,

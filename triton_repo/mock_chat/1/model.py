@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import os
 import queue
 import re
@@ -42,13 +41,8 @@ class TritonPythonModel:
         import vllm_contract
 
         self.contract = vllm_contract
-        model_config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException("mock_chat must be decoupled")
-        parameters = model_config.get("parameters", {})
-        self.default_delay_s = (
-            float(parameters.get("token_delay_ms", {}).get("string_value", "0")) / 1000.0
-        )
+        parameters = vllm_contract.decoupled_parameters(pb_utils, args)
+        self.default_delay_s = float(parameters.get("token_delay_ms") or "0") / 1000.0
         self.words = SENTENCE.split(" ")
         self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
         self.incoming: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()

