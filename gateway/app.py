@@ -9,19 +9,26 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway import store
+from gateway.admin import AdminService
+from gateway.auth import AdmissionMiddleware
 from gateway.backend import Backend
 from gateway.catalog import ModelCatalog
 from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.errors import install_handlers
-from gateway.routers import audio, chat, health, models
+from gateway.keys import KeyStore
+from gateway.ratelimit import RateLimiter
+from gateway.routers import admin, audio, chat, health, models, sessions
+from gateway.sessions import SessionStore
 from gateway.speech import SpeechService
 from gateway.transcription import TranscriptionService
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
     """Builds the gateway. Without ``backend`` the lifespan connects to Triton at
-    ``settings.triton_url``; tests pass a fake one instead."""
+    ``settings.triton_url``; tests pass a fake one instead. Redis is always the real one at
+    ``settings.redis_url``."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -30,16 +37,27 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         if active is None:
             from gateway.backend.triton import TritonBackend
 
-            active = TritonBackend(settings.triton_url, settings.triton_timeout_s)
+            active = TritonBackend(
+                settings.triton_url, settings.triton_timeout_s, settings.triton_start_timeout_s
+            )
+        redis = store.connect(settings.redis_url, settings.redis_timeout_s)
         catalog = ModelCatalog(active, settings.model_cache_ttl_s)
         app.state.backend = active
+        app.state.redis = redis
         app.state.catalog = catalog
-        app.state.chat = ChatService(active, catalog, settings.default_chat_template)
+        app.state.keys = KeyStore(redis, settings.admin_key)
+        app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
+        app.state.sessions = SessionStore(redis, settings.session_ttl_s)
+        app.state.chat = ChatService(
+            active, catalog, settings.default_chat_template, app.state.sessions
+        )
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog)
+        app.state.admin = AdminService(active, catalog, app.state.keys, app.state.limiter)
         try:
             yield
         finally:
+            await redis.aclose()
             if backend is None:  # we created it, we close it
                 await active.close()
 
@@ -51,8 +69,11 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     )
     app.state.settings = settings
     install_handlers(app)
+    app.add_middleware(AdmissionMiddleware)
     app.include_router(chat.router)
     app.include_router(audio.router)
     app.include_router(models.router)
+    app.include_router(sessions.router)
+    app.include_router(admin.router)
     app.include_router(health.router)
     return app

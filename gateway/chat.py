@@ -30,6 +30,8 @@ from gateway.protocol import (
     ChatMessage,
     Usage,
 )
+from gateway.ratelimit import Meter
+from gateway.sessions import SessionPlan, SessionStore, plan
 from gateway.sse import first_or_close, with_error_event
 from gateway.templating import render_chat
 
@@ -46,6 +48,8 @@ class PreparedChat:
     prompt: str
     options: SamplingOptions
     include_usage: bool
+    session: SessionPlan | None = None
+    """Set when the request continues a session: the reply is stored when it completes."""
 
 
 def _message_text(index: int, message: ChatMessage) -> str:
@@ -146,12 +150,26 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
 
 
 class ChatService:
-    def __init__(self, backend: Backend, catalog: ModelCatalog, default_template: str) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        catalog: ModelCatalog,
+        default_template: str,
+        sessions: SessionStore | None = None,
+    ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.default_template = default_template
+        self.sessions = sessions
 
-    async def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
+    async def prepare(
+        self,
+        request: ChatCompletionRequest,
+        session_id: str | None = None,
+        owner: str = "",
+    ) -> PreparedChat:
+        """Validates the request and renders its prompt. With ``session_id`` the stored
+        conversation of ``owner`` (a key id) comes first."""
         problem = request.unsupported()
         if problem is not None:
             param, message = problem
@@ -166,9 +184,15 @@ class ChatService:
                 param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
                 code="context_length_exceeded",
             )
-        prompt = render_chat(
-            model.chat_template or self.default_template, _template_messages(request.messages)
-        )
+        messages = _template_messages(request.messages)
+        session = None
+        if session_id is not None:
+            if self.sessions is None:
+                raise InvalidRequestError("Sessions are not enabled.", param="X-Session-ID")
+            stored = await self.sessions.open(session_id, owner)
+            session = plan(stored, messages, model.context_length, options.max_tokens)
+            messages = session.messages
+        prompt = render_chat(model.chat_template or self.default_template, messages)
         return PreparedChat(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time()),
@@ -176,9 +200,14 @@ class ChatService:
             prompt=prompt,
             options=options,
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            session=session,
         )
 
-    async def complete(self, chat: PreparedChat) -> ChatCompletion:
+    async def _remember(self, chat: PreparedChat, reply: str, completion_tokens: int) -> None:
+        if chat.session is not None and self.sessions is not None:
+            await self.sessions.save_turn(chat.session, reply, completion_tokens)
+
+    async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
         texts: list[str] = []
         finish, prompt_tokens, completion_tokens = None, 0, 0
         chunks = self.backend.generate(chat.model, chat.prompt, chat.options, stream=False)
@@ -188,44 +217,56 @@ class ChatService:
                 finish = chunk.finish_reason or finish
                 prompt_tokens = chunk.prompt_tokens or prompt_tokens
                 completion_tokens += chunk.completion_tokens
+        if meter is not None:
+            meter.add_tokens(prompt_tokens, completion_tokens)
+        reply = "".join(texts)
+        await self._remember(chat, reply, completion_tokens)
         return ChatCompletion(
             id=chat.id,
             created=chat.created,
             model=chat.model,
             choices=[
                 ChatCompletionChoice(
-                    message=ChatCompletionMessage(content="".join(texts)),
+                    message=ChatCompletionMessage(content=reply),
                     finish_reason=finish or "stop",
                 )
             ],
             usage=_usage(prompt_tokens, completion_tokens),
         )
 
-    async def stream(self, chat: PreparedChat) -> AsyncIterator[str]:
+    async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chunks = self.backend.generate(chat.model, chat.prompt, chat.options, stream=True)
         first = await first_or_close(chunks)
-        return self._sse(self._events(chat, chunks, first))
+        return self._sse(self._events(chat, chunks, first, meter or Meter()))
 
     async def _events(
         self,
         chat: PreparedChat,
         chunks: AsyncGenerator[GenerationChunk, None],
         first: GenerationChunk | None,
+        meter: Meter,
     ) -> AsyncGenerator[str, None]:
         writer = _ChunkWriter(chat)
         finish, prompt_tokens, completion_tokens = None, 0, 0
-        async with aclosing(chunks):
-            yield writer.delta({"role": "assistant", "content": ""})
-            chunk = first
-            while chunk is not None:
-                if chunk.text:
-                    yield writer.content(chunk.text)
-                finish = chunk.finish_reason or finish
-                prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                completion_tokens += chunk.completion_tokens
-                chunk = await anext(chunks, None)
+        texts: list[str] = []
+        try:
+            async with aclosing(chunks):
+                yield writer.delta({"role": "assistant", "content": ""})
+                chunk = first
+                while chunk is not None:
+                    if chunk.text:
+                        texts.append(chunk.text)
+                        yield writer.content(chunk.text)
+                    finish = chunk.finish_reason or finish
+                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
+                    completion_tokens += chunk.completion_tokens
+                    chunk = await anext(chunks, None)
+        finally:
+            # What was generated counts, even for a client that left mid-stream.
+            meter.add_tokens(prompt_tokens, completion_tokens)
+        await self._remember(chat, "".join(texts), completion_tokens)
         yield writer.delta({}, finish or "stop")
         if chat.include_usage:
             yield writer.usage(_usage(prompt_tokens, completion_tokens))

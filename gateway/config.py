@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +22,24 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+#: Values people paste from examples; never accepted as the admin key.
+_PLACEHOLDERS = ("change", "example", "secret", "password", "admin", "default", "xxxx", "test")
+MIN_ADMIN_KEY_LENGTH = 32
+
+
+def weak_key_problem(key: str) -> str | None:
+    """Why ``key`` is too weak to be the admin key, or None."""
+    if len(key) < MIN_ADMIN_KEY_LENGTH:
+        return f"it has {len(key)} characters; at least {MIN_ADMIN_KEY_LENGTH} are required"
+    if len(set(key)) < 12:
+        return "it repeats too few distinct characters to be random"
+    lowered = key.lower()
+    for word in _PLACEHOLDERS:
+        if word in lowered:
+            return f"it contains the placeholder word '{word}'"
+    return None
 
 
 class Settings(BaseSettings):
@@ -66,8 +84,35 @@ class Settings(BaseSettings):
     max_audio_upload_mb: float = Field(25.0, gt=0)
     """Largest audio file ``/v1/audio/transcriptions`` accepts (OpenAI's limit is 25 MB)."""
 
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding API keys (hashed), sessions, rate-limit counters and usage. Every
+    replica of the gateway points at the same one."""
+    embedded_redis: bool = True
+    """``gateway up`` starts ``redis-server`` (persisting under ``run_dir``) at the host and
+    port of ``redis_url``. False: use the Redis already running there."""
+    redis_timeout_s: float = Field(1.0, gt=0)
+    """Connect and command timeout for Redis: when it is down, requests that need it fail
+    with 503 after at most this long instead of hanging."""
+    admin_key: SecretStr | None = None
+    """A bootstrap key with the admin role (at least 32 characters, not a placeholder).
+    Unset: ``gateway up`` generates one and prints it."""
+    session_ttl_s: int = Field(86_400, gt=0)
+    """How long a chat session is kept after its last use (seconds)."""
+    concurrency_lease_s: float = Field(60.0, gt=0)
+    """A running request holds a concurrency slot for this long and renews it while it
+    runs, so a gateway that dies frees its slots after at most this long."""
+
     log_level: str = "info"
     """Log level of the gateway (and uvicorn)."""
+
+    @field_validator("admin_key")
+    @classmethod
+    def _strong_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            problem = weak_key_problem(value.get_secret_value())
+            if problem:
+                raise ValueError(f"GATEWAY_ADMIN_KEY is refused: {problem}")
+        return value
 
     @field_validator("models", mode="before")
     @classmethod

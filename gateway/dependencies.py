@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from redis.asyncio import Redis
 
+from gateway.admin import AdminService
 from gateway.backend import Backend
 from gateway.catalog import ModelCatalog
 from gateway.chat import ChatService
 from gateway.config import Settings
+from gateway.sessions import SessionStore
 from gateway.speech import SpeechService
 from gateway.transcription import TranscriptionService
 
@@ -38,9 +41,24 @@ def _transcription(request: Request) -> TranscriptionService:
     return request.app.state.transcription  # type: ignore[no-any-return]
 
 
+def _redis(request: Request) -> Redis:
+    return request.app.state.redis  # type: ignore[no-any-return]
+
+
+def _sessions(request: Request) -> SessionStore:
+    return request.app.state.sessions  # type: ignore[no-any-return]
+
+
+def _admin(request: Request) -> AdminService:
+    return request.app.state.admin  # type: ignore[no-any-return]
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 BackendDep = Annotated[Backend, Depends(_backend)]
 CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
 SpeechDep = Annotated[SpeechService, Depends(_speech)]
 TranscriptionDep = Annotated[TranscriptionService, Depends(_transcription)]
+SessionsDep = Annotated[SessionStore, Depends(_sessions)]
+AdminDep = Annotated[AdminService, Depends(_admin)]
+RedisDep = Annotated[Redis, Depends(_redis)]

@@ -4,11 +4,16 @@
 
     GatewayError                      -> {"error": {"message", "type", "param", "code"}}
     ├── InvalidRequestError           400 invalid_request_error
-    ├── ModelNotFoundError            404 invalid_request_error / model_not_found
+    ├── AuthenticationError           401 invalid_request_error / invalid_api_key
+    ├── PermissionDeniedError         403 invalid_request_error / permission_denied
+    ├── NotFoundError                 404 invalid_request_error / (what was not found)
+    │   └── ModelNotFoundError        404 invalid_request_error / model_not_found
     ├── NotSupportedError             404 invalid_request_error / not_supported
     ├── PayloadTooLargeError          413 invalid_request_error / file_too_large
+    ├── RateLimitError                429 requests|tokens / rate_limit_exceeded (Retry-After)
     ├── BackendError                  500 server_error / model_error
     ├── BackendUnavailableError       503 server_error / backend_unavailable
+    ├── StoreUnavailableError         503 server_error / store_unavailable
     └── BackendTimeoutError           504 server_error / backend_timeout
 
 Routers never catch exceptions: the handlers installed by :func:`install_handlers` render
@@ -20,6 +25,7 @@ service as an SSE ``error`` event with the same body (see :func:`error_body`).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,10 +44,18 @@ class GatewayError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.headers = headers or {}
         if code is not None:
             self.code = code
 
@@ -54,9 +68,31 @@ class InvalidRequestError(GatewayError):
     type = "invalid_request_error"
 
 
-class ModelNotFoundError(GatewayError):
+class AuthenticationError(GatewayError):
+    """No key, or a key that is unknown, revoked or expired."""
+
+    status_code = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class PermissionDeniedError(GatewayError):
+    """A valid key that may not do this (role or model)."""
+
+    status_code = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class NotFoundError(GatewayError):
     status_code = 404
     type = "invalid_request_error"
+
+
+class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
     def __init__(self, model: str) -> None:
@@ -77,6 +113,22 @@ class NotSupportedError(GatewayError):
     code = "not_supported"
 
 
+class RateLimitError(GatewayError):
+    """A key's limit is reached. ``type`` names the limit as OpenAI does (``requests`` or
+    ``tokens``); ``Retry-After`` says when to try again."""
+
+    status_code = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, limit: str, retry_after_s: float, headers: dict[str, str]
+    ) -> None:
+        retry_after = str(max(1, math.ceil(retry_after_s)))
+        super().__init__(message, headers={**headers, "Retry-After": retry_after})
+        self.type = "tokens" if limit == "tokens" else "requests"
+        self.limit = limit
+
+
 class BackendError(GatewayError):
     """The model or Triton failed while serving a request."""
 
@@ -88,6 +140,14 @@ class BackendUnavailableError(GatewayError):
 
     status_code = 503
     code = "backend_unavailable"
+
+
+class StoreUnavailableError(GatewayError):
+    """Redis (keys, limits, sessions, usage) cannot be reached: nothing that needs it is let
+    through."""
+
+    status_code = 503
+    code = "store_unavailable"
 
 
 class BackendTimeoutError(GatewayError):
@@ -138,7 +198,7 @@ async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)  # registered for GatewayError only
     if exc.status_code >= 500:
         logger.warning("%s: %s", type(exc).__name__, exc.message)
-    return JSONResponse(exc.body(), status_code=exc.status_code)
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -19,6 +19,7 @@ from gateway.backend import AudioChunk, Backend
 from gateway.catalog import ModelCatalog
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.protocol import OPENAI_VOICES, SpeechRequest
+from gateway.ratelimit import Meter
 from gateway.sse import event, first_or_close, with_error_event
 
 
@@ -65,14 +66,16 @@ class SpeechService:
             sse=request.stream_format == "sse",
         )
 
-    async def stream(self, speech: PreparedSpeech) -> AsyncIterator[bytes | str]:
+    async def stream(
+        self, speech: PreparedSpeech, meter: Meter | None = None
+    ) -> AsyncIterator[bytes | str]:
         """Starts synthesis and returns the response body; raises if the model fails before
         its first sentence."""
         chunks = self.backend.synthesize(speech.model, speech.text, speech.voice, speech.speed)
         first = await first_or_close(chunks)
         if first is None:
             raise GatewayError(f"Model '{speech.model}' produced no audio")
-        body = self._encoded(speech, chunks, first)
+        body = self._encoded(speech, chunks, first, meter or Meter())
         return with_error_event(self._events(body), "speech") if speech.sse else body
 
     async def _encoded(
@@ -80,11 +83,13 @@ class SpeechService:
         speech: PreparedSpeech,
         chunks: AsyncGenerator[AudioChunk, None],
         first: AudioChunk,
+        meter: Meter,
     ) -> AsyncGenerator[bytes, None]:
         encoder = StreamEncoder(speech.response_format, first.sample_rate)
         async with aclosing(chunks):
             chunk: AudioChunk | None = first
             while chunk is not None:
+                meter.audio_seconds_out += chunk.samples.size / chunk.sample_rate
                 data = await asyncio.to_thread(encoder.encode, chunk.samples)
                 if data:
                     yield data

@@ -23,6 +23,7 @@ from gateway.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequestError
+from gateway.ratelimit import Meter
 from gateway.sse import event, first_or_close, with_error_event
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -148,12 +149,18 @@ class TranscriptionService:
             granularities=chosen,
         )
 
-    def _segments(self, job: PreparedTranscription) -> AsyncGenerator[Segment, None]:
+    def _segments(
+        self, job: PreparedTranscription, meter: Meter | None
+    ) -> AsyncGenerator[Segment, None]:
+        if meter is not None:
+            meter.audio_seconds_in += job.duration
         return self.backend.transcribe(job.model, job.audio, job.options)
 
-    async def complete(self, job: PreparedTranscription) -> tuple[str, str]:
+    async def complete(
+        self, job: PreparedTranscription, meter: Meter | None = None
+    ) -> tuple[str, str]:
         """The whole transcription in the requested format: (body, media type)."""
-        async with aclosing(self._segments(job)) as stream:
+        async with aclosing(self._segments(job, meter)) as stream:
             segments = [segment async for segment in stream]
         if job.response_format == "text":
             return _text(segments) + "\n", "text/plain; charset=utf-8"
@@ -166,10 +173,12 @@ class TranscriptionService:
         usage = {"type": "duration", "seconds": math.ceil(job.duration)}
         return json.dumps({"text": _text(segments), "usage": usage}), "application/json"
 
-    async def stream(self, job: PreparedTranscription) -> AsyncIterator[str]:
+    async def stream(
+        self, job: PreparedTranscription, meter: Meter | None = None
+    ) -> AsyncIterator[str]:
         """SSE events; raises (for a real status) if the model fails before its first
         segment."""
-        segments = self._segments(job)
+        segments = self._segments(job, meter)
         first = await first_or_close(segments)
         return with_error_event(self._events(segments, first), "transcription")
 

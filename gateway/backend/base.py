@@ -31,6 +31,17 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class RepositoryModel:
+    """A model of the server's repository and its state (Triton's: ``READY``,
+    ``UNAVAILABLE``, ``LOADING``, ``UNLOADING``, or empty for one never loaded)."""
+
+    name: str
+    state: str
+    version: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SamplingOptions:
     """Sampling parameters in the vLLM names the chat models take; ``None`` = model default."""
 
@@ -106,6 +117,19 @@ class Backend(Protocol):
 
     async def models(self) -> list[ModelInfo]:
         """Every model in the repository, loaded or not."""
+        ...
+
+    async def repository(self) -> list[RepositoryModel]:
+        """Every model in the repository with its state."""
+        ...
+
+    async def load_model(self, name: str) -> None:
+        """Loads (or reloads) a model; returns when it is ready. Raises ``ModelNotFoundError``
+        for a name the repository does not have, ``BackendError`` if loading fails."""
+        ...
+
+    async def unload_model(self, name: str) -> None:
+        """Unloads a model; returns when it no longer accepts requests."""
         ...
 
     def generate(

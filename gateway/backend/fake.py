@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,13 +19,14 @@ from gateway.backend.base import (
     AudioChunk,
     GenerationChunk,
     ModelInfo,
+    RepositoryModel,
     SamplingOptions,
     Segment,
     TranscriptionOptions,
     Word,
 )
 from gateway.config import CHATML_TEMPLATE
-from gateway.errors import BackendError, BackendUnavailableError
+from gateway.errors import BackendError, BackendUnavailableError, ModelNotFoundError
 
 
 @dataclass
@@ -65,6 +66,28 @@ class FakeBackend:
     async def models(self) -> list[ModelInfo]:
         self._check_up()
         return list(self.model_list)
+
+    async def repository(self) -> list[RepositoryModel]:
+        self._check_up()
+        return [RepositoryModel(m.name, "READY" if m.ready else "") for m in self.model_list]
+
+    def _index(self, name: str) -> int:
+        for index, model in enumerate(self.model_list):
+            if model.name == name:
+                return index
+        raise ModelNotFoundError(name)
+
+    async def load_model(self, name: str) -> None:
+        self._check_up()
+        index = self._index(name)
+        model = self.model_list[index]
+        # A model the fake "loads" serves chat unless it already had a task.
+        self.model_list[index] = replace(model, ready=True, task=model.task or "chat")
+
+    async def unload_model(self, name: str) -> None:
+        self._check_up()
+        index = self._index(name)
+        self.model_list[index] = replace(self.model_list[index], ready=False)
 
     async def generate(
         self, model: str, prompt: str, options: SamplingOptions, stream: bool

@@ -31,6 +31,7 @@ from gateway.backend.base import (
     AudioChunk,
     GenerationChunk,
     ModelInfo,
+    RepositoryModel,
     SamplingOptions,
     Segment,
     TranscriptionOptions,
@@ -141,9 +142,10 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
 class TritonBackend:
     """Talks to one Triton server over ``tritonclient.grpc.aio``."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 10.0, load_timeout_s: float = 300.0) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.load_timeout_s = load_timeout_s
         self.client = triton_grpc.InferenceServerClient(url)
 
     async def ready(self) -> bool:
@@ -152,14 +154,52 @@ class TritonBackend:
         except InferenceServerException:
             return False
 
-    async def models(self) -> list[ModelInfo]:
+    async def _index(self) -> list[dict[str, Any]]:
         try:
             index = await self.client.get_model_repository_index(
                 as_json=True, client_timeout=self.timeout_s
             )
         except InferenceServerException as exc:
             raise _from_client_error(exc) from exc
-        entries = index.get("models", [])
+        return list(index.get("models", []))
+
+    async def repository(self) -> list[RepositoryModel]:
+        return [
+            RepositoryModel(
+                name=e["name"],
+                state=e.get("state", ""),
+                version=e.get("version", ""),
+                reason=e.get("reason", ""),
+            )
+            for e in await self._index()
+        ]
+
+    async def _known(self, name: str) -> None:
+        if name not in {e["name"] for e in await self._index()}:
+            raise ModelNotFoundError(name)
+
+    async def load_model(self, name: str) -> None:
+        await self._known(name)
+        try:
+            await self.client.load_model(name, client_timeout=self.load_timeout_s)
+        except InferenceServerException as exc:
+            error = _from_client_error(exc, name)
+            if not isinstance(error, BackendUnavailableError | BackendTimeoutError):
+                error = BackendError(
+                    f"Triton could not load '{name}': {exc.message() or exc}",
+                    code="model_load_failed",
+                )
+            raise error from exc
+
+    async def unload_model(self, name: str) -> None:
+        await self._known(name)
+        try:
+            await self.client.unload_model(name, client_timeout=self.load_timeout_s)
+        except InferenceServerException as exc:
+            raise _from_client_error(exc, name) from exc
+
+    async def models(self) -> list[ModelInfo]:
+        entries = await self._index()
         ready = [e["name"] for e in entries if e.get("state") == "READY"]
         configs = await asyncio.gather(*(self._config(name) for name in ready))
         infos = {info.name: info for info in configs if info is not None}

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
+from gateway.auth import CallerDep, MeterDep
 from gateway.dependencies import SettingsDep, SpeechDep, TranscriptionDep
 from gateway.errors import NotSupportedError, PayloadTooLargeError
 from gateway.protocol import SpeechRequest
@@ -20,9 +21,12 @@ router = APIRouter(prefix="/v1/audio", tags=["audio"])
     response_class=StreamingResponse,
     responses={200: {"content": {"audio/mpeg": {}}, "description": "Audio, streamed"}},
 )
-async def create_speech(body: SpeechRequest, speech: SpeechDep) -> StreamingResponse:
+async def create_speech(
+    body: SpeechRequest, speech: SpeechDep, caller: CallerDep, meter: MeterDep
+) -> StreamingResponse:
+    caller.require_model(body.model)
     prepared = await speech.prepare(body)
-    audio = await speech.stream(prepared)
+    audio = await speech.stream(prepared, meter)
     headers = SSE_HEADERS if prepared.sse else {"X-Accel-Buffering": "no"}
     return StreamingResponse(audio, media_type=prepared.content_type, headers=headers)
 
@@ -35,6 +39,8 @@ async def create_speech(body: SpeechRequest, speech: SpeechDep) -> StreamingResp
 async def create_transcription(
     transcriber: TranscriptionDep,
     settings: SettingsDep,
+    caller: CallerDep,
+    meter: MeterDep,
     file: Annotated[UploadFile, File(description="The audio file (any format FFmpeg decodes)")],
     model: Annotated[str, Form(min_length=1)],
     language: Annotated[str | None, Form()] = None,
@@ -48,6 +54,7 @@ async def create_transcription(
     ] = None,
     stream: Annotated[bool, Form()] = False,
 ) -> Response:
+    caller.require_model(model)
     limit = int(settings.max_audio_upload_mb * 1024 * 1024)
     if file.size is not None and file.size > limit:
         raise PayloadTooLargeError(
@@ -65,14 +72,14 @@ async def create_transcription(
         list(timestamp_granularities or []),
     )
     if stream:
-        events = await transcriber.stream(job)
+        events = await transcriber.stream(job, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    body, media_type = await transcriber.complete(job)
+    body, media_type = await transcriber.complete(job, meter)
     return Response(body, media_type=media_type)
 
 
 @router.post("/translations")
-async def create_translation() -> Response:
+async def create_translation(_: CallerDep) -> Response:
     raise NotSupportedError(
         "Translation is not supported: no model here translates audio. "
         "Use /v1/audio/transcriptions.",

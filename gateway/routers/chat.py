@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
+from gateway.auth import CallerDep, MeterDep
 from gateway.dependencies import ChatDep
 from gateway.disconnect import cancel_on_disconnect
 from gateway.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1", tags=["chat"])
+
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Session-ID",
+        description="Continue this stored conversation (created on first use).",
+    ),
+]
 
 
 @router.post(
@@ -19,12 +30,21 @@ router = APIRouter(prefix="/v1", tags=["chat"])
     responses={200: {"model": ChatCompletion, "description": "A completion, or SSE chunks"}},
 )
 async def create_chat_completion(
-    body: ChatCompletionRequest, chat: ChatDep, request: Request
+    body: ChatCompletionRequest,
+    chat: ChatDep,
+    request: Request,
+    caller: CallerDep,
+    meter: MeterDep,
+    session_id: SessionHeader = None,
 ) -> Response:
-    prepared = await chat.prepare(body)
+    caller.require_model(body.model)
+    prepared = await chat.prepare(body, session_id, owner=caller.id)
+    headers = {"X-Session-ID": session_id} if session_id else {}
     if body.stream:
-        events = await chat.stream(prepared)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    completion = await cancel_on_disconnect(request, chat.complete(prepared))
+        events = await chat.stream(prepared, meter)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+        )
+    completion = await cancel_on_disconnect(request, chat.complete(prepared, meter))
     # Serialized by pydantic-core directly: FastAPI's generic encoder costs more per call.
-    return Response(completion.model_dump_json(), media_type="application/json")
+    return Response(completion.model_dump_json(), media_type="application/json", headers=headers)

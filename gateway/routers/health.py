@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.dependencies import BackendDep, CatalogDep, SettingsDep
+from gateway import store
+from gateway.dependencies import BackendDep, CatalogDep, RedisDep, SettingsDep
 from gateway.errors import BackendUnavailableError
 
 router = APIRouter(prefix="/health", tags=["health"])
@@ -18,9 +19,11 @@ async def live() -> dict[str, str]:
 
 @router.get("/ready")
 async def ready(
-    backend: BackendDep, catalog: CatalogDep, settings: SettingsDep
+    backend: BackendDep, catalog: CatalogDep, settings: SettingsDep, redis: RedisDep
 ) -> dict[str, object]:
-    """Triton is up and every model named in ``GATEWAY_MODELS`` is loaded; 503 otherwise."""
+    """Redis answers, Triton is up and every model named in ``GATEWAY_MODELS`` is loaded;
+    503 otherwise."""
+    await store.ping(redis)
     if not await backend.ready():
         raise BackendUnavailableError("Triton is not ready", code="not_ready")
     models = await catalog.refresh()

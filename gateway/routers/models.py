@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from gateway.auth import CallerDep
 from gateway.backend import ModelInfo
 from gateway.dependencies import CatalogDep
 from gateway.errors import ModelNotFoundError
@@ -17,14 +18,17 @@ def _public(info: ModelInfo, created: int) -> Model:
 
 
 @router.get("/models")
-async def list_models(catalog: CatalogDep) -> ModelList:
-    models = [m for m in await catalog.all() if m.ready and m.task is not None]
+async def list_models(catalog: CatalogDep, caller: CallerDep) -> ModelList:
+    """The loaded models the caller's key may use."""
+    models = [
+        m for m in await catalog.all() if m.ready and m.task is not None and caller.may_use(m.name)
+    ]
     return ModelList(data=[_public(m, catalog.created) for m in models])
 
 
 @router.get("/models/{model_id:path}")
-async def retrieve_model(model_id: str, catalog: CatalogDep) -> Model:
+async def retrieve_model(model_id: str, catalog: CatalogDep, caller: CallerDep) -> Model:
     model = await catalog.find(model_id)
-    if model is None or model.task is None:
+    if model is None or model.task is None or not caller.may_use(model_id):
         raise ModelNotFoundError(model_id)
     return _public(model, catalog.created)

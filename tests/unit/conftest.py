@@ -1,4 +1,7 @@
-"""Fixtures that run the gateway app in-process against the in-memory FakeBackend.
+"""Fixtures that run the gateway app in-process against the in-memory FakeBackend and a
+real ``redis-server`` (one per test session, flushed before each test).
+
+Clients send the admin key (:data:`ADMIN_KEY`) unless a test says otherwise.
 
 ``http`` is a plain httpx client (status codes, headers, raw SSE), ``client`` the official
 openai SDK over the same app. httpx's ASGITransport neither runs the lifespan (so the
@@ -18,13 +21,19 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
+from tests.redis_server import RedisServer
 
 BASE_URL = "http://testserver"
+ADMIN_KEY = "sk-gw-Qm7v2Xr9Lp4Kd8Wn3Zb6Hc1Ty5Fj0Gs"
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+#: The Redis of this test session (set by the ``redis_server`` fixture).
+REDIS: RedisServer | None = None
 #: The words FakeBackend answers with by default.
 REPLY = "Hello from the fake backend."
 USER_HI = [{"role": "user", "content": "Hi"}]
@@ -32,7 +41,13 @@ USER_HI = [{"role": "user", "content": "Hi"}]
 
 def make_settings(**overrides: Any) -> Settings:
     """Settings that ignore any ``.env`` file; defaults suited to the fake backend."""
-    values: dict[str, Any] = {"models": ["fake-chat"], "model_cache_ttl_s": 3600.0}
+    assert REDIS is not None, "the redis_server fixture starts Redis first"
+    values: dict[str, Any] = {
+        "models": ["fake-chat"],
+        "model_cache_ttl_s": 3600.0,
+        "redis_url": REDIS.url,
+        "admin_key": ADMIN_KEY,
+    }
     values.update(overrides)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
 
@@ -82,12 +97,32 @@ async def serve(
     app = create_app(settings or make_settings(), backend=backend or FakeBackend())
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL) as http,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=BASE_URL, headers=AUTH
+        ) as http,
     ):
         sdk = openai.AsyncOpenAI(
-            base_url=f"{BASE_URL}/v1", api_key="x", http_client=http, max_retries=0
+            base_url=f"{BASE_URL}/v1", api_key=ADMIN_KEY, http_client=http, max_retries=0
         )
         yield app, http, sdk
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    global REDIS
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    REDIS = server
+    try:
+        yield server
+    finally:
+        server.stop()
+        REDIS = None
+
+
+@pytest.fixture(autouse=True)
+def _empty_redis(redis_server: RedisServer) -> None:
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +172,7 @@ def client(served: tuple[FastAPI, httpx.AsyncClient, openai.AsyncOpenAI]) -> ope
 async def stream_http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client that receives the body while the app still produces it."""
     transport = StreamingASGITransport(app)
-    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as http:
+    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, headers=AUTH) as http:
         yield http
 
 

@@ -11,6 +11,7 @@ import pytest
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from tests.unit.conftest import (
+    AUTH,
     BASE_URL,
     REPLY,
     USER_HI,
@@ -260,7 +261,7 @@ async def test_unexpected_exception_is_a_500_without_internals(
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url=BASE_URL) as http,
+        httpx.AsyncClient(transport=transport, base_url=BASE_URL, headers=AUTH) as http,
     ):
         error = assert_openai_error(
             await http.post(CHAT, json=chat_body()), 500, type="server_error"

@@ -1,0 +1,48 @@
+"""The admin service: Triton model control with the catalog kept in step, keys, usage."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from gateway.backend import Backend
+from gateway.catalog import ModelCatalog
+from gateway.keys import KeyStore
+from gateway.ratelimit import RateLimiter
+
+
+class AdminService:
+    def __init__(
+        self, backend: Backend, catalog: ModelCatalog, keys: KeyStore, limiter: RateLimiter
+    ) -> None:
+        self.backend = backend
+        self.catalog = catalog
+        self.keys = keys
+        self.limiter = limiter
+
+    async def repository(self) -> list[dict[str, Any]]:
+        """Every model of the repository: its state, and the OpenAI task of a loaded one."""
+        tasks = {m.name: m.task for m in (await self.catalog.refresh()).values()}
+        return [
+            {"id": m.name, "object": "model", **asdict(m), "task": tasks.get(m.name)}
+            for m in await self.backend.repository()
+        ]
+
+    async def _state(self, name: str) -> dict[str, Any]:
+        await self.catalog.refresh()  # /v1/models of this replica follows at once
+        for model in await self.repository():
+            if model["name"] == name:
+                return model
+        return {"id": name, "object": "model", "name": name, "state": ""}
+
+    async def load(self, name: str) -> dict[str, Any]:
+        await self.backend.load_model(name)
+        return await self._state(name)
+
+    async def unload(self, name: str) -> dict[str, Any]:
+        await self.backend.unload_model(name)
+        return await self._state(name)
+
+    async def usage(self, key_id: str) -> dict[str, Any]:
+        key = await self.keys.get(key_id)  # 404 for an unknown key
+        return {"object": "usage", "key_id": key.id, **await self.limiter.usage(key.id)}

@@ -1,0 +1,216 @@
+"""API keys: created at random, shown once, stored in Redis only as a SHA-256 hash with
+their metadata, compared in constant time.
+
+A key reads ``sk-gw-<id>-<secret>``. The public ``id`` (12 hex digits) names the record
+(``gw:key:<id>``) so a lookup is one ``GET``; the whole key's hash is then compared with
+:func:`hmac.compare_digest`. Keys carry 256 random bits, so a fast hash is the right one (a
+slow password hash protects guessable secrets, which these are not).
+
+``GATEWAY_ADMIN_KEY`` is a bootstrap admin key checked without Redis, so an operator can
+still see and load models while Redis is down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from redis.asyncio import Redis
+
+from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from gateway.store import PREFIX, needs_store
+
+KEY_PREFIX = "sk-gw-"
+_INDEX = f"{PREFIX}keys"
+
+Role = Literal["user", "admin"]
+
+
+def _record_key(key_id: str) -> str:
+    return f"{PREFIX}key:{key_id}"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def generate_key() -> tuple[str, str]:
+    """A new ``(id, key)``."""
+    key_id = secrets.token_hex(6)
+    return key_id, f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(32)}"
+
+
+class KeyLimits(BaseModel):
+    """Per-key limits; ``None`` means unlimited."""
+
+    rpm: int | None = Field(None, ge=1, description="Requests per minute.")
+    tpm: int | None = Field(None, ge=1, description="Tokens (prompt + completion) per minute.")
+    max_concurrency: int | None = Field(None, ge=1, description="Requests running at once.")
+
+
+class KeyCreate(KeyLimits):
+    """Body of ``POST /admin/keys``."""
+
+    name: str = Field(min_length=1, max_length=100)
+    role: Role = "user"
+    models: list[str] | None = Field(
+        None, description="Models the key may use; null or absent: every model."
+    )
+    expires_at: int | None = Field(None, description="Unix time the key stops working.")
+    expires_in_days: float | None = Field(None, gt=0, description="Or: days from now.")
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> KeyCreate:
+        if self.expires_at is not None and self.expires_in_days is not None:
+            raise ValueError("give expires_at or expires_in_days, not both")
+        return self
+
+
+class ApiKey(KeyLimits):
+    """A key's metadata, as the admin API shows it (never the key or its hash)."""
+
+    object: Literal["api_key"] = "api_key"
+    id: str
+    name: str
+    role: Role
+    models: list[str] | None = None
+    created_at: int
+    expires_at: int | None = None
+    revoked_at: int | None = None
+    redacted_value: str = ""
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def require_model(self, model: str) -> None:
+        """403 unless this key may use ``model``."""
+        if not self.may_use(model):
+            raise PermissionDeniedError(
+                f"This API key may not use the model '{model}'.",
+                param="model",
+                code="model_not_allowed",
+            )
+
+
+class _StoredKey(ApiKey):
+    secret_hash: str
+
+
+class CreatedKey(ApiKey):
+    """The answer to creating a key: the only time ``key`` is shown."""
+
+    key: str
+
+
+#: The principal of ``GATEWAY_ADMIN_KEY``: no limits, usage recorded under ``admin``.
+BOOTSTRAP_ADMIN = ApiKey(
+    id="admin", name="GATEWAY_ADMIN_KEY", role="admin", created_at=0, redacted_value="(env)"
+)
+
+
+class KeyStore:
+    def __init__(self, redis: Redis, admin_key: SecretStr | None = None) -> None:
+        self.redis = redis
+        self._admin_hash = hash_key(admin_key.get_secret_value()) if admin_key else None
+
+    @needs_store
+    async def create(self, spec: KeyCreate, now: float | None = None) -> CreatedKey:
+        created = int(now or time.time())
+        expires = spec.expires_at
+        if spec.expires_in_days is not None:
+            expires = created + int(spec.expires_in_days * 86_400)
+        key_id, key = generate_key()
+        stored = _StoredKey(
+            id=key_id,
+            name=spec.name,
+            role=spec.role,
+            models=spec.models,
+            rpm=spec.rpm,
+            tpm=spec.tpm,
+            max_concurrency=spec.max_concurrency,
+            created_at=created,
+            expires_at=expires,
+            redacted_value=f"{KEY_PREFIX}{key_id}-****",
+            secret_hash=hash_key(key),
+        )
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(_record_key(key_id), stored.model_dump_json())
+            pipe.sadd(_INDEX, key_id)
+            await pipe.execute()
+        return CreatedKey(**_public(stored).model_dump(), key=key)
+
+    @needs_store
+    async def _load(self, key_id: str) -> _StoredKey | None:
+        raw = await self.redis.get(_record_key(key_id))
+        return _StoredKey.model_validate_json(raw) if raw else None
+
+    async def get(self, key_id: str) -> ApiKey:
+        stored = await self._load(key_id)
+        if stored is None:
+            raise NotFoundError(f"No API key with id '{key_id}'.", code="key_not_found")
+        return _public(stored)
+
+    @needs_store
+    async def all(self) -> list[ApiKey]:
+        ids = sorted(str(i) for i in await self.redis.smembers(_INDEX))
+        raws = await self.redis.mget([_record_key(i) for i in ids]) if ids else []
+        keys = [_public(_StoredKey.model_validate_json(r)) for r in raws if r]
+        return sorted(keys, key=lambda k: (k.created_at, k.id))
+
+    @needs_store
+    async def revoke(self, key_id: str, now: float | None = None) -> ApiKey:
+        """Marks the key revoked (idempotent); the record stays, for its usage history."""
+        stored = await self._load(key_id)
+        if stored is None:
+            raise NotFoundError(f"No API key with id '{key_id}'.", code="key_not_found")
+        if stored.revoked_at is None:
+            stored.revoked_at = int(now or time.time())
+            await self.redis.set(_record_key(key_id), stored.model_dump_json())
+        return _public(stored)
+
+    async def authenticate(self, key: str | None) -> ApiKey:
+        """The key's metadata; 401 for a missing, unknown, revoked or expired key."""
+        if not key:
+            raise AuthenticationError(
+                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+            )
+        presented = hash_key(key)
+        if self._admin_hash is not None and hmac.compare_digest(presented, self._admin_hash):
+            return BOOTSTRAP_ADMIN
+        key_id = _key_id(key)
+        stored = await self._load(key_id) if key_id else None
+        if stored is None or not hmac.compare_digest(presented, stored.secret_hash):
+            raise AuthenticationError("Incorrect API key provided.")
+        if stored.revoked:
+            raise AuthenticationError("This API key has been revoked.")
+        if stored.expired():
+            raise AuthenticationError("This API key has expired.")
+        return _public(stored)
+
+
+def _key_id(key: str) -> str | None:
+    if not key.startswith(KEY_PREFIX):
+        return None
+    key_id, _, secret = key.removeprefix(KEY_PREFIX).partition("-")
+    if len(key_id) != 12 or not secret or any(c not in "0123456789abcdef" for c in key_id):
+        return None
+    return key_id
+
+
+def _public(stored: _StoredKey) -> ApiKey:
+    return ApiKey(**stored.model_dump(exclude={"secret_hash"}))

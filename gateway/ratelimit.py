@@ -1,0 +1,245 @@
+"""Per-key rate limits (requests per minute, tokens per minute, concurrent requests) and
+usage, enforced atomically in Redis so that any number of gateway processes together never
+exceed a limit.
+
+Each limit is one Lua script run (``EVALSHA``): Redis runs scripts one at a time, so the
+check and the increment cannot interleave between replicas, and the clock is Redis's own
+``TIME``, the same for every replica.
+
+- Requests and tokens are counted in one-second buckets (a hash: second -> amount); the
+  window is the last 60 seconds, so the limit holds over every sliding minute. A request is
+  admitted while the window's requests are under ``rpm`` and its tokens under ``tpm``.
+  Tokens are known when a request ends, so they are added then (a request in flight may
+  take the window over ``tpm`` by its own size; the next one then waits).
+- Concurrency is a sorted set of leases scored by expiry. A running request renews its lease;
+  a gateway that dies without releasing its leases frees them when they expire
+  (``concurrency_lease_s``).
+
+The headers OpenAI sends (``x-ratelimit-limit-requests`` ... ``-tokens``) go on every
+response of a key that has these limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.errors import RateLimitError
+from gateway.keys import ApiKey
+from gateway.store import PREFIX, needs_store
+
+logger = logging.getLogger("gateway.ratelimit")
+
+_WINDOW_S = 60
+
+# KEYS: request buckets, token buckets, leases. ARGV: rpm, tpm, concurrency (0: no limit),
+# lease id, lease seconds. Returns {admitted (1/0), limit hit, seconds until it frees,
+# requests in the window (this one included), tokens in the window, seconds until the
+# windows are empty again}; numbers as strings (Lua numbers reach Redis as integers).
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local sec = tonumber(t[1])
+local function window(key)
+  local total, oldest, newest = 0, sec, 0
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local s = tonumber(all[i])
+    if s <= sec - 60 then
+      redis.call('HDEL', key, all[i])
+    else
+      total = total + tonumber(all[i + 1])
+      if s < oldest then oldest = s end
+      if s > newest then newest = s end
+    end
+  end
+  return total, oldest + 60 - now, newest + 60 - now
+end
+local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local requests, req_frees, req_empty = window(KEYS[1])
+local tokens, tok_frees, tok_empty = window(KEYS[2])
+local function no(limit, wait)
+  return {0, limit, tostring(wait), tostring(requests), tostring(tokens),
+          tostring(req_empty), tostring(tok_empty)}
+end
+if rpm > 0 and requests >= rpm then return no('requests', req_frees) end
+if tpm > 0 and tokens >= tpm then return no('tokens', tok_frees) end
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) >= conc then return no('concurrency', 1) end
+  local ttl = tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[3], now + ttl, ARGV[4])
+  redis.call('EXPIRE', KEYS[3], math.ceil(ttl) + 1)
+end
+redis.call('HINCRBY', KEYS[1], sec, 1)
+redis.call('EXPIRE', KEYS[1], 61)
+return {1, '', '0', tostring(requests + 1), tostring(tokens), '60', tostring(tok_empty)}
+"""
+
+# KEYS: token buckets, leases, usage. ARGV: tokens, lease id, prompt tokens, completion
+# tokens, audio seconds in, audio seconds out.
+_FINISH = """
+local sec = redis.call('TIME')[1]
+local tokens = tonumber(ARGV[1])
+if tokens > 0 then
+  redis.call('HINCRBY', KEYS[1], sec, tokens)
+  redis.call('EXPIRE', KEYS[1], 61)
+end
+if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end
+redis.call('HINCRBY', KEYS[3], 'requests', 1)
+redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[4])
+redis.call('HINCRBYFLOAT', KEYS[3], 'audio_seconds_in', ARGV[5])
+redis.call('HINCRBYFLOAT', KEYS[3], 'audio_seconds_out', ARGV[6])
+return 1
+"""
+
+# KEYS: leases. ARGV: lease id, lease seconds. Pushes the lease's expiry forward if it is
+# still held.
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+return redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+"""
+
+
+def _keys(key_id: str) -> tuple[str, str, str]:
+    base = f"{PREFIX}rl:{key_id}"
+    return f"{base}:requests", f"{base}:tokens", f"{base}:leases"
+
+
+def usage_key(key_id: str) -> str:
+    return f"{PREFIX}usage:{key_id}"
+
+
+def duration(seconds: float) -> str:
+    """OpenAI's reset format: ``0s``, ``17s``, ``1m0s``."""
+    whole = max(0, math.ceil(seconds))
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
+
+
+@dataclass
+class Meter:
+    """What one request used. The services fill it in as they learn it; it is recorded
+    when the response has been sent."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    audio_seconds_in: float = 0.0
+    audio_seconds_out: float = 0.0
+
+    def add_tokens(self, prompt: int, completion: int) -> None:
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+
+
+@dataclass
+class Admission:
+    """A request let in: its headers, its meter, and the concurrency lease it holds."""
+
+    key: ApiKey
+    headers: dict[str, str]
+    meter: Meter = field(default_factory=Meter)
+    lease: str = ""
+    renewal: asyncio.Task[None] | None = None
+
+
+def _headers(key: ApiKey, result: list[str]) -> dict[str, str]:
+    requests, tokens = int(result[3]), int(result[4])
+    headers = {}
+    if key.rpm is not None:
+        headers["x-ratelimit-limit-requests"] = str(key.rpm)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, key.rpm - requests))
+        headers["x-ratelimit-reset-requests"] = duration(float(result[5]))
+    if key.tpm is not None:
+        headers["x-ratelimit-limit-tokens"] = str(key.tpm)
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, key.tpm - tokens))
+        headers["x-ratelimit-reset-tokens"] = duration(float(result[6]) if tokens else 0)
+    return headers
+
+
+class RateLimiter:
+    def __init__(self, redis: Redis, lease_s: float) -> None:
+        self.redis = redis
+        self.lease_s = lease_s
+        self._admit = redis.register_script(_ADMIT)
+        self._finish = redis.register_script(_FINISH)
+        self._renew = redis.register_script(_RENEW)
+
+    @needs_store
+    async def admit(self, key: ApiKey) -> Admission:
+        """Lets a request of ``key`` in, or raises 429 with ``Retry-After``."""
+        lease = uuid.uuid4().hex if key.max_concurrency else ""
+        result = await self._admit(
+            keys=_keys(key.id),
+            args=[key.rpm or 0, key.tpm or 0, key.max_concurrency or 0, lease, self.lease_s],
+        )
+        headers = _headers(key, result)
+        if int(result[0]) != 1:
+            limit, wait = str(result[1]), float(result[2])
+            raise RateLimitError(_refusal(key, limit, wait), limit, wait, headers)
+        admission = Admission(key=key, headers=headers, lease=lease)
+        if lease:
+            admission.renewal = asyncio.create_task(self._keep(lease, _keys(key.id)[2]))
+        return admission
+
+    async def _keep(self, lease: str, leases: str) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self._renew(keys=[leases], args=[lease, self.lease_s])
+            except RedisError as exc:  # the lease expires on its own; the request goes on
+                logger.warning("could not renew a concurrency lease: %s", exc)
+
+    async def finish(self, admission: Admission) -> None:
+        """Releases the lease, counts the tokens in the window and records usage. Never
+        raises: the response is already sent, and a lease not released expires."""
+        if admission.renewal is not None:
+            admission.renewal.cancel()
+        meter = admission.meter
+        tokens, _, leases = _keys(admission.key.id)
+        try:
+            await self._finish(
+                keys=[tokens, leases, usage_key(admission.key.id)],
+                args=[
+                    meter.prompt_tokens + meter.completion_tokens,
+                    admission.lease,
+                    meter.prompt_tokens,
+                    meter.completion_tokens,
+                    round(meter.audio_seconds_in, 3),
+                    round(meter.audio_seconds_out, 3),
+                ],
+            )
+        except RedisError as exc:
+            logger.warning("could not record usage of key %s: %s", admission.key.id, exc)
+
+    @needs_store
+    async def usage(self, key_id: str) -> dict[str, float]:
+        """What a key has used since it was created."""
+        raw = await self.redis.hgetall(usage_key(key_id))
+        return {
+            "requests": int(raw.get("requests", 0)),
+            "prompt_tokens": int(raw.get("prompt_tokens", 0)),
+            "completion_tokens": int(raw.get("completion_tokens", 0)),
+            "audio_seconds_in": float(raw.get("audio_seconds_in", 0.0)),
+            "audio_seconds_out": float(raw.get("audio_seconds_out", 0.0)),
+        }
+
+
+def _refusal(key: ApiKey, limit: str, wait: float) -> str:
+    what = {
+        "requests": f"requests per minute (RPM): limit {key.rpm}",
+        "tokens": f"tokens per minute (TPM): limit {key.tpm}",
+        "concurrency": f"concurrent requests: limit {key.max_concurrency}",
+    }[limit]
+    return (
+        f"Rate limit reached for API key '{key.name}' on {what}. "
+        f"Please try again in {duration(wait)}."
+    )

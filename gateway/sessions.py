@@ -1,0 +1,215 @@
+"""Chat sessions: a conversation kept in Redis so that a client sends only its new message.
+
+A chat request with ``X-Session-ID: <id>`` continues the session: the stored messages come
+before the request's, then the new messages and the assistant's reply are stored as one
+turn (only when the reply finished: a failed or abandoned request leaves the session as it
+was). A session belongs to the key that made it; to any other key it does not exist (404).
+It expires ``session_ttl_s`` after its last use, lives in Redis, and so continues through
+any gateway process and after a restart.
+
+The oldest turns are dropped to fit the model's context length. Token counts are estimated
+without the model's tokenizer, erring long (a token per 3 bytes of text; the reply's count
+is the model's own), and room is kept for the reply (``max_tokens``, or a quarter of the
+context, at most 1,024 tokens).
+
+A system (or developer) message in a request becomes the session's system message; a request
+without one keeps the stored one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.store import PREFIX, needs_store
+
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_PER_MESSAGE = 4  # the chat template's tokens around a message
+DEFAULT_CONTEXT = 4096  # for models whose config states no context length
+
+
+class Message(BaseModel):
+    role: str
+    content: str
+
+
+class Turn(BaseModel):
+    """A request's messages and the reply, with their estimated size in tokens."""
+
+    messages: list[Message]
+    tokens: int
+
+
+class Session(BaseModel):
+    id: str
+    owner: str
+    created_at: int
+    updated_at: int
+    system: str | None = None
+    turns: list[Turn] = []
+
+    def public(self) -> dict[str, object]:
+        """The session as ``GET /v1/sessions/{id}`` shows it."""
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages += [m.model_dump() for turn in self.turns for m in turn.messages]
+        return {
+            "id": self.id,
+            "object": "chat.session",
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "messages": messages,
+        }
+
+
+def estimate_tokens(text: str) -> int:
+    return -(-len(text.encode("utf-8")) // 3) + _PER_MESSAGE
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """How one request continues a session: what goes into the prompt, and what to store
+    once the reply is complete."""
+
+    session_id: str
+    owner: str
+    system: str | None
+    dropped: int
+    """How many of the oldest stored turns no longer fit (they are deleted on save)."""
+    history: list[dict[str, str]]
+    new: list[dict[str, str]]
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """Every message of the prompt, in order."""
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, *self.history, *self.new]
+
+
+def check_id(session_id: str) -> str:
+    if not _ID.fullmatch(session_id):
+        raise InvalidRequestError(
+            "X-Session-ID must be 1 to 128 characters: letters, digits, '.', '_', ':' or '-'.",
+            param="X-Session-ID",
+            code="invalid_session_id",
+        )
+    return session_id
+
+
+def plan(
+    session: Session,
+    messages: list[dict[str, str]],
+    context_length: int | None,
+    max_tokens: int | None,
+) -> SessionPlan:
+    """Puts the stored turns before ``messages`` (already rendered as role/content),
+    keeping the newest turns that fit the context."""
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    new = [m for m in messages if m["role"] != "system"]
+    system = "\n".join(systems) if systems else session.system
+    context = context_length or DEFAULT_CONTEXT
+    reserve = max_tokens or min(1024, context // 4)
+    budget = context - reserve - sum(estimate_tokens(m["content"]) for m in new)
+    budget -= estimate_tokens(system) if system else 0
+    kept = 0
+    for turn in reversed(session.turns):
+        if turn.tokens > budget:
+            break
+        budget -= turn.tokens
+        kept += 1
+    turns = session.turns[len(session.turns) - kept :]
+    return SessionPlan(
+        session_id=session.id,
+        owner=session.owner,
+        system=system,
+        dropped=len(session.turns) - kept,
+        history=[m.model_dump() for turn in turns for m in turn.messages],
+        new=new,
+    )
+
+
+def _key(session_id: str) -> str:
+    return f"{PREFIX}session:{session_id}"
+
+
+def _not_found(session_id: str) -> NotFoundError:
+    return NotFoundError(f"No session with id '{session_id}'.", code="session_not_found")
+
+
+class SessionStore:
+    def __init__(self, redis: Redis, ttl_s: int) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+
+    @needs_store
+    async def _read(self, session_id: str, owner: str) -> Session | None:
+        raw = await self.redis.get(_key(session_id))
+        if raw is None:
+            return None
+        session = Session.model_validate_json(raw)
+        if session.owner != owner:
+            raise _not_found(session_id)  # another key's session does not exist for this one
+        return session
+
+    async def open(self, session_id: str, owner: str) -> Session:
+        """The session to continue; a new, empty one if there is none yet."""
+        session = await self._read(check_id(session_id), owner)
+        if session is None:
+            now = int(time.time())
+            session = Session(id=session_id, owner=owner, created_at=now, updated_at=now)
+        return session
+
+    async def get(self, session_id: str, owner: str) -> Session:
+        session = await self._read(session_id, owner)
+        if session is None:
+            raise _not_found(session_id)
+        return session
+
+    @needs_store
+    async def delete(self, session_id: str, owner: str) -> None:
+        await self.get(session_id, owner)
+        await self.redis.delete(_key(session_id))
+
+    @needs_store
+    async def save_turn(self, plan: SessionPlan, reply: str, reply_tokens: int) -> None:
+        """Stores the plan's new messages and the reply as the newest turn, dropping the
+        turns that no longer fit. Optimistic (``WATCH``): a turn saved meanwhile by another
+        request of the same session is kept."""
+        turn = Turn(
+            messages=[
+                *(Message(**m) for m in plan.new),
+                Message(role="assistant", content=reply),
+            ],
+            tokens=sum(estimate_tokens(m["content"]) for m in plan.new)
+            + reply_tokens
+            + _PER_MESSAGE,
+        )
+        key = _key(plan.session_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    now = int(time.time())
+                    if raw is None:
+                        session = Session(
+                            id=plan.session_id, owner=plan.owner, created_at=now, updated_at=now
+                        )
+                    else:
+                        session = Session.model_validate_json(raw)
+                    if session.owner != plan.owner:
+                        raise _not_found(plan.session_id)
+                    session.turns = [*session.turns[plan.dropped :], turn]
+                    session.system = plan.system
+                    session.updated_at = now
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, session.model_dump_json(), ex=self.ttl_s)
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
