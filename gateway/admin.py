@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
-from gateway.backend import Backend
+from gateway.backend import Backend, RepositoryModel
 from gateway.catalog import ModelCatalog
 from gateway.keys import KeyStore
 from gateway.ratelimit import RateLimiter
@@ -23,17 +22,14 @@ class AdminService:
     async def repository(self) -> list[dict[str, Any]]:
         """Every model of the repository: its state, and the OpenAI task of a loaded one."""
         tasks = {m.name: m.task for m in (await self.catalog.refresh()).values()}
-        return [
-            {"id": m.name, "object": "model", **asdict(m), "task": tasks.get(m.name)}
-            for m in await self.backend.repository()
-        ]
+        return [_entry(m, tasks.get(m.name)) for m in await self.backend.repository()]
 
     async def _state(self, name: str) -> dict[str, Any]:
         await self.catalog.refresh()  # /v1/models of this replica follows at once
         for model in await self.repository():
-            if model["name"] == name:
+            if model["id"] == name:
                 return model
-        return {"id": name, "object": "model", "name": name, "state": ""}
+        return _entry(RepositoryModel(name, ""), None)
 
     async def load(self, name: str) -> dict[str, Any]:
         await self.backend.load_model(name)
@@ -46,3 +42,14 @@ class AdminService:
     async def usage(self, key_id: str) -> dict[str, Any]:
         key = await self.keys.get(key_id)  # 404 for an unknown key
         return {"object": "usage", "key_id": key.id, **await self.limiter.usage(key.id)}
+
+
+def _entry(model: RepositoryModel, task: str | None) -> dict[str, Any]:
+    return {
+        "id": model.name,
+        "object": "model",
+        "state": model.state,
+        "version": model.version,
+        "reason": model.reason,
+        "task": task,
+    }

@@ -1,26 +1,36 @@
 """The ``gateway`` command.
 
-``gateway up`` runs the whole stack in the foreground: the real Triton server from the
-``nvidia-pytriton`` wheel with the models of ``triton_repo/`` (or an external Triton with
-``--triton-url``), then the OpenAI API under uvicorn. Ctrl-C or SIGTERM stops both.
+``gateway up`` runs the whole stack in the foreground: Redis (``redis-server``), the real
+Triton server from the ``nvidia-pytriton`` wheel with the models of ``triton_repo/`` (or an
+external Triton with ``--triton-url``), then the OpenAI API under uvicorn. Ctrl-C or
+SIGTERM stops them all. ``gateway keys create | list | revoke`` manages API keys in Redis.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
+import secrets
 import signal
 import sys
 import threading
 import types
+from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from gateway import store
 from gateway.app import create_app
-from gateway.config import Settings
+from gateway.config import Settings, weak_key_problem
 from gateway.embedded import EmbeddedTriton, EmbeddedTritonError, ensure_port_free
+from gateway.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from gateway.errors import GatewayError
+from gateway.keys import ApiKey, KeyCreate, KeyStore
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +49,26 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--triton-grpc-port", type=int, help="gRPC port of the embedded Triton")
     up.add_argument("--triton-http-port", type=int, help="HTTP port of the embedded Triton")
     up.add_argument("--triton-metrics-port", type=int, help="metrics port of the embedded Triton")
+    up.add_argument(
+        "--redis-url", help="use this running Redis (GATEWAY_REDIS_URL) instead of starting one"
+    )
     up.add_argument("--log-level", help="gateway log level (GATEWAY_LOG_LEVEL)")
+
+    keys = commands.add_parser("keys", help="manage API keys (in the Redis of GATEWAY_REDIS_URL)")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a key and print it (shown only once)")
+    create.add_argument("--name", required=True, help="what the key is for")
+    create.add_argument("--role", choices=["user", "admin"], default="user")
+    create.add_argument("--models", help="comma-separated models it may use (default: all)")
+    create.add_argument("--rpm", type=int, help="requests per minute")
+    create.add_argument("--tpm", type=int, help="tokens per minute")
+    create.add_argument("--max-concurrency", type=int, help="requests running at once")
+    create.add_argument("--expires-in-days", type=float, help="days until it stops working")
+    actions.add_parser("list", help="list keys (never the keys themselves)")
+    revoke = actions.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    for sub in actions.choices.values():
+        sub.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -52,6 +81,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         "triton_metrics_port": args.triton_metrics_port,
         "log_level": args.log_level,
     }
+    if args.redis_url:
+        overrides.update(redis_url=args.redis_url, embedded_redis=False)
     if args.triton_url:
         overrides.update(triton_url=args.triton_url, embedded_triton=False)
     elif args.triton_grpc_port:
@@ -72,12 +103,46 @@ def _stop_on_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
 _STOP_REQUESTS = (_Terminated, KeyboardInterrupt)
 
 
+def admin_key(settings: Settings) -> Settings:
+    """Settings with an admin key: ``GATEWAY_ADMIN_KEY``, else the one generated on an
+    earlier start (``<run_dir>/admin_key``, mode 600), else a new one kept there."""
+    if settings.admin_key is not None:
+        return settings
+    path = settings.run_dir / "admin_key"
+    key = path.read_text().strip() if path.is_file() else ""
+    if weak_key_problem(key):
+        key = f"sk-gw-{secrets.token_urlsafe(32)}"
+        while weak_key_problem(key):  # a random key may, rarely, contain a placeholder word
+            key = f"sk-gw-{secrets.token_urlsafe(32)}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(key + "\n")
+    print(
+        f"Admin key (generated, kept in {path}; set GATEWAY_ADMIN_KEY to choose one):\n  {key}",
+        flush=True,
+    )
+    return settings.model_copy(update={"admin_key": SecretStr(key)})
+
+
+def _start_redis(settings: Settings) -> EmbeddedRedis:
+    url = urlsplit(settings.redis_url)
+    host, port = url.hostname or "127.0.0.1", url.port or 6379
+    ensure_port_free(host, port, "Redis", "GATEWAY_REDIS_URL")
+    redis = EmbeddedRedis(settings.run_dir / "redis", port, host)
+    print(f"Starting Redis on {host}:{port} (data: {redis.directory})", flush=True)
+    return redis.start()
+
+
 def up(settings: Settings) -> int:
     triton: EmbeddedTriton | None = None
-    # SIGTERM unwinds through `finally` below, which stops Triton.
+    redis: EmbeddedRedis | None = None
+    # SIGTERM unwinds through `finally` below, which stops Triton and Redis.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         ensure_port_free(settings.host, settings.port, "OpenAI API", "--port or GATEWAY_PORT")
+        settings = admin_key(settings)
+        if settings.embedded_redis:
+            redis = _start_redis(settings)
         if settings.embedded_triton:
             host, _, port = settings.triton_url.rpartition(":")
             triton = EmbeddedTriton(
@@ -122,7 +187,7 @@ def up(settings: Settings) -> int:
             )
             return 1
         return 0 if server.started else 1
-    except EmbeddedTritonError as exc:
+    except (EmbeddedTritonError, EmbeddedRedisError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except _STOP_REQUESTS:
@@ -131,6 +196,8 @@ def up(settings: Settings) -> int:
         if triton is not None and triton.process is not None:
             print("Stopping Triton...", flush=True)
             triton.stop()
+        if redis is not None:
+            redis.stop()
 
 
 def _watch(triton: EmbeddedTriton, server: uvicorn.Server, died: threading.Event) -> None:
@@ -148,13 +215,79 @@ def _watch(triton: EmbeddedTriton, server: uvicorn.Server, died: threading.Event
     threading.Thread(target=watch, name="triton-watchdog", daemon=True).start()
 
 
+def _print_key(key: ApiKey, as_json: bool) -> None:
+    if as_json:
+        print(key.model_dump_json())
+        return
+    limits = ", ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("rpm", key.rpm),
+            ("tpm", key.tpm),
+            ("concurrency", key.max_concurrency),
+        )
+        if value is not None
+    )
+    state = "revoked" if key.revoked else "expired" if key.expired() else "active"
+    models = ",".join(key.models) if key.models is not None else "all models"
+    print(f"{key.id}  {key.name}  {key.role}  {state}  {models}  {limits or 'no limits'}")
+
+
+async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
+    redis = store.connect(settings.redis_url, settings.redis_timeout_s)
+    keys = KeyStore(redis)
+    try:
+        if args.action == "create":
+            created = await keys.create(
+                KeyCreate(
+                    name=args.name,
+                    role=args.role,
+                    models=[m.strip() for m in args.models.split(",")] if args.models else None,
+                    rpm=args.rpm,
+                    tpm=args.tpm,
+                    max_concurrency=args.max_concurrency,
+                    expires_in_days=args.expires_in_days,
+                )
+            )
+            if args.json:
+                print(created.model_dump_json())
+            else:
+                print(f"Created key {created.id} ({created.name}, role {created.role}).")
+                print("Store it now; it is not shown again:")
+                print(created.key)
+        elif args.action == "list":
+            listed = await keys.all()
+            if args.json:
+                print(json.dumps([k.model_dump() for k in listed]))
+            for key in [] if args.json else listed:
+                _print_key(key, False)
+        else:
+            _print_key(await keys.revoke(args.key_id), args.json)
+    finally:
+        await redis.aclose()
+
+
+def _run(command: Callable[[], Coroutine[Any, Any, None]]) -> int:
+    try:
+        asyncio.run(command())
+    except GatewayError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
     try:
-        settings = _settings(args)
+        settings = _settings(args) if args.command == "up" else Settings()
     except ValidationError as exc:
         print(f"error: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    if args.command == "keys":
+        return _run(lambda: _keys_command(args, settings))
     return up(settings)

@@ -27,13 +27,14 @@ from fastapi import FastAPI
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
-from tests.redis_server import RedisServer
+from gateway.embedded_redis import EmbeddedRedis
+from tests.redis_server import redis_server as start_redis
 
 BASE_URL = "http://testserver"
 ADMIN_KEY = "sk-gw-Qm7v2Xr9Lp4Kd8Wn3Zb6Hc1Ty5Fj0Gs"
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 #: The Redis of this test session (set by the ``redis_server`` fixture).
-REDIS: RedisServer | None = None
+REDIS: EmbeddedRedis | None = None
 #: The words FakeBackend answers with by default.
 REPLY = "Hello from the fake backend."
 USER_HI = [{"role": "user", "content": "Hi"}]
@@ -108,9 +109,9 @@ async def serve(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     global REDIS
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    server = start_redis(tmp_path_factory.mktemp("redis"))
     REDIS = server
     try:
         yield server
@@ -120,7 +121,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 @pytest.fixture(autouse=True)
-def _empty_redis(redis_server: RedisServer) -> None:
+def _empty_redis(redis_server: EmbeddedRedis) -> None:
     with redis.Redis.from_url(redis_server.url) as client:
         client.flushall()
 
