@@ -204,7 +204,7 @@ class RateLimiter:
         if admission.renewal is not None:
             admission.renewal.cancel()
         meter = admission.meter
-        tokens, _, leases = _keys(admission.key.id)
+        _, tokens, leases = _keys(admission.key.id)
         try:
             await self._finish(
                 keys=[tokens, leases, usage_key(admission.key.id)],

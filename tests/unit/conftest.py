@@ -170,6 +170,31 @@ def client(served: tuple[FastAPI, httpx.AsyncClient, openai.AsyncOpenAI]) -> ope
 
 
 @pytest.fixture
+async def anon(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client for the app that sends no API key."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL) as h:
+        yield h
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def new_key(http: httpx.AsyncClient, **spec: Any) -> dict[str, Any]:
+    """Creates a key through the admin API (``http`` sends the admin key)."""
+    response = await http.post("/admin/keys", json={"name": "test key", **spec})
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def sdk(http: httpx.AsyncClient, key: str) -> openai.AsyncOpenAI:
+    """The openai SDK over ``http``'s app, sending ``key``."""
+    return openai.AsyncOpenAI(
+        base_url=f"{BASE_URL}/v1", api_key=key, http_client=http, max_retries=0
+    )
+
+
+@pytest.fixture
 async def stream_http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     """An httpx client that receives the body while the app still produces it."""
     transport = StreamingASGITransport(app)

@@ -1,0 +1,158 @@
+"""API keys: who gets in, what they may use, and how keys are kept."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+import redis
+
+from gateway.config import Settings
+from gateway.embedded_redis import EmbeddedRedis
+from tests.unit.conftest import (
+    ADMIN_KEY,
+    BASE_URL,
+    assert_openai_error,
+    bearer,
+    chat_body,
+    make_settings,
+    new_key,
+    sdk,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+async def test_no_key_is_401_with_the_openai_error_and_bearer_challenge(
+    anon: httpx.AsyncClient,
+) -> None:
+    response = await anon.post(CHAT, json=chat_body())
+    error = assert_openai_error(response, 401, code="invalid_api_key")
+    assert "API key" in error["message"]
+    assert response.headers["www-authenticate"] == "Bearer"
+    for path in ("/v1/models", "/v1/sessions/x", "/admin/keys", "/admin/models"):
+        assert_openai_error(await anon.get(path), 401, code="invalid_api_key")
+
+
+async def test_health_stays_open(anon: httpx.AsyncClient) -> None:
+    assert (await anon.get("/health/live")).status_code == 200
+    assert (await anon.get("/health/ready")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sk-wrong",
+        "sk-gw-000000000000-notarealsecret",
+        ADMIN_KEY + "x",
+        "sk-gw-zzzzzzzzzzzz-x",
+    ],
+)
+async def test_unknown_keys_raise_the_sdks_authentication_error(
+    http: httpx.AsyncClient, key: str
+) -> None:
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await sdk(http, key).chat.completions.create(**chat_body())
+    assert caught.value.code == "invalid_api_key"
+
+
+async def test_a_created_key_works_once_and_is_never_shown_again(
+    http: httpx.AsyncClient, redis_server: EmbeddedRedis
+) -> None:
+    created = await new_key(http, name="my app")
+    key = created["key"]
+    assert key.startswith("sk-gw-") and len(key) > 40
+    completion = await sdk(http, key).chat.completions.create(**chat_body())
+    assert completion.choices[0].message.content
+    listed = (await http.get("/admin/keys")).json()["data"]
+    assert [k["name"] for k in listed] == ["my app"]
+    assert key not in str(listed)
+    assert "secret_hash" not in listed[0]
+    assert listed[0]["redacted_value"] == f"sk-gw-{created['id']}-****"
+    # Redis holds a hash, never the key itself.
+    with redis.Redis.from_url(redis_server.url) as store:
+        dump = " ".join(
+            str(store.dump(name)) for name in store.scan_iter("*") if store.type(name) == b"string"
+        )
+    assert key not in dump
+    assert key.split("-", 3)[3] not in dump
+
+
+async def test_a_user_key_may_not_use_the_admin_api(http: httpx.AsyncClient) -> None:
+    user = (await new_key(http))["key"]
+    with pytest.raises(openai.PermissionDeniedError):
+        await sdk(http, user).get(f"{BASE_URL}/admin/keys", cast_to=object)
+    assert_openai_error(
+        await http.post("/admin/keys", json={"name": "x"}, headers=bearer(user)),
+        403,
+        code="permission_denied",
+    )
+
+
+async def test_an_admin_key_from_redis_may_use_the_admin_api(http: httpx.AsyncClient) -> None:
+    admin = (await new_key(http, role="admin"))["key"]
+    response = await http.get("/admin/keys", headers=bearer(admin))
+    assert response.status_code == 200
+    assert len(response.json()["data"]) == 1
+
+
+async def test_a_key_limited_to_some_models_sees_and_uses_only_those(
+    http: httpx.AsyncClient,
+) -> None:
+    key = (await new_key(http, models=["fake-chat"]))["key"]
+    client = sdk(http, key)
+    assert [m.id for m in (await client.models.list()).data] == ["fake-chat"]
+    await client.chat.completions.create(**chat_body())
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        await client.audio.speech.create(model="fake-tts", voice="alloy", input="Hi.")
+    assert caught.value.code == "model_not_allowed"
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("fake-tts")
+
+
+async def test_a_revoked_key_is_refused_at_once(http: httpx.AsyncClient) -> None:
+    created = await new_key(http)
+    client = sdk(http, created["key"])
+    await client.models.list()
+    revoked = await http.delete(f"/admin/keys/{created['id']}")
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await client.models.list()
+    assert "revoked" in caught.value.message
+    # Revoking again is fine; the record stays listed.
+    assert (await http.delete(f"/admin/keys/{created['id']}")).status_code == 200
+    assert len((await http.get("/admin/keys")).json()["data"]) == 1
+
+
+async def test_an_expired_key_is_refused(http: httpx.AsyncClient) -> None:
+    created = await new_key(http, expires_at=int(time.time()) - 1)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await sdk(http, created["key"]).models.list()
+    assert "expired" in caught.value.message
+    fresh = await new_key(http, expires_in_days=1)
+    assert fresh["expires_at"] > time.time() + 86_000
+    await sdk(http, fresh["key"]).models.list()
+
+
+async def test_key_admin_errors(http: httpx.AsyncClient) -> None:
+    assert_openai_error(await http.delete("/admin/keys/nope"), 404, code="key_not_found")
+    assert_openai_error(
+        await http.post("/admin/keys", json={"name": "x", "role": "root"}), 400, param="role"
+    )
+    assert_openai_error(await http.post("/admin/keys", json={"name": "x", "rpm": 0}), 400)
+
+
+@pytest.mark.parametrize(
+    "weak", ["short", "changeme-changeme-changeme-changeme-1", "a" * 40, "sk-admin-" + "x1y2" * 8]
+)
+def test_a_weak_or_placeholder_admin_key_is_refused_at_start(weak: str) -> None:
+    with pytest.raises(ValueError, match="GATEWAY_ADMIN_KEY is refused"):
+        make_settings(admin_key=weak)
+
+
+def test_a_strong_admin_key_is_accepted() -> None:
+    settings: Settings = make_settings()
+    assert settings.admin_key is not None
+    assert ADMIN_KEY not in repr(settings)  # a SecretStr: never printed

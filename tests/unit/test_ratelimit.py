@@ -1,0 +1,198 @@
+"""Per-key limits (RPM, TPM, concurrency) held in Redis, their headers, and usage."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from gateway.backend.fake import FakeBackend
+from gateway.ratelimit import duration
+from tests.redis_server import redis_server
+from tests.unit.conftest import (
+    REPLY,
+    assert_openai_error,
+    bearer,
+    chat_body,
+    make_settings,
+    new_key,
+    sdk,
+    serve,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+async def test_requests_per_minute_with_openai_headers_then_429(http: httpx.AsyncClient) -> None:
+    key = (await new_key(http, rpm=3))["key"]
+    remaining = []
+    for _ in range(3):
+        response = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+        assert response.status_code == 200, response.text
+        assert response.headers["x-ratelimit-limit-requests"] == "3"
+        assert response.headers["x-ratelimit-reset-requests"].endswith("s")
+        remaining.append(int(response.headers["x-ratelimit-remaining-requests"]))
+    assert remaining == [2, 1, 0]
+    refused = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+    error = assert_openai_error(refused, 429, code="rate_limit_exceeded", type="requests")
+    assert "requests per minute" in error["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_the_sdk_raises_rate_limit_error(http: httpx.AsyncClient) -> None:
+    client = sdk(http, (await new_key(http, rpm=1))["key"])
+    await client.chat.completions.create(**chat_body())
+    with pytest.raises(openai.RateLimitError) as caught:
+        await client.chat.completions.create(**chat_body())
+    assert caught.value.code == "rate_limit_exceeded"
+
+
+async def test_limits_are_per_key(http: httpx.AsyncClient) -> None:
+    first = (await new_key(http, rpm=1))["key"]
+    second = (await new_key(http, rpm=1))["key"]
+    assert (await http.post(CHAT, json=chat_body(), headers=bearer(first))).status_code == 200
+    assert (await http.post(CHAT, json=chat_body(), headers=bearer(second))).status_code == 200
+    assert (await http.post(CHAT, json=chat_body(), headers=bearer(first))).status_code == 429
+
+
+async def test_concurrent_requests_never_exceed_the_rpm(http: httpx.AsyncClient) -> None:
+    key = (await new_key(http, rpm=5))["key"]
+    responses = await asyncio.gather(
+        *(http.post(CHAT, json=chat_body(), headers=bearer(key)) for _ in range(12))
+    )
+    assert sorted(r.status_code for r in responses) == [200] * 5 + [429] * 7
+
+
+async def test_tokens_per_minute_counts_what_requests_used(http: httpx.AsyncClient) -> None:
+    key = (await new_key(http, tpm=5))["key"]
+    first = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-remaining-tokens"] == "5"
+    used = first.json()["usage"]["total_tokens"]
+    assert used >= 5  # the fake's prompt and reply together
+    refused = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+    error = assert_openai_error(refused, 429, type="tokens")
+    assert "tokens per minute" in error["message"]
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+async def test_streamed_tokens_count_too(http: httpx.AsyncClient) -> None:
+    key = (await new_key(http, tpm=5))["key"]
+    streamed = await http.post(CHAT, json=chat_body(stream=True), headers=bearer(key))
+    assert streamed.status_code == 200
+    refused = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+    assert_openai_error(refused, 429, type="tokens")
+
+
+async def test_concurrency_limit_holds_while_a_stream_runs_and_frees_after(
+    http: httpx.AsyncClient, stream_http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    key = (await new_key(http, max_concurrency=1))["key"]
+    fake.reply = " ".join(f"w{i}" for i in range(30))
+    fake.token_delay_s = 0.01
+    async with stream_http.stream(
+        "POST", CHAT, json=chat_body(stream=True), headers=bearer(key)
+    ) as stream:
+        assert stream.status_code == 200
+        refused = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+        error = assert_openai_error(refused, 429, code="rate_limit_exceeded")
+        assert "concurrent" in error["message"]
+        await stream.aread()
+    # The finished stream released its slot.
+    assert (await http.post(CHAT, json=chat_body(), headers=bearer(key))).status_code == 200
+
+
+async def test_a_client_leaving_a_stream_frees_its_slot(
+    http: httpx.AsyncClient, stream_http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    key = (await new_key(http, max_concurrency=1))["key"]
+    fake.reply = " ".join(f"w{i}" for i in range(50))
+    fake.token_delay_s = 0.01
+    async with stream_http.stream(
+        "POST", CHAT, json=chat_body(stream=True), headers=bearer(key)
+    ) as stream:
+        async for line in stream.aiter_lines():
+            if '"content":"w' in line:
+                break
+    assert fake.calls[-1].cancelled
+    assert (await http.post(CHAT, json=chat_body(), headers=bearer(key))).status_code == 200
+
+
+async def test_keys_without_limits_get_no_ratelimit_headers(http: httpx.AsyncClient) -> None:
+    key = (await new_key(http))["key"]
+    response = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+    assert response.status_code == 200
+    assert not [h for h in response.headers if h.startswith("x-ratelimit")]
+
+
+def _wav(seconds: float) -> bytes:
+    samples = (np.sin(np.arange(int(16_000 * seconds)) / 5) * 8000).astype(np.int16)
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16_000)
+        out.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
+async def test_usage_is_recorded_per_key(http: httpx.AsyncClient) -> None:
+    created = await new_key(http)
+    client = sdk(http, created["key"])
+    completion = await client.chat.completions.create(**chat_body())
+    streamed = await client.chat.completions.create(
+        **chat_body(stream=True, stream_options={"include_usage": True})
+    )
+    stream_usage = [chunk.usage async for chunk in streamed if chunk.usage][0]
+    await client.audio.speech.create(model="fake-tts", voice="alloy", input="One. Two.")
+    await client.audio.transcriptions.create(model="fake-stt", file=("a.wav", _wav(2.5)))
+    usage = (await http.get(f"/admin/keys/{created['id']}/usage")).json()
+    assert completion.usage is not None
+    assert usage["requests"] == 4
+    assert usage["prompt_tokens"] == completion.usage.prompt_tokens + stream_usage.prompt_tokens
+    assert usage["completion_tokens"] == 2 * len(REPLY.split())
+    assert usage["audio_seconds_out"] == pytest.approx(1.0, abs=0.01)  # two 0.5 s sentences
+    assert usage["audio_seconds_in"] == pytest.approx(2.5, abs=0.01)
+    assert_openai_error(await http.get("/admin/keys/nope/usage"), 404)
+
+
+async def test_redis_down_fails_fast_with_503_lets_nothing_in_and_recovers(
+    tmp_path: Path,
+) -> None:
+    own = redis_server(tmp_path)
+    try:
+        async with serve(make_settings(redis_url=own.url, redis_timeout_s=0.5)) as (_, http, _s):
+            key = (await new_key(http, rpm=100))["key"]
+            assert (await http.post(CHAT, json=chat_body(), headers=bearer(key))).status_code == 200
+            own.stop()
+            started = time.monotonic()
+            for response in (
+                await http.get("/v1/models", headers=bearer(key)),
+                await http.post(CHAT, json=chat_body(), headers=bearer(key)),
+            ):
+                assert_openai_error(response, 503, code="store_unavailable", type="server_error")
+            assert time.monotonic() - started < 2
+            assert_openai_error(await http.get("/health/ready"), 503, code="store_unavailable")
+            # The bootstrap admin key needs no Redis: the operator still sees the models.
+            assert (await http.get("/admin/models")).status_code == 200
+            assert_openai_error(await http.get("/admin/keys"), 503, code="store_unavailable")
+            own.start()
+            response = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+            assert response.status_code == 200, response.text
+            assert (await http.get("/health/ready")).status_code == 200
+    finally:
+        own.stop()
+
+
+def test_reset_durations_read_like_openais() -> None:
+    assert [duration(s) for s in (0, 0.2, 17, 59.5, 60, 61, 3600)] == [
+        "0s", "1s", "17s", "1m0s", "1m0s", "1m1s", "60m0s",
+    ]  # fmt: skip
