@@ -151,7 +151,8 @@ async def test_usage_is_recorded_per_key(http: httpx.AsyncClient) -> None:
     streamed = await client.chat.completions.create(
         **chat_body(stream=True, stream_options={"include_usage": True})
     )
-    stream_usage = [chunk.usage async for chunk in streamed if chunk.usage][0]
+    usages = [chunk.usage async for chunk in streamed if chunk.usage]
+    stream_usage = usages[0]
     await client.audio.speech.create(model="fake-tts", voice="alloy", input="One. Two.")
     await client.audio.transcriptions.create(model="fake-stt", file=("a.wav", _wav(2.5)))
     usage = (await http.get(f"/admin/keys/{created['id']}/usage")).json()
