@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh Debian machine with Python 3.11:
-#   make run   - install what is missing, then run Triton + the gateway in the foreground
+#   make run   - install what is missing, then run Redis, Triton + the gateway in the foreground
 #   make test  - install what is missing, then run the whole test suite
 # Installs are idempotent: a second run only checks a stamp file.
 
@@ -13,10 +13,10 @@ export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 
 .PHONY: run test test-unit lint bench system-deps
 
-run: $(STAMP)
+run: $(STAMP) system-deps
 	$(BIN)/gateway up
 
-test: lint
+test: lint system-deps
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)
@@ -38,6 +38,7 @@ system-deps:
 	$(PYTHON) -c "import sysconfig,os,sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'],'Python.h')))" || missing="$$missing python3-dev"; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	command -v make >/dev/null || missing="$$missing make"; \
+	command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing="$$missing redis-server"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -127,7 +127,12 @@ def admin_key(settings: Settings) -> Settings:
 def _start_redis(settings: Settings) -> EmbeddedRedis:
     url = urlsplit(settings.redis_url)
     host, port = url.hostname or "127.0.0.1", url.port or 6379
-    ensure_port_free(host, port, "Redis", "GATEWAY_REDIS_URL")
+    ensure_port_free(
+        host,
+        port,
+        "Redis",
+        "GATEWAY_REDIS_URL (or use the Redis already there: GATEWAY_EMBEDDED_REDIS=false)",
+    )
     redis = EmbeddedRedis(settings.run_dir / "redis", port, host)
     print(f"Starting Redis on {host}:{port} (data: {redis.directory})", flush=True)
     return redis.start()

@@ -1,5 +1,5 @@
-"""Starts the real stack (``gateway up``: Triton from the nvidia-pytriton wheel + the gateway)
-as a subprocess on free ports, for integration tests and benchmarks."""
+"""Starts the real stack (``gateway up``: Redis, Triton from the nvidia-pytriton wheel and the
+gateway) as a subprocess on free ports, for integration tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import openai
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The admin key every test stack is started with (GATEWAY_ADMIN_KEY).
+ADMIN_KEY = "sk-gw-9fQ2wLx7Rk4Nv8Hc3Mb6Pz1Jd5Ty0Ga"
 
 
 def free_port() -> int:
@@ -29,16 +32,36 @@ class GatewayProcess:
 
     models: list[str] = field(default_factory=lambda: ["mock_chat"])
     triton_url: str | None = None
+    redis_url: str | None = None
+    """A running Redis; None: ``gateway up`` starts its own on a free port."""
+    admin_key: str = ADMIN_KEY
     run_dir: Path = ROOT / ".run" / "tests"
     port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    redis_port: int = field(default_factory=free_port)
     process: subprocess.Popen[str] | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The admin key's Authorization header, for raw HTTP calls."""
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        """The official SDK against this gateway, with ``key`` (default: the admin key)."""
+        return openai.OpenAI(
+            base_url=self.base_url + "/v1", api_key=key or self.admin_key, max_retries=0
+        )
+
+    def async_client(self, key: str | None = None) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.base_url + "/v1", api_key=key or self.admin_key, max_retries=0
+        )
 
     @property
     def triton_grpc(self) -> str:
@@ -59,6 +82,8 @@ class GatewayProcess:
             "--log-level",
             "warning",
         ]
+        if self.redis_url:
+            command += ["--redis-url", self.redis_url]
         if self.triton_url:
             return [*command, "--triton-url", self.triton_url]
         return [
@@ -75,7 +100,14 @@ class GatewayProcess:
 
     def start(self) -> GatewayProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "GATEWAY_RUN_DIR": str(self.run_dir), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            # Each process its own run dir: an embedded Redis keeps its files there.
+            "GATEWAY_RUN_DIR": str(self.run_dir / f"gateway-{self.port}"),
+            "GATEWAY_ADMIN_KEY": self.admin_key,
+            "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "PYTHONUNBUFFERED": "1",
+        }
         self.log = (self.run_dir / f"gateway-{self.port}.log").open("w")
         self.process = subprocess.Popen(
             self.command(),

@@ -76,7 +76,7 @@ def main() -> None:
     rows = ["| measure | direct | through the gateway | ratio |", "| --- | --- | --- | --- |"]
     try:
         stack.wait_ready()
-        with httpx.Client(base_url=stack.base_url, timeout=120) as http:
+        with httpx.Client(base_url=stack.base_url, timeout=120, headers=stack.headers) as http:
             speech_gateway(http)  # warm up
             direct = [speech_direct() for _ in range(args.runs)]
             through = [speech_gateway(http) for _ in range(args.runs)]

@@ -156,7 +156,9 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
     rows = []
     client = triton_grpc.InferenceServerClient(stack.triton_grpc)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60, limits=limits) as http:
+    async with httpx.AsyncClient(
+        base_url=stack.base_url, timeout=60, limits=limits, headers=stack.headers
+    ) as http:
         for concurrency in (1, 32):
             n = int((600 if concurrency == 1 else 1920) * scale)
             # Warm both paths (connections, caches) before measuring.
@@ -274,7 +276,9 @@ def smollm2_direct() -> Callable[[], float]:
 async def smollm2_benchmark(stack: GatewayProcess, runs: int = 4) -> str:
     direct_run = smollm2_direct()
     direct, through = [], []
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=120) as http:
+    async with httpx.AsyncClient(
+        base_url=stack.base_url, timeout=120, headers=stack.headers
+    ) as http:
         for _ in range(runs):  # alternate, as above
             through.append(await smollm2_through_gateway(http))
             direct.append(direct_run())

@@ -1,5 +1,6 @@
-"""Fixtures that run the real stack: Triton (nvidia-pytriton wheel) with the real SmolLM2
-and the mock chat model, the gateway under uvicorn, and the official openai client."""
+"""Fixtures that run the real stack: Redis (redis-server), Triton (nvidia-pytriton wheel)
+with the real models, the gateway under uvicorn, and the official openai client (sending
+the admin key unless a test makes a key of its own)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,26 @@ import httpx
 import openai
 import pytest
 
+from gateway.embedded_redis import EmbeddedRedis
+from tests.redis_server import redis_server
 from tests.stack import GatewayProcess
 
 
 @pytest.fixture(scope="session")
-def stack() -> Iterator[GatewayProcess]:
-    gateway = GatewayProcess(models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"]).start()
+def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """The Redis the stack uses; tests may stop and restart it (its data persists)."""
+    server = redis_server(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(redis_store: EmbeddedRedis) -> Iterator[GatewayProcess]:
+    gateway = GatewayProcess(
+        models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"], redis_url=redis_store.url
+    ).start()
     try:
         gateway.wait_ready()
         yield gateway
@@ -27,12 +42,12 @@ def stack() -> Iterator[GatewayProcess]:
 
 @pytest.fixture(scope="session")
 def client(stack: GatewayProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0)
+    return stack.client()
 
 
 @pytest.fixture
 def aclient(stack: GatewayProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0)
+    return stack.async_client()
 
 
 def generated_tokens(stack: GatewayProcess, model: str) -> float:

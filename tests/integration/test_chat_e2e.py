@@ -173,7 +173,7 @@ def test_disconnect_mid_stream_stops_generation(stack: GatewayProcess) -> None:
     }
     # 2000 tokens at 20 ms would take 40 s; read three chunks, then hang up.
     with (
-        httpx.Client(base_url=stack.base_url, timeout=30) as http,
+        httpx.Client(base_url=stack.base_url, timeout=30, headers=stack.headers) as http,
         http.stream("POST", "/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200
@@ -216,7 +216,12 @@ def test_client_timeout_on_a_plain_request_stops_generation(stack: GatewayProces
     }
     # A non-streaming request that would take 40 s; the client gives up after 0.5 s.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(stack.base_url + "/v1/chat/completions", json=body, timeout=0.5)
+        httpx.post(
+            stack.base_url + "/v1/chat/completions",
+            json=body,
+            timeout=0.5,
+            headers=stack.headers,
+        )
     time.sleep(0.5)  # let the cancellation reach the model
     settled = generated_tokens(stack, "mock_chat")
     time.sleep(1.5)

@@ -63,6 +63,7 @@ def test_subtitle_formats(stack: GatewayProcess, spoken: bytes, fmt: str) -> Non
         data={"model": "whisper_stt", "response_format": fmt},
         files={"file": ("s.mp3", spoken)},
         timeout=60,
+        headers=stack.headers,
     )
     assert response.status_code == 200
     sep = "," if fmt == "srt" else "."
@@ -79,6 +80,7 @@ def test_streaming_transcription(stack: GatewayProcess, spoken: bytes) -> None:
         data={"model": "whisper_stt", "stream": "true"},
         files={"file": ("s.mp3", spoken)},
         timeout=60,
+        headers=stack.headers,
     ) as response:
         events = [json.loads(x[6:]) for x in response.iter_lines() if x.startswith("data: ")]
     assert events[-1]["type"] == "transcript.text.done"

@@ -1,0 +1,223 @@
+"""Keys, admin API, rate limits and sessions on the real stack: real Redis, real Triton, two
+gateway processes sharing them, and the official openai client."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.embedded_redis import EmbeddedRedis
+from tests.stack import ROOT, GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def replica(stack: GatewayProcess, redis_store: EmbeddedRedis) -> Iterator[GatewayProcess]:
+    """A second gateway process on the same Triton and Redis."""
+    gateway = GatewayProcess(triton_url=stack.triton_grpc, redis_url=redis_store.url).start()
+    try:
+        gateway.wait_ready(120)
+        yield gateway
+    finally:
+        assert gateway.stop() == 0, gateway.output()
+
+
+def create_key(stack: GatewayProcess, **spec: Any) -> dict[str, Any]:
+    response = httpx.post(
+        stack.base_url + "/admin/keys", json={"name": "e2e", **spec}, headers=stack.headers
+    )
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def keys_cli(redis: EmbeddedRedis, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", *args],
+        cwd=ROOT,
+        env={**os.environ, "GATEWAY_REDIS_URL": redis.url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_each_auth_failure_is_the_sdks_exception(stack: GatewayProcess) -> None:
+    with pytest.raises(openai.AuthenticationError) as caught:
+        stack.client("sk-gw-0123456789ab-not-a-real-key").models.list()
+    assert caught.value.code == "invalid_api_key"
+    missing = httpx.get(stack.base_url + "/v1/models")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+
+    user = stack.client(create_key(stack, models=["mock_chat"])["key"])
+    with pytest.raises(openai.PermissionDeniedError):
+        user.get(stack.base_url + "/admin/keys", cast_to=object)
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        user.chat.completions.create(model="smollm2", messages=HI, max_tokens=2)
+    assert denied.value.code == "model_not_allowed"
+    assert [m.id for m in user.models.list().data] == ["mock_chat"]
+    assert user.chat.completions.create(model="mock_chat", messages=HI).choices[0].message.content
+
+
+def test_the_keys_cli_creates_lists_and_revokes(
+    stack: GatewayProcess, redis_store: EmbeddedRedis
+) -> None:
+    created = keys_cli(redis_store, "create", "--name", "from the cli", "--rpm", "100", "--json")
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)
+    client = stack.client(key["key"])
+    assert client.chat.completions.create(model="mock_chat", messages=HI).choices
+    listed = keys_cli(redis_store, "list")
+    assert key["id"] in listed.stdout and "from the cli" in listed.stdout
+    assert key["key"] not in listed.stdout
+    revoked = keys_cli(redis_store, "revoke", key["id"])
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    unknown = keys_cli(redis_store, "revoke", "000000000000")
+    assert unknown.returncode == 1 and "No API key" in unknown.stderr
+
+
+def test_admin_unloads_and_loads_a_model_and_v1_models_follows(stack: GatewayProcess) -> None:
+    client = stack.client()
+
+    def state() -> str:
+        listed = httpx.get(stack.base_url + "/admin/models", headers=stack.headers).json()
+        return next(m["state"] for m in listed["data"] if m["id"] == "mock_chat")
+
+    unloaded = httpx.post(
+        stack.base_url + "/admin/models/mock_chat/unload", headers=stack.headers, timeout=60
+    )
+    assert unloaded.status_code == 200, unloaded.text
+    try:
+        assert "mock_chat" not in [m.id for m in client.models.list().data]
+        assert state() != "READY"
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model="mock_chat", messages=HI)
+    finally:
+        loaded = httpx.post(
+            stack.base_url + "/admin/models/mock_chat/load", headers=stack.headers, timeout=120
+        )
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["state"] == "READY"
+    assert state() == "READY"
+    assert "mock_chat" in [m.id for m in client.models.list().data]
+    assert client.chat.completions.create(model="mock_chat", messages=HI).choices
+
+
+def test_two_gateway_processes_enforce_one_combined_rpm(
+    stack: GatewayProcess, replica: GatewayProcess
+) -> None:
+    key = create_key(stack, rpm=6)["key"]
+    body = {"model": "mock_chat", "messages": HI, "max_tokens": 2}
+
+    def call(index: int) -> tuple[int, int]:
+        gateway = (stack, replica)[index % 2]
+        response = httpx.post(
+            gateway.base_url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        return index % 2, response.status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(20)))
+    codes = sorted(code for _, code in results)
+    assert codes == [200] * 6 + [429] * 14
+    # Both processes served some and refused some: one limit, not one per process.
+    assert {gateway for gateway, code in results if code == 429} == {0, 1}
+    with pytest.raises(openai.RateLimitError):
+        replica.client(key).chat.completions.create(**body)
+
+
+def test_a_session_continues_on_another_process_and_stays_private(
+    stack: GatewayProcess, replica: GatewayProcess
+) -> None:
+    created = create_key(stack)
+    session = {"X-Session-ID": f"e2e-{time.time_ns()}"}
+    first = stack.client(created["key"]).chat.completions.create(
+        model="mock_chat",
+        messages=[{"role": "user", "content": "Remember the word marmalade."}],
+        extra_headers=session,
+    )
+    second = replica.client(created["key"]).chat.completions.create(
+        model="mock_chat",
+        messages=[{"role": "user", "content": "Which word?"}],
+        extra_headers=session,
+    )
+    assert first.usage is not None and second.usage is not None
+    # The second prompt carried the first turn: the model counted its tokens.
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+    stored = replica.client(created["key"]).get(
+        f"{replica.base_url}/v1/sessions/{session['X-Session-ID']}", cast_to=object
+    )
+    assert isinstance(stored, dict)
+    assert [m["role"] for m in stored["messages"]] == ["user", "assistant"] * 2
+    assert stored["messages"][0]["content"] == "Remember the word marmalade."
+    assert stored["messages"][1]["content"] == first.choices[0].message.content
+
+    other = stack.client(create_key(stack)["key"])
+    with pytest.raises(openai.NotFoundError):
+        other.get(f"{stack.base_url}/v1/sessions/{session['X-Session-ID']}", cast_to=object)
+
+    usage = httpx.get(
+        f"{stack.base_url}/admin/keys/{created['id']}/usage", headers=stack.headers
+    ).json()
+    assert usage["requests"] == 2
+    assert usage["prompt_tokens"] == first.usage.prompt_tokens + second.usage.prompt_tokens
+    assert usage["completion_tokens"] == (
+        first.usage.completion_tokens + second.usage.completion_tokens
+    )
+
+
+def test_redis_stopped_and_restarted_mid_test(
+    stack: GatewayProcess, replica: GatewayProcess, redis_store: EmbeddedRedis
+) -> None:
+    created = create_key(stack)
+    session = {"X-Session-ID": f"outage-{time.time_ns()}"}
+    client = stack.client(created["key"])
+    client.chat.completions.create(model="mock_chat", messages=HI, extra_headers=session)
+    redis_store.stop()
+    try:
+        started = time.monotonic()
+        for gateway in (stack, replica):
+            with pytest.raises(openai.InternalServerError) as caught:
+                gateway.client(created["key"]).chat.completions.create(
+                    model="mock_chat", messages=HI
+                )
+            assert caught.value.status_code == 503
+            assert caught.value.code == "store_unavailable"
+        assert time.monotonic() - started < 3  # nothing hangs
+        assert httpx.get(stack.base_url + "/health/ready").status_code == 503
+        assert httpx.get(stack.base_url + "/health/live").status_code == 200
+    finally:
+        redis_store.start()
+    # Both recover by themselves; the session survived Redis's restart.
+    for gateway in (stack, replica):
+        reply = gateway.client(created["key"]).chat.completions.create(
+            model="mock_chat", messages=HI, extra_headers=session
+        )
+        assert reply.choices[0].message.content
+    stored = client.get(f"{stack.base_url}/v1/sessions/{session['X-Session-ID']}", cast_to=object)
+    assert isinstance(stored, dict) and len(stored["messages"]) == 6
+    assert httpx.get(stack.base_url + "/health/ready").status_code == 200
+    # No key and no key hash ever reaches the logs.
+    for gateway in (stack, replica):
+        assert created["key"] not in gateway.output()
+        assert "sk-gw-" not in gateway.output()
+        assert hashlib.sha256(created["key"].encode()).hexdigest() not in gateway.output()
