@@ -18,8 +18,10 @@ from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.errors import install_handlers
 from gateway.keys import KeyStore
+from gateway.metrics import Metrics, MetricsMiddleware
 from gateway.ratelimit import RateLimiter
 from gateway.routers import admin, audio, chat, health, models, sessions
+from gateway.routers import metrics as metrics_router
 from gateway.sessions import SessionStore
 from gateway.speech import SpeechService
 from gateway.transcription import TranscriptionService
@@ -30,6 +32,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     ``settings.triton_url``; tests pass a fake one instead. Redis is always the real one at
     ``settings.redis_url``."""
     settings = settings or Settings()
+    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,7 +41,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             from gateway.backend.triton import TritonBackend
 
             active = TritonBackend(
-                settings.triton_url, settings.triton_timeout_s, settings.triton_start_timeout_s
+                settings.triton_url,
+                settings.triton_timeout_s,
+                settings.triton_start_timeout_s,
+                on_error=metrics.triton_error,
             )
         redis = store.connect(settings.redis_url, settings.redis_timeout_s)
         catalog = ModelCatalog(active, settings.model_cache_ttl_s)
@@ -49,7 +55,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
         app.state.sessions = SessionStore(redis, settings.session_ttl_s)
         app.state.chat = ChatService(
-            active, catalog, settings.default_chat_template, app.state.sessions
+            active, catalog, settings.default_chat_template, app.state.sessions, metrics
         )
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog)
@@ -68,12 +74,15 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.metrics = metrics
     install_handlers(app)
     app.add_middleware(AdmissionMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every request
     app.include_router(chat.router)
     app.include_router(audio.router)
     app.include_router(models.router)
     app.include_router(sessions.router)
     app.include_router(admin.router)
     app.include_router(health.router)
+    app.include_router(metrics_router.router)
     return app

@@ -3,9 +3,10 @@
 - :data:`CallerDep`: the key's metadata from ``Authorization: Bearer <key>`` (401 without a
   valid key).
 - :func:`require_admin`: the same, 403 unless the key has the admin role.
-- :data:`MeterDep`: for inference routes: admits the request under the key's rate limits
-  (429 over them) and hands the route the :class:`~gateway.ratelimit.Meter` its service
-  fills in.
+- :data:`AdmissionDep`: for inference routes: admits the request under the key's rate
+  limits (429 over them); the route names its model with
+  :meth:`~gateway.ratelimit.Admission.use_model` (403 if the key may not use it) and hands
+  the returned meter to its service.
 
 An admitted request's lease, tokens and usage are settled by :class:`AdmissionMiddleware`
 once the response has been sent, streamed bodies included, and the ``x-ratelimit-*``
@@ -25,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import PermissionDeniedError
 from gateway.keys import ApiKey, KeyStore
-from gateway.ratelimit import Admission, Meter, RateLimiter
+from gateway.ratelimit import Admission, RateLimiter
 
 logger = logging.getLogger("gateway.auth")
 
@@ -52,14 +53,23 @@ async def require_admin(caller: CallerDep) -> ApiKey:
     return caller
 
 
-async def _metered(request: Request, caller: CallerDep) -> Meter:
+async def metrics_access(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """``/metrics`` is open unless ``GATEWAY_METRICS_REQUIRE_KEY`` asks for an admin key."""
+    if request.app.state.settings.metrics_require_key:
+        await require_admin(await _caller(request, credentials))
+
+
+async def _admitted(request: Request, caller: CallerDep) -> Admission:
     limiter: RateLimiter = request.app.state.limiter
     admission = await limiter.admit(caller)
     request.state.admission = admission
-    return admission.meter
+    return admission
 
 
-MeterDep = Annotated[Meter, Depends(_metered)]
+AdmissionDep = Annotated[Admission, Depends(_admitted)]
 
 
 class AdmissionMiddleware:
@@ -89,7 +99,7 @@ class AdmissionMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            admission = state.pop(_ADMISSION, None)
+            admission = state.get(_ADMISSION)
             if admission is not None:
                 limiter: RateLimiter = scope["app"].state.limiter
                 # Shielded: a cancelled request still releases its slot and counts its usage.

@@ -17,11 +17,12 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.backend import Backend, GenerationChunk, SamplingOptions
 from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequestError
+from gateway.metrics import ChatTimer, Metrics
 from gateway.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -50,6 +51,7 @@ class PreparedChat:
     include_usage: bool
     session: SessionPlan | None = None
     """Set when the request continues a session: the reply is stored when it completes."""
+    started: float = field(default_factory=time.monotonic)
 
 
 def _message_text(index: int, message: ChatMessage) -> str:
@@ -156,11 +158,13 @@ class ChatService:
         catalog: ModelCatalog,
         default_template: str,
         sessions: SessionStore | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.default_template = default_template
         self.sessions = sessions
+        self.metrics = metrics
 
     async def prepare(
         self,
@@ -249,6 +253,7 @@ class ChatService:
         meter: Meter,
     ) -> AsyncGenerator[str, None]:
         writer = _ChunkWriter(chat)
+        timer = ChatTimer(self.metrics, chat.model, chat.started)
         finish, prompt_tokens, completion_tokens = None, 0, 0
         texts: list[str] = []
         try:
@@ -257,6 +262,7 @@ class ChatService:
                 chunk = first
                 while chunk is not None:
                     if chunk.text:
+                        timer.piece()
                         texts.append(chunk.text)
                         yield writer.content(chunk.text)
                     finish = chunk.finish_reason or finish

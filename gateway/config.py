@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     """A running request holds a concurrency slot for this long and renews it while it
     runs, so a gateway that dies frees its slots after at most this long."""
 
+    metrics_require_key: bool = False
+    """``/metrics`` needs an admin key. Off by default: nginx keeps ``/metrics`` off the
+    public listener, and Prometheus scrapes the replicas on the private network."""
+
     log_level: str = "info"
     """Log level of the gateway (and uvicorn)."""
 

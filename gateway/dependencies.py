@@ -12,6 +12,7 @@ from gateway.backend import Backend
 from gateway.catalog import ModelCatalog
 from gateway.chat import ChatService
 from gateway.config import Settings
+from gateway.metrics import Metrics
 from gateway.sessions import SessionStore
 from gateway.speech import SpeechService
 from gateway.transcription import TranscriptionService
@@ -45,6 +46,10 @@ def _redis(request: Request) -> Redis:
     return request.app.state.redis  # type: ignore[no-any-return]
 
 
+def _metrics(request: Request) -> Metrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
 def _sessions(request: Request) -> SessionStore:
     return request.app.state.sessions  # type: ignore[no-any-return]
 
@@ -62,3 +67,4 @@ TranscriptionDep = Annotated[TranscriptionService, Depends(_transcription)]
 SessionsDep = Annotated[SessionStore, Depends(_sessions)]
 AdminDep = Annotated[AdminService, Depends(_admin)]
 RedisDep = Annotated[Redis, Depends(_redis)]
+MetricsDep = Annotated[Metrics, Depends(_metrics)]

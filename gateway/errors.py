@@ -194,8 +194,11 @@ def _most_telling(errors: list[Any]) -> Any:
     return sorted(errors, key=lambda e: str(e.get("type", "")).endswith("_type"))[0]
 
 
-async def _on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)  # registered for GatewayError only
+    metrics = getattr(request.app.state, "metrics", None)
+    if isinstance(exc, RateLimitError) and metrics is not None:
+        metrics.rate_limited.labels(exc.limit).inc()
     if exc.status_code >= 500:
         logger.warning("%s: %s", type(exc).__name__, exc.message)
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)

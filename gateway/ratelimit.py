@@ -149,6 +149,14 @@ class Admission:
     meter: Meter = field(default_factory=Meter)
     lease: str = ""
     renewal: asyncio.Task[None] | None = None
+    model: str = ""
+    """The model the request uses (for metrics), once :meth:`use_model` allowed it."""
+
+    def use_model(self, model: str) -> Meter:
+        """403 unless the key may use ``model``; returns the meter for the service."""
+        self.key.require_model(model)
+        self.model = model
+        return self.meter
 
 
 def _headers(key: ApiKey, result: list[str]) -> dict[str, str]:

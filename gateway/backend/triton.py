@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -142,10 +142,18 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
 class TritonBackend:
     """Talks to one Triton server over ``tritonclient.grpc.aio``."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0, load_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        load_timeout_s: float = 300.0,
+        on_error: Callable[[str, str | None], None] | None = None,
+    ) -> None:
+        """``on_error(model, code)`` hears of every failed inference (for metrics)."""
         self.url = url
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
+        self.on_error = on_error
         self.client = triton_grpc.InferenceServerClient(url)
 
     async def ready(self) -> bool:
@@ -236,12 +244,19 @@ class TritonBackend:
                 finished = result.get_response().parameters["triton_final_response"].bool_param
                 yield result
         except grpc.aio.AioRpcError as exc:
-            raise _from_rpc_error(exc, model) from exc
+            raise self._failed(model, _from_rpc_error(exc, model)) from exc
         except InferenceServerException as exc:
-            raise _from_client_error(exc, model) from exc
+            raise self._failed(model, _from_client_error(exc, model)) from exc
+        except BackendError as exc:
+            raise self._failed(model, exc) from None
         finally:
             if not finished:
                 responses.cancel()  # the client went away or we failed: stop the model
+
+    def _failed(self, model: str, error: GatewayError) -> GatewayError:
+        if self.on_error is not None:
+            self.on_error(model, error.code)
+        return error
 
     async def generate(
         self, model: str, prompt: str, options: SamplingOptions, stream: bool

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.auth import CallerDep, MeterDep
+from gateway.auth import AdmissionDep, CallerDep
 from gateway.dependencies import SettingsDep, SpeechDep, TranscriptionDep
 from gateway.errors import NotSupportedError, PayloadTooLargeError
 from gateway.protocol import SpeechRequest
@@ -22,9 +22,9 @@ router = APIRouter(prefix="/v1/audio", tags=["audio"])
     responses={200: {"content": {"audio/mpeg": {}}, "description": "Audio, streamed"}},
 )
 async def create_speech(
-    body: SpeechRequest, speech: SpeechDep, caller: CallerDep, meter: MeterDep
+    body: SpeechRequest, speech: SpeechDep, admission: AdmissionDep
 ) -> StreamingResponse:
-    caller.require_model(body.model)
+    meter = admission.use_model(body.model)
     prepared = await speech.prepare(body)
     audio = await speech.stream(prepared, meter)
     headers = SSE_HEADERS if prepared.sse else {"X-Accel-Buffering": "no"}
@@ -39,8 +39,7 @@ async def create_speech(
 async def create_transcription(
     transcriber: TranscriptionDep,
     settings: SettingsDep,
-    caller: CallerDep,
-    meter: MeterDep,
+    admission: AdmissionDep,
     file: Annotated[UploadFile, File(description="The audio file (any format FFmpeg decodes)")],
     model: Annotated[str, Form(min_length=1)],
     language: Annotated[str | None, Form()] = None,
@@ -54,7 +53,7 @@ async def create_transcription(
     ] = None,
     stream: Annotated[bool, Form()] = False,
 ) -> Response:
-    caller.require_model(model)
+    meter = admission.use_model(model)
     limit = int(settings.max_audio_upload_mb * 1024 * 1024)
     if file.size is not None and file.size > limit:
         raise PayloadTooLargeError(

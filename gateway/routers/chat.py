@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.auth import CallerDep, MeterDep
+from gateway.auth import AdmissionDep
 from gateway.dependencies import ChatDep
 from gateway.disconnect import cancel_on_disconnect
 from gateway.protocol import ChatCompletion, ChatCompletionRequest
@@ -33,12 +33,11 @@ async def create_chat_completion(
     body: ChatCompletionRequest,
     chat: ChatDep,
     request: Request,
-    caller: CallerDep,
-    meter: MeterDep,
+    admission: AdmissionDep,
     session_id: SessionHeader = None,
 ) -> Response:
-    caller.require_model(body.model)
-    prepared = await chat.prepare(body, session_id, owner=caller.id)
+    meter = admission.use_model(body.model)
+    prepared = await chat.prepare(body, session_id, owner=admission.key.id)
     headers = {"X-Session-ID": session_id} if session_id else {}
     if body.stream:
         events = await chat.stream(prepared, meter)

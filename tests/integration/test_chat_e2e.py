@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 
 QUESTION = [
     {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is the capital of France?"},
+    # Worded for a 135M model: on one AVX-512 machine greedy decoding answered the bare
+    # "What is the capital of France?" with a French ramble, and this question with Paris.
+    {"role": "user", "content": "What is the capital city of France? Answer in one word."},
 ]
 
 
@@ -82,7 +84,7 @@ def test_stop_sequence_cuts_the_answer(client: openai.OpenAI) -> None:
     )
     content = reply.choices[0].message.content
     assert reply.choices[0].finish_reason == "stop"
-    assert "Paris" not in content and content.startswith("The capital of France")
+    assert "Paris" not in content and content.startswith("The capital city of France")
     streamed = client.chat.completions.create(
         model="mock_chat", messages=[{"role": "user", "content": "hi"}], stop="fox", stream=True
     )

@@ -85,6 +85,10 @@ class TritonPythonModel:
             return scores
 
         seed = params.seed if params.seed is not None else random.getrandbits(32)
+        # Evaluate the whole prompt every time: reusing the cached prefix of the previous
+        # request gives slightly different logits, so the same request could get another
+        # answer (seen with greedy decoding). A short prompt costs milliseconds to evaluate.
+        self.llm.reset()
         chunks = self.llm.create_completion(
             prompt,
             max_tokens=max_tokens,
