@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import time
-import wave
 from pathlib import Path
 
 import httpx
-import numpy as np
 import openai
 import pytest
 
@@ -26,6 +23,7 @@ from tests.unit.conftest import (
     sdk,
     serve,
 )
+from tests.unit.test_transcription import tone_file
 
 CHAT = "/v1/chat/completions"
 
@@ -133,17 +131,6 @@ async def test_keys_without_limits_get_no_ratelimit_headers(http: httpx.AsyncCli
     assert not [h for h in response.headers if h.startswith("x-ratelimit")]
 
 
-def _wav(seconds: float) -> bytes:
-    samples = (np.sin(np.arange(int(16_000 * seconds)) / 5) * 8000).astype(np.int16)
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16_000)
-        out.writeframes(samples.tobytes())
-    return buffer.getvalue()
-
-
 async def test_usage_is_recorded_per_key(http: httpx.AsyncClient) -> None:
     created = await new_key(http)
     client = sdk(http, created["key"])
@@ -154,7 +141,7 @@ async def test_usage_is_recorded_per_key(http: httpx.AsyncClient) -> None:
     usages = [chunk.usage async for chunk in streamed if chunk.usage]
     stream_usage = usages[0]
     await client.audio.speech.create(model="fake-tts", voice="alloy", input="One. Two.")
-    await client.audio.transcriptions.create(model="fake-stt", file=("a.wav", _wav(2.5)))
+    await client.audio.transcriptions.create(model="fake-stt", file=("a.wav", tone_file(2.5)))
     usage = (await http.get(f"/admin/keys/{created['id']}/usage")).json()
     assert completion.usage is not None
     assert usage["requests"] == 4
