@@ -16,6 +16,7 @@ import secrets
 import signal
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,10 +28,12 @@ from pydantic import SecretStr, ValidationError
 from gateway import store
 from gateway.app import create_app
 from gateway.config import Settings, weak_key_problem
-from gateway.embedded import EmbeddedTriton, EmbeddedTritonError, ensure_port_free
+from gateway.edge import EmbeddedNginx, EmbeddedNginxError
+from gateway.embedded import EmbeddedTriton, EmbeddedTritonError, ensure_port_free, free_port
 from gateway.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from gateway.errors import GatewayError
 from gateway.keys import ApiKey, KeyCreate, KeyStore
+from gateway.replicas import Replica, ReplicaError, metrics_dir, settings_env
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +55,21 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--redis-url", help="use this running Redis (GATEWAY_REDIS_URL) instead of starting one"
     )
+    up.add_argument(
+        "--replicas", type=int, help="gateway processes behind nginx (GATEWAY_REPLICAS)"
+    )
+    up.add_argument(
+        "--no-nginx",
+        action="store_true",
+        help="one gateway process serves the port itself (GATEWAY_EMBEDDED_NGINX=false)",
+    )
     up.add_argument("--log-level", help="gateway log level (GATEWAY_LOG_LEVEL)")
+
+    serve = commands.add_parser(
+        "serve", help="serve the API only, with settings from GATEWAY_* (a replica, a container)"
+    )
+    serve.add_argument("--host", help="address to listen on (GATEWAY_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (GATEWAY_PORT)")
 
     keys = commands.add_parser("keys", help="manage API keys (in the Redis of GATEWAY_REDIS_URL)")
     actions = keys.add_subparsers(dest="action", required=True)
@@ -73,14 +90,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, Any] = {
-        "host": args.host,
-        "port": args.port,
+    overrides: dict[str, Any] = {"host": args.host, "port": args.port}
+    if args.command == "serve":
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    overrides |= {
         "models": args.models,
         "triton_http_port": args.triton_http_port,
         "triton_metrics_port": args.triton_metrics_port,
         "log_level": args.log_level,
+        "replicas": args.replicas,
     }
+    if args.no_nginx:
+        overrides["embedded_nginx"] = False
     if args.redis_url:
         overrides.update(redis_url=args.redis_url, embedded_redis=False)
     if args.triton_url:
@@ -138,71 +159,156 @@ def _start_redis(settings: Settings) -> EmbeddedRedis:
     return redis.start()
 
 
+def _start_triton(settings: Settings) -> EmbeddedTriton | None:
+    if not settings.embedded_triton:
+        print(f"Using the Triton server at {settings.triton_url}", flush=True)
+        return None
+    host, _, port = settings.triton_url.rpartition(":")
+    triton = EmbeddedTriton(
+        repository=settings.model_repository,
+        models=settings.models,
+        run_dir=settings.run_dir,
+        grpc_port=int(port),
+        http_port=settings.triton_http_port,
+        metrics_port=settings.triton_metrics_port,
+        host=host or "127.0.0.1",
+    )
+    print(
+        f"Starting Triton with models {', '.join(settings.models)} (log: {triton.log_path})",
+        flush=True,
+    )
+    triton.start()
+    triton.wait_ready(
+        settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
+    )
+    return triton
+
+
+def _triton_died(triton: EmbeddedTriton) -> int:
+    print(
+        f"error: Triton exited unexpectedly; the end of {triton.log_path}:\n{triton.log_tail()}",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def up(settings: Settings) -> int:
+    """Runs the stack in the foreground until Ctrl-C or SIGTERM (exit 0), or until a part
+    of it fails (exit 1). Everything started is stopped in reverse order."""
     triton: EmbeddedTriton | None = None
     redis: EmbeddedRedis | None = None
-    # SIGTERM unwinds through `finally` below, which stops Triton and Redis.
+    replicas: list[Replica] = []
+    nginx: EmbeddedNginx | None = None
+    # SIGTERM unwinds through `finally` below, which stops what was started.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         ensure_port_free(settings.host, settings.port, "OpenAI API", "--port or GATEWAY_PORT")
         settings = admin_key(settings)
         if settings.embedded_redis:
             redis = _start_redis(settings)
-        if settings.embedded_triton:
-            host, _, port = settings.triton_url.rpartition(":")
-            triton = EmbeddedTriton(
-                repository=settings.model_repository,
-                models=settings.models,
-                run_dir=settings.run_dir,
-                grpc_port=int(port),
-                http_port=settings.triton_http_port,
-                metrics_port=settings.triton_metrics_port,
-                host=host or "127.0.0.1",
-            )
-            print(
-                f"Starting Triton with models {', '.join(settings.models)} "
-                f"(log: {triton.log_path})",
-                flush=True,
-            )
-            triton.start()
-            triton.wait_ready(
-                settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
-            )
-        else:
-            print(f"Using the Triton server at {settings.triton_url}", flush=True)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(settings),
-                host=settings.host,
-                port=settings.port,
-                log_level=settings.log_level.lower(),
-                timeout_graceful_shutdown=10,
-            )
+        triton = _start_triton(settings)
+        if not settings.embedded_nginx:
+            return _serve_here(settings, triton)
+        ensure_port_free(
+            "127.0.0.1",
+            settings.nginx_internal_port,
+            "nginx internal",
+            "GATEWAY_NGINX_INTERNAL_PORT",
         )
-        died = threading.Event()
-        if triton is not None:
-            _watch(triton, server, died)
+        env, metrics = settings_env(settings), metrics_dir(settings.run_dir)
+        replicas = [Replica(free_port(), env, metrics) for _ in range(settings.replicas)]
+        for replica in replicas:
+            replica.start()
+        for replica in replicas:
+            replica.wait_live(60)
+        nginx = EmbeddedNginx(
+            [r.address for r in replicas],
+            settings.host,
+            settings.port,
+            settings.nginx_internal_port,
+            settings.max_audio_upload_mb,
+        ).start()
+        print(
+            f"nginx on {settings.host}:{settings.port} -> gateway replicas on "
+            f"{', '.join(r.address for r in replicas)} (nginx logs: {nginx.prefix})",
+            flush=True,
+        )
         print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
-        server.run()
-        if died.is_set() and triton is not None:
-            print(
-                f"error: Triton exited unexpectedly; the end of {triton.log_path}:\n"
-                f"{triton.log_tail()}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0 if server.started else 1
-    except (EmbeddedTritonError, EmbeddedRedisError) as exc:
+        return _supervise(triton, replicas, nginx)
+    except (EmbeddedTritonError, EmbeddedRedisError, EmbeddedNginxError, ReplicaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except _STOP_REQUESTS:
         return 0
     finally:
+        # A second Ctrl-C or SIGTERM (a service manager's, say) must not cut the cleanup short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if nginx is not None:
+            nginx.stop()
+        for replica in replicas:
+            replica.stop()
         if triton is not None and triton.process is not None:
             print("Stopping Triton...", flush=True)
             triton.stop()
         if redis is not None:
             redis.stop()
+
+
+def _supervise(triton: EmbeddedTriton | None, replicas: list[Replica], nginx: EmbeddedNginx) -> int:
+    """Watches the stack: a replica that exits is started again (nginx serves from the
+    others meanwhile); Triton or nginx exiting ends ``gateway up`` with code 1."""
+    while True:
+        if triton is not None and triton.process is not None and triton.process.poll() is not None:
+            return _triton_died(triton)
+        if nginx.process is None or nginx.process.poll() is not None:
+            print(f"error: nginx exited unexpectedly:\n{nginx.log_tail()}", file=sys.stderr)
+            return 1
+        for replica in replicas:
+            code = replica.exited()
+            if code is None:
+                continue
+            where = f"the gateway replica on port {replica.port}"
+            if replica.restarts_within(60) >= 3:
+                print(f"error: {where} keeps exiting ({code})", file=sys.stderr)
+                return 1
+            print(f"{where.capitalize()} exited ({code}); restarting it", flush=True)
+            replica.forget()
+            replica.start()
+        time.sleep(0.5)
+
+
+def _serve_here(settings: Settings, triton: EmbeddedTriton | None) -> int:
+    """One gateway process serving ``host:port`` itself (no nginx)."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            timeout_graceful_shutdown=10,
+        )
+    )
+    died = threading.Event()
+    if triton is not None:
+        _watch(triton, server, died)
+    print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
+    server.run()
+    if died.is_set() and triton is not None:
+        return _triton_died(triton)
+    return 0 if server.started else 1
+
+
+def serve(settings: Settings) -> int:
+    """``gateway serve``: the API only, on ``host:port`` (a replica, or a container)."""
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=10,
+    )
+    return 0
 
 
 def _watch(triton: EmbeddedTriton, server: uvicorn.Server, died: threading.Event) -> None:
@@ -289,10 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
     try:
-        settings = _settings(args) if args.command == "up" else Settings()
+        settings = Settings() if args.command == "keys" else _settings(args)
     except ValidationError as exc:
         print(f"error: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     if args.command == "keys":
         return _run(lambda: _keys_command(args, settings))
+    if args.command == "serve":
+        return serve(settings)
     return up(settings)

@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535)
     """Port the OpenAI API listens on."""
 
+    embedded_nginx: bool = True
+    """``gateway up`` serves through nginx (Debian package) on ``host:port``, in front of
+    ``replicas`` gateway processes. False: one gateway process serves ``host:port`` itself."""
+    replicas: int = Field(2, ge=1, le=64)
+    """Gateway processes behind the embedded nginx."""
+    nginx_internal_port: int = Field(9090, ge=1, le=65535)
+    """Loopback port of nginx's internal listener (``/metrics``, ``/nginx_status``)."""
+
     triton_url: str = "127.0.0.1:8001"
     """gRPC address (host:port) of Triton. With ``embedded_triton`` the server started by
     ``gateway up`` listens here."""

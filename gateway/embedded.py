@@ -98,6 +98,13 @@ class TritonInstall:
         return sysconfig.get_paths()["purelib"]
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
     """Fails with a clear message when something already listens on ``host:port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

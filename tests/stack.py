@@ -3,32 +3,31 @@ gateway) as a subprocess on free ports, for integration tests and benchmarks."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
+
+from gateway.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The admin key every test stack is started with (GATEWAY_ADMIN_KEY).
 ADMIN_KEY = "sk-gw-9fQ2wLx7Rk4Nv8Hc3Mb6Pz1Jd5Ty0Ga"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class GatewayProcess:
-    """One ``python -m gateway up`` process and the ports it was given."""
+    """One ``python -m gateway up`` process and the ports it was given: nginx on ``port`` in
+    front of two gateway replicas (``nginx=False``: one gateway process on ``port``)."""
 
     models: list[str] = field(default_factory=lambda: ["mock_chat"])
     triton_url: str | None = None
@@ -41,7 +40,42 @@ class GatewayProcess:
     http_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     redis_port: int = field(default_factory=free_port)
+    nginx_internal_port: int = field(default_factory=free_port)
+    nginx: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    """More GATEWAY_* settings."""
     process: subprocess.Popen[str] | None = None
+
+    @property
+    def internal_url(self) -> str:
+        """nginx's internal listener (/metrics, /nginx_status)."""
+        return f"http://127.0.0.1:{self.nginx_internal_port}"
+
+    def replica_addresses(self) -> list[str]:
+        """host:port of each gateway replica behind nginx, as ``gateway up`` printed them."""
+        match = re.search(
+            r"gateway replicas on (\S+(?:, \S+)*) \(nginx logs: (\S+)\)", self.output()
+        )
+        assert match, self.output()
+        return match.group(1).split(", ")
+
+    def nginx_access_log(self) -> list[dict[str, Any]]:
+        """nginx's access log: one JSON object per request."""
+        match = re.search(r"\(nginx logs: (\S+)\)", self.output())
+        assert match, self.output()
+        text = (Path(match.group(1)) / "access.log").read_text()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def replica_pid(self, address: str) -> int:
+        """The process id of the replica serving ``address``."""
+        port = address.rsplit(":", 1)[1]
+        found = subprocess.run(
+            ["pgrep", "-f", "--", f"gateway serve --host 127.0.0.1 --port {port}$"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert len(found) == 1, found
+        return int(found[0])
 
     @property
     def base_url(self) -> str:
@@ -84,6 +118,8 @@ class GatewayProcess:
         ]
         if self.redis_url:
             command += ["--redis-url", self.redis_url]
+        if not self.nginx:
+            command.append("--no-nginx")
         if self.triton_url:
             return [*command, "--triton-url", self.triton_url]
         return [
@@ -106,7 +142,9 @@ class GatewayProcess:
             "GATEWAY_RUN_DIR": str(self.run_dir / f"gateway-{self.port}"),
             "GATEWAY_ADMIN_KEY": self.admin_key,
             "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "GATEWAY_NGINX_INTERNAL_PORT": str(self.nginx_internal_port),
             "PYTHONUNBUFFERED": "1",
+            **self.env,
         }
         self.log = (self.run_dir / f"gateway-{self.port}.log").open("w")
         self.process = subprocess.Popen(

@@ -236,22 +236,33 @@ class TritonBackend:
             yield request
 
         responses = self.client.stream_infer(requests())
-        finished = False
+        finished = answered = False
         try:
             async for result, error in responses:
                 if error is not None:
                     raise BackendError(f"Model '{model}' failed: {error.message()}")
                 finished = result.get_response().parameters["triton_final_response"].bool_param
+                answered = True
                 yield result
         except grpc.aio.AioRpcError as exc:
             raise self._failed(model, _from_rpc_error(exc, model)) from exc
         except InferenceServerException as exc:
             raise self._failed(model, _from_client_error(exc, model)) from exc
         except BackendError as exc:
+            if not answered and not await self._model_ready(model):
+                # Unloaded since the catalog last looked (by another replica's admin call,
+                # say): Triton's in-stream error says so only in words.
+                raise ModelNotFoundError(model) from None
             raise self._failed(model, exc) from None
         finally:
             if not finished:
                 responses.cancel()  # the client went away or we failed: stop the model
+
+    async def _model_ready(self, model: str) -> bool:
+        try:
+            return bool(await self.client.is_model_ready(model, client_timeout=self.timeout_s))
+        except InferenceServerException:
+            return False
 
     def _failed(self, model: str, error: GatewayError) -> GatewayError:
         if self.on_error is not None:

@@ -19,16 +19,19 @@ def _public(info: ModelInfo, created: int) -> Model:
 
 @router.get("/models")
 async def list_models(catalog: CatalogDep, caller: CallerDep) -> ModelList:
-    """The loaded models the caller's key may use."""
+    """The loaded models the caller's key may use, read from Triton now (not from the cache
+    inference requests use), so every replica shows a load or unload at once."""
     models = [
-        m for m in await catalog.all() if m.ready and m.task is not None and caller.may_use(m.name)
+        m
+        for m in (await catalog.refresh()).values()
+        if m.ready and m.task is not None and caller.may_use(m.name)
     ]
     return ModelList(data=[_public(m, catalog.created) for m in models])
 
 
 @router.get("/models/{model_id:path}")
 async def retrieve_model(model_id: str, catalog: CatalogDep, caller: CallerDep) -> Model:
-    model = await catalog.find(model_id)
-    if model is None or model.task is None or not caller.may_use(model_id):
+    model = (await catalog.refresh()).get(model_id)
+    if model is None or not model.ready or model.task is None or not caller.may_use(model_id):
         raise ModelNotFoundError(model_id)
     return _public(model, catalog.created)

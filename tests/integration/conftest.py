@@ -15,6 +15,9 @@ from gateway.embedded_redis import EmbeddedRedis
 from tests.redis_server import redis_server
 from tests.stack import GatewayProcess
 
+#: GATEWAY_MAX_AUDIO_UPLOAD_MB of the test stack (nginx's cap is one more).
+UPLOAD_LIMIT_MB = 4
+
 
 @pytest.fixture(scope="session")
 def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
@@ -29,7 +32,10 @@ def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRe
 @pytest.fixture(scope="session")
 def stack(redis_store: EmbeddedRedis) -> Iterator[GatewayProcess]:
     gateway = GatewayProcess(
-        models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"], redis_url=redis_store.url
+        models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"],
+        redis_url=redis_store.url,
+        # Small, so that the upload-limit tests send a few MB, not 25.
+        env={"GATEWAY_MAX_AUDIO_UPLOAD_MB": str(UPLOAD_LIMIT_MB)},
     ).start()
     try:
         gateway.wait_ready()

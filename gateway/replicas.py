@@ -1,0 +1,117 @@
+"""Gateway replicas behind nginx, for ``gateway up``.
+
+Each replica is a ``gateway serve`` child process on a loopback port of its own, started with
+the parent's resolved settings as ``GATEWAY_*`` variables, so every replica serves exactly
+the same configuration (the admin key included). They share Redis, so they behave as one;
+``PROMETHEUS_MULTIPROC_DIR`` makes ``/metrics`` of any replica report all of them. A replica
+that dies is started again on its port; nginx sends its requests to the others meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client import multiprocess
+from pydantic import SecretStr
+
+from gateway.config import Settings
+
+
+class ReplicaError(RuntimeError):
+    """A replica could not be started; the message says why."""
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``settings`` as the ``GATEWAY_*`` variables that rebuild them in a child process."""
+    env: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        elif isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        env[f"GATEWAY_{name.upper()}"] = str(value)
+    return env
+
+
+def metrics_dir(run_dir: Path) -> Path:
+    """An empty directory for the replicas' metric files (old samples would be summed in)."""
+    path = (run_dir / "metrics").resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+class Replica:
+    def __init__(self, port: int, env: dict[str, str], metrics: Path) -> None:
+        self.port = port
+        self.env = env
+        self.metrics = metrics
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts: list[float] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        # A session of its own: Ctrl-C reaches `gateway up`, which stops replicas in order.
+        command = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1"]
+        self.process = subprocess.Popen(
+            [*command, "--port", str(self.port)],
+            env={**os.environ, **self.env, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics)},
+            start_new_session=True,
+        )
+        self.starts.append(time.monotonic())
+
+    def restarts_within(self, seconds: float) -> int:
+        """How many times it was started again in the last ``seconds``."""
+        return len([t for t in self.starts[1:] if time.monotonic() - t < seconds])
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def wait_live(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                code = self.exited()
+                if code is not None:
+                    raise ReplicaError(f"the gateway replica on port {self.port} exited ({code})")
+                try:
+                    if client.get(f"http://{self.address}/health/live").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+        raise ReplicaError(f"the gateway replica on port {self.port} did not start")
+
+    def forget(self) -> None:
+        """Drops a dead process's live gauges from the shared metrics."""
+        if self.process is not None:
+            multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
+                self.process.pid, str(self.metrics)
+            )
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM: uvicorn finishes the requests in flight (up to 10 s), then exits."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.forget()
+        self.process = None

@@ -1,0 +1,193 @@
+"""The production edge on the real stack: nginx in front of two gateway replicas, metrics,
+and the compose deployment's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import UPLOAD_LIMIT_MB
+from tests.stack import ROOT, GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+MB = 1024 * 1024
+
+
+def _chat(stack: GatewayProcess, **fields: object) -> httpx.Response:
+    body = {"model": "mock_chat", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return httpx.post(stack.base_url + CHAT, json=body, headers=stack.headers, timeout=60)
+
+
+def test_sse_chunks_arrive_through_nginx_as_they_are_generated(stack: GatewayProcess) -> None:
+    body = {
+        "model": "mock_chat",
+        "stream": True,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "[mock:delay_ms=150] hi"}],
+    }
+    arrivals: list[float] = []
+    started = time.monotonic()
+    with httpx.stream(
+        "POST", stack.base_url + CHAT, json=body, headers=stack.headers, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                arrivals.append(time.monotonic() - started)
+    assert len(arrivals) == 8
+    # 8 tokens 150 ms apart: the first arrives long before the last is generated.
+    assert arrivals[0] < arrivals[-1] - 0.6
+    assert arrivals == sorted(arrivals)
+
+
+def test_an_upload_over_the_limit_gets_413_in_the_openai_body(stack: GatewayProcess) -> None:
+    for size in ((UPLOAD_LIMIT_MB + 2) * MB, int((UPLOAD_LIMIT_MB + 0.5) * MB)):
+        # Over nginx's cap (limit + 1 MiB) nginx answers; just over the limit, the gateway.
+        response = httpx.post(
+            stack.base_url + "/v1/audio/transcriptions",
+            data={"model": "whisper_stt"},
+            files={"file": ("big.wav", b"\0" * size)},
+            headers=stack.headers,
+            timeout=60,
+        )
+        assert response.status_code == 413, (size, response.text)
+        assert response.headers["content-type"].startswith("application/json")
+        error = response.json()["error"]
+        assert error["code"] == "file_too_large" and error["type"] == "invalid_request_error"
+        assert error["param"] == "file"
+    with pytest.raises(openai.APIStatusError) as caught:
+        stack.client().audio.transcriptions.create(
+            model="whisper_stt", file=("big.wav", b"\0" * (UPLOAD_LIMIT_MB + 2) * MB)
+        )
+    assert caught.value.status_code == 413
+
+
+def test_requests_spread_over_both_replicas(stack: GatewayProcess) -> None:
+    replicas = stack.replica_addresses()
+    assert len(replicas) == 2
+    before = len(stack.nginx_access_log())
+    with ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(lambda _: _chat(stack, max_tokens=2).status_code, range(24)))
+    assert codes == [200] * 24
+    served = Counter(
+        entry["upstream_addr"]
+        for entry in stack.nginx_access_log()[before:]
+        if entry["uri"] == CHAT
+    )
+    assert set(served) == set(replicas), served
+    assert min(served.values()) >= 4, served
+
+
+def test_request_ids_are_passed_through_or_created(stack: GatewayProcess) -> None:
+    mine = httpx.get(stack.base_url + "/health/live", headers={"X-Request-ID": "req-42.a"})
+    assert mine.headers["x-request-id"] == "req-42.a"
+    made = httpx.get(stack.base_url + "/health/live")
+    assert re.fullmatch(r"[0-9a-f]{32}", made.headers["x-request-id"])
+    logged = {entry["request_id"] for entry in stack.nginx_access_log()}
+    assert {"req-42.a", made.headers["x-request-id"]} <= logged
+
+
+def test_metrics_stay_off_the_public_listener(stack: GatewayProcess) -> None:
+    public = httpx.get(stack.base_url + "/metrics")
+    assert public.status_code == 404
+    assert public.json()["error"]["code"] == "not_found"
+    assert httpx.get(stack.internal_url + "/metrics").status_code == 200
+    assert "Active connections" in httpx.get(stack.internal_url + "/nginx_status").text
+
+
+def _dashboard_metrics() -> set[str]:
+    dashboard = (ROOT / "compose/grafana/dashboards/gateway.json").read_text()
+    exprs = re.findall(r'"expr":\s*"((?:[^"\\]|\\.)*)"', dashboard)
+    assert len(exprs) >= 10
+    return {name for expr in exprs for name in re.findall(r"\bgateway_[a-z_]+", expr)}
+
+
+def test_every_metric_the_dashboard_queries_exists_after_traffic(stack: GatewayProcess) -> None:
+    client = stack.client()
+    hi = [{"role": "user", "content": "hi"}]
+    for _ in client.chat.completions.create(model="mock_chat", messages=hi, stream=True):
+        pass
+    # A model failure mid-stream (a Triton error) and a rate-limit refusal.
+    failing = [{"role": "user", "content": "[mock:fail_after=1] hi"}]
+    with pytest.raises(openai.APIError, match="injected|fail"):
+        for _ in client.chat.completions.create(model="mock_chat", messages=failing, stream=True):
+            pass
+    created = httpx.post(
+        stack.base_url + "/admin/keys", json={"name": "m", "rpm": 1}, headers=stack.headers
+    ).json()
+    limited = stack.client(created["key"])
+    limited.chat.completions.create(model="mock_chat", messages=hi)
+    with pytest.raises(openai.RateLimitError):
+        limited.chat.completions.create(model="mock_chat", messages=hi)
+    speech = client.audio.speech.create(model="piper_tts", voice="alloy", input="Hello there.")
+    client.audio.transcriptions.create(model="whisper_stt", file=("s.mp3", speech.read()))
+    text = httpx.get(stack.internal_url + "/metrics").text
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+    missing = _dashboard_metrics() - exported
+    assert not missing, missing
+    assert re.search(r'gateway_triton_errors_total\{code="model_error",model="mock_chat"\}', text)
+    assert re.search(r'gateway_rate_limited_total\{limit="requests"\} [1-9]', text)
+
+
+def test_killing_a_replica_loses_no_request_after_it(stack: GatewayProcess) -> None:
+    victim = stack.replica_addresses()[0]
+    pid = stack.replica_pid(victim)
+    os.kill(pid, signal.SIGKILL)
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda _: _chat(stack, max_tokens=2).status_code, range(20)))
+    assert codes == [200] * 20
+    # gateway up starts the replica again on its port.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://{victim}/health/live", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the replica on {victim} was not restarted:\n{stack.output()[-2000:]}")
+    assert stack.replica_pid(victim) != pid
+    assert "restarting it" in stack.output()
+
+
+def test_the_compose_file_validates(tmp_path: Path) -> None:
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose (Debian package) is installed by make test"
+    env_file = tmp_path / ".env"
+    example = (ROOT / "compose/.env.example").read_text()
+    key = "GATEWAY_ADMIN_KEY=sk-gw-Zx8Qm2Lr5Tn9Vb3Kd7Hc1Pw4Jf6Gs0Ya"
+    env_file.write_text(re.sub(r"^GATEWAY_ADMIN_KEY=.*$", key, example, flags=re.M))
+    result = subprocess.run(
+        [binary, "--env-file", str(env_file), "-f", "docker-compose.yml", "config", "-q"],
+        cwd=ROOT / "compose",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = subprocess.run(
+        [binary, "--env-file", str(env_file), "-f", "docker-compose.yml", "config"],
+        cwd=ROOT / "compose",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for service in ("triton", "redis", "gateway", "nginx", "prometheus", "grafana"):
+        assert re.search(rf"^  {service}:$", rendered, re.M), service
+    assert json.loads((ROOT / "compose/grafana/dashboards/gateway.json").read_text())["panels"]
