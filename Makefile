@@ -30,6 +30,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.chat
 	$(BIN)/python -m tests.bench.audio
+	$(BIN)/python -m tests.bench.edge
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:

@@ -72,7 +72,7 @@ def main() -> None:
         compute_type="int8",
         cpu_threads=os.cpu_count() or 1,
     )
-    stack = GatewayProcess(models=["piper_tts", "whisper_stt"]).start()
+    stack = GatewayProcess(models=["piper_tts", "whisper_stt"], nginx=False).start()
     rows = ["| measure | direct | through the gateway | ratio |", "| --- | --- | --- | --- |"]
     try:
         stack.wait_ready()

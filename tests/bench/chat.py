@@ -294,7 +294,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
-    stack = GatewayProcess(models=["mock_chat", "smollm2"]).start()
+    # Straight to one gateway process: the gateway's own cost, without nginx (see edge.py).
+    stack = GatewayProcess(models=["mock_chat", "smollm2"], nginx=False).start()
     try:
         stack.wait_ready()
         header = [
