@@ -86,6 +86,18 @@ class GatewayProcess:
         """The admin key's Authorization header, for raw HTTP calls."""
         return {"Authorization": f"Bearer {self.admin_key}"}
 
+    def user_headers(self) -> dict[str, str]:
+        """The Authorization header of a new user key with limits it will not reach: every
+        request then takes the whole Redis path (key lookup, admission, usage)."""
+        created = httpx.post(
+            self.base_url + "/admin/keys",
+            json={"name": "bench", "rpm": 10**9, "tpm": 10**12, "max_concurrency": 10**4},
+            headers=self.headers,
+            timeout=10,
+        )
+        created.raise_for_status()
+        return {"Authorization": f"Bearer {created.json()['key']}"}
+
     def client(self, key: str | None = None) -> openai.OpenAI:
         """The official SDK against this gateway, with ``key`` (default: the admin key)."""
         return openai.OpenAI(

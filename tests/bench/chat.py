@@ -11,7 +11,9 @@ gateway's own cost:
 
 Direct calls use ``tritonclient.grpc.aio`` with the same tensors the gateway sends; gateway
 calls use ``httpx`` (the transport under the openai SDK) with a minimal SSE reader.
-Everything shares one 2-core machine, so compare ratios, not absolute numbers.
+Gateway calls use a user key with limits it never reaches, so each request takes the whole
+Redis path (key lookup, rate-limit admission, usage). Everything shares one 2-core machine,
+so compare ratios, not absolute numbers.
 """
 
 from __future__ import annotations
@@ -156,8 +158,9 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
     rows = []
     client = triton_grpc.InferenceServerClient(stack.triton_grpc)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    headers = stack.user_headers()
     async with httpx.AsyncClient(
-        base_url=stack.base_url, timeout=60, limits=limits, headers=stack.headers
+        base_url=stack.base_url, timeout=60, limits=limits, headers=headers
     ) as http:
         for concurrency in (1, 32):
             n = int((600 if concurrency == 1 else 1920) * scale)

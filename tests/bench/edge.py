@@ -23,11 +23,10 @@ async def edge_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
     rows = []
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     replica = "http://" + stack.replica_addresses()[0]
+    headers = stack.user_headers()
 
     def client(base_url: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=base_url, timeout=60, limits=limits, headers=stack.headers
-        )
+        return httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits, headers=headers)
 
     async with client(replica) as direct, client(stack.base_url) as edge:
         for concurrency in (1, 32):
