@@ -278,9 +278,8 @@ def _supervise(triton: EmbeddedTriton | None, replicas: list[Replica], nginx: Em
         time.sleep(0.5)
 
 
-def _serve_here(settings: Settings, triton: EmbeddedTriton | None) -> int:
-    """One gateway process serving ``host:port`` itself (no nginx)."""
-    server = uvicorn.Server(
+def _server(settings: Settings) -> uvicorn.Server:
+    return uvicorn.Server(
         uvicorn.Config(
             create_app(settings),
             host=settings.host,
@@ -289,6 +288,11 @@ def _serve_here(settings: Settings, triton: EmbeddedTriton | None) -> int:
             timeout_graceful_shutdown=10,
         )
     )
+
+
+def _serve_here(settings: Settings, triton: EmbeddedTriton | None) -> int:
+    """One gateway process serving ``host:port`` itself (no nginx)."""
+    server = _server(settings)
     died = threading.Event()
     if triton is not None:
         _watch(triton, server, died)
@@ -301,14 +305,9 @@ def _serve_here(settings: Settings, triton: EmbeddedTriton | None) -> int:
 
 def serve(settings: Settings) -> int:
     """``gateway serve``: the API only, on ``host:port`` (a replica, or a container)."""
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=10,
-    )
-    return 0
+    server = _server(settings)
+    server.run()
+    return 0 if server.started else 1
 
 
 def _watch(triton: EmbeddedTriton, server: uvicorn.Server, died: threading.Event) -> None:

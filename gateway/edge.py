@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway import processes
 from gateway.config import PROJECT_ROOT
 
 NGINX_DIR = PROJECT_ROOT / "nginx"
@@ -144,18 +145,9 @@ class EmbeddedNginx:
         raise EmbeddedNginxError(f"nginx did not listen on port {self.port}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 10) -> str:
-        try:
-            return "\n".join(self.error_log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return processes.log_tail(self.error_log, lines)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGQUIT: nginx finishes the requests it is serving, then exits."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGQUIT)
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        processes.stop(process, signal.SIGQUIT, timeout_s)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from gateway import processes
+
 
 class EmbeddedTritonError(RuntimeError):
     """Triton could not be started; the message says why and what to do."""
@@ -193,11 +195,7 @@ class EmbeddedTriton:
             log.close()
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return processes.log_tail(self.log_path, lines)
 
     def wait_ready(self, timeout_s: float, progress: Callable[[str], None] = print) -> None:
         """Blocks until the server and every model report ready; raises with the log's tail
@@ -237,12 +235,4 @@ class EmbeddedTriton:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stops the server: SIGTERM (Triton unloads models gracefully), SIGKILL after the
         timeout."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        processes.stop(self.process, signal.SIGTERM, timeout_s)

@@ -5,10 +5,13 @@ keys and sessions survive a restart of the stack."""
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from gateway import processes
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -70,7 +73,7 @@ class EmbeddedRedis:
             if self.process.poll() is not None:
                 raise EmbeddedRedisError(
                     f"redis-server exited with code {self.process.returncode}; the end of "
-                    f"{self.log_path}:\n{self._log_tail()}"
+                    f"{self.log_path}:\n{processes.log_tail(self.log_path, 10)}"
                 )
             if self.answers():
                 return self
@@ -85,19 +88,7 @@ class EmbeddedRedis:
         except OSError:
             return False
 
-    def _log_tail(self, lines: int = 10) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM: Redis flushes its append-only file and exits."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        processes.stop(process, signal.SIGTERM, timeout_s)

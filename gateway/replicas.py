@@ -21,6 +21,7 @@ import httpx
 from prometheus_client import multiprocess
 from pydantic import SecretStr
 
+from gateway import processes
 from gateway.config import Settings
 
 
@@ -105,13 +106,6 @@ class Replica:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM: uvicorn finishes the requests in flight (up to 10 s), then exits."""
-        process = self.process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        processes.stop(self.process, signal.SIGTERM, timeout_s)
         self.forget()
         self.process = None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.backend.fake import FakeBackend
 from tests.unit.conftest import bearer, chat_body, make_settings, new_key, serve
 from tests.unit.test_transcription import tone_file
 
@@ -92,3 +93,24 @@ async def test_metrics_can_require_an_admin_key() -> None:
             assert (await anon.get("/metrics")).status_code == 401
         user = (await new_key(http))["key"]
         assert (await http.get("/metrics", headers=bearer(user))).status_code == 403
+
+
+async def test_a_running_stream_is_in_flight_and_times_are_observed(
+    http: httpx.AsyncClient, stream_http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = " ".join(f"w{i}" for i in range(20))
+    fake.token_delay_s = 0.01
+    during = ""
+    async with stream_http.stream(
+        "POST", "/v1/chat/completions", json=chat_body(stream=True)
+    ) as response:
+        async for line in response.aiter_lines():
+            if '"content":"w0' in line:
+                during = (await http.get("/metrics")).text
+    after = (await http.get("/metrics")).text
+    flight = 'gateway_requests_in_flight{route="/v1/chat/completions"}'
+    assert f"{flight} 1.0" in during
+    assert f"{flight} 0.0" in after
+    assert 'gateway_time_to_first_token_seconds_count{model="fake-chat"} 1.0' in after
+    # 20 pieces: 19 gaps between them.
+    assert 'gateway_inter_token_latency_seconds_count{model="fake-chat"} 19.0' in after
