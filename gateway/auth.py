@@ -16,7 +16,6 @@ headers are added to its response there.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -27,8 +26,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.errors import PermissionDeniedError
 from gateway.keys import ApiKey, KeyStore
 from gateway.ratelimit import Admission, RateLimiter
-
-logger = logging.getLogger("gateway.auth")
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer sk-gw-...`")
 

@@ -148,6 +148,8 @@ class EmbeddedNginx:
         return processes.log_tail(self.error_log, lines)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGQUIT: nginx finishes the requests it is serving, then exits."""
+        """SIGQUIT: nginx finishes the requests it is serving, then exits; its prefix
+        directory (config, logs, temp files) goes with it."""
         process, self.process = self.process, None
         processes.stop(process, signal.SIGQUIT, timeout_s)
+        shutil.rmtree(self.prefix, ignore_errors=True)
