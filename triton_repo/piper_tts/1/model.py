@@ -18,6 +18,8 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         # Shared modules sit at the repository root, beside the model folders.
+        # No __pycache__ beside the models: Triton would list it as a model.
+        sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
         import model_io
 

@@ -34,6 +34,8 @@ def find_weights() -> str:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         # Shared modules sit at the repository root, beside the model folders.
+        # No __pycache__ beside the models: Triton would list it as a model.
+        sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
         import vllm_contract
         from llama_cpp import Llama, LogitsProcessorList

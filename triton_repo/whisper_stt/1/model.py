@@ -21,6 +21,8 @@ SAMPLE_RATE = 16_000
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         # Shared modules sit at the repository root, beside the model folders.
+        # No __pycache__ beside the models: Triton would list it as a model.
+        sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
         import model_io
 
