@@ -256,22 +256,23 @@ class ChatService:
         timer = ChatTimer(self.metrics, chat.model, chat.started)
         finish, prompt_tokens, completion_tokens = None, 0, 0
         texts: list[str] = []
-        try:
-            async with aclosing(chunks):
-                yield writer.delta({"role": "assistant", "content": ""})
-                chunk = first
-                while chunk is not None:
-                    if chunk.text:
-                        timer.piece()
-                        texts.append(chunk.text)
-                        yield writer.content(chunk.text)
-                    finish = chunk.finish_reason or finish
-                    prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                    completion_tokens += chunk.completion_tokens
-                    chunk = await anext(chunks, None)
-        finally:
-            # What was generated counts, even for a client that left mid-stream.
-            meter.add_tokens(prompt_tokens, completion_tokens)
+        async with aclosing(chunks):
+            yield writer.delta({"role": "assistant", "content": ""})
+            chunk = first
+            while chunk is not None:
+                # Counted before the text is sent: what was generated counts even for a
+                # client that leaves mid-stream (the generator may never be resumed).
+                if chunk.prompt_tokens and not prompt_tokens:
+                    prompt_tokens = chunk.prompt_tokens
+                    meter.add_tokens(prompt_tokens, 0)
+                completion_tokens += chunk.completion_tokens
+                meter.add_tokens(0, chunk.completion_tokens)
+                finish = chunk.finish_reason or finish
+                if chunk.text:
+                    timer.piece()
+                    texts.append(chunk.text)
+                    yield writer.content(chunk.text)
+                chunk = await anext(chunks, None)
         await self._remember(chat, "".join(texts), completion_tokens)
         yield writer.delta({}, finish or "stop")
         if chat.include_usage:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -136,16 +137,15 @@ def admin_key(settings: Settings) -> Settings:
         while weak_key_problem(key):  # a random key may, rarely, contain a placeholder word
             key = f"sk-gw-{secrets.token_urlsafe(32)}"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
         path.write_text(key + "\n")
-    print(
-        f"Admin key (generated, kept in {path}; set GATEWAY_ADMIN_KEY to choose one):\n  {key}",
-        flush=True,
-    )
+        # Printed once, when made; later starts only say where it is (logs keep stdout).
+        print(f"Admin key (generated; set GATEWAY_ADMIN_KEY to choose one):\n  {key}", flush=True)
+    print(f"Admin key: in {path}", flush=True)
+    os.chmod(path, 0o600)
     return settings.model_copy(update={"admin_key": SecretStr(key)})
 
 
-def _start_redis(settings: Settings) -> EmbeddedRedis:
+def _redis(settings: Settings) -> EmbeddedRedis:
     url = urlsplit(settings.redis_url)
     host, port = url.hostname or "127.0.0.1", url.port or 6379
     ensure_port_free(
@@ -156,10 +156,10 @@ def _start_redis(settings: Settings) -> EmbeddedRedis:
     )
     redis = EmbeddedRedis(settings.run_dir / "redis", port, host)
     print(f"Starting Redis on {host}:{port} (data: {redis.directory})", flush=True)
-    return redis.start()
+    return redis
 
 
-def _start_triton(settings: Settings) -> EmbeddedTriton | None:
+def _triton(settings: Settings) -> EmbeddedTriton | None:
     if not settings.embedded_triton:
         print(f"Using the Triton server at {settings.triton_url}", flush=True)
         return None
@@ -176,10 +176,6 @@ def _start_triton(settings: Settings) -> EmbeddedTriton | None:
     print(
         f"Starting Triton with models {', '.join(settings.models)} (log: {triton.log_path})",
         flush=True,
-    )
-    triton.start()
-    triton.wait_ready(
-        settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
     )
     return triton
 
@@ -204,9 +200,17 @@ def up(settings: Settings) -> int:
     try:
         ensure_port_free(settings.host, settings.port, "OpenAI API", "--port or GATEWAY_PORT")
         settings = admin_key(settings)
+        # Each part is known to `finally` before it starts, so a failed or interrupted start
+        # (Ctrl-C while the models load, say) still stops it.
         if settings.embedded_redis:
-            redis = _start_redis(settings)
-        triton = _start_triton(settings)
+            redis = _redis(settings)
+            redis.start()
+        triton = _triton(settings)
+        if triton is not None:
+            triton.start()
+            triton.wait_ready(
+                settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
+            )
         if not settings.embedded_nginx:
             return _serve_here(settings, triton)
         ensure_port_free(
@@ -227,7 +231,8 @@ def up(settings: Settings) -> int:
             settings.port,
             settings.nginx_internal_port,
             settings.max_audio_upload_mb,
-        ).start()
+        )
+        nginx.start()
         print(
             f"nginx on {settings.host}:{settings.port} -> gateway replicas on "
             f"{', '.join(r.address for r in replicas)} (nginx logs: {nginx.prefix})",

@@ -99,8 +99,8 @@ class Settings(BaseSettings):
     """``gateway up`` starts ``redis-server`` (persisting under ``run_dir``) at the host and
     port of ``redis_url``. False: use the Redis already running there."""
     redis_timeout_s: float = Field(1.0, gt=0)
-    """Connect and command timeout for Redis: when it is down, requests that need it fail
-    with 503 after at most this long instead of hanging."""
+    """Connect and command timeout for Redis (per try; a command is tried twice): when it is
+    down, requests that need it fail with 503 instead of hanging."""
     admin_key: SecretStr | None = None
     """A bootstrap key with the admin role (at least 32 characters, not a placeholder).
     Unset: ``gateway up`` generates one and prints it."""

@@ -197,12 +197,15 @@ class MetricsMiddleware:
 _INFERENCE_ROUTES = frozenset(
     {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions"}
 )
+_GROUPS = frozenset({"v1", "admin", "health", "metrics"})
 
 
 def _route_of(scope: Scope) -> str:
-    """A bounded label for a request before routing: the inference routes by name, anything
-    else by its first path segment (``/v1``, ``/admin``, ``/health``)."""
+    """A bounded label for a request before routing: the inference routes by name, the
+    others by their group (``/v1``, ``/admin``, ``/health``, ``/metrics``), anything else
+    ``other`` (a client must not be able to mint label values)."""
     path: str = scope.get("path", "")
     if path in _INFERENCE_ROUTES:
         return path
-    return "/" + path.strip("/").split("/", 1)[0]
+    group = path.strip("/").split("/", 1)[0]
+    return f"/{group}" if group in _GROUPS else "other"

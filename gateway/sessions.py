@@ -3,7 +3,8 @@
 A chat request with ``X-Session-ID: <id>`` continues the session: the stored messages come
 before the request's, then the new messages and the assistant's reply are stored as one
 turn (only when the reply finished: a failed or abandoned request leaves the session as it
-was). A session belongs to the key that made it; to any other key it does not exist (404).
+was). Sessions live in each key's own namespace: another key's session of the same id does
+not exist for it (404), and using that id starts a session of its own.
 It expires ``session_ttl_s`` after its last use, lives in Redis, and so continues through
 any gateway process and after a restart.
 
@@ -133,8 +134,8 @@ def plan(
     )
 
 
-def _key(session_id: str) -> str:
-    return f"{PREFIX}session:{session_id}"
+def _key(owner: str, session_id: str) -> str:
+    return f"{PREFIX}session:{owner}:{session_id}"
 
 
 def _not_found(session_id: str) -> NotFoundError:
@@ -148,13 +149,8 @@ class SessionStore:
 
     @needs_store
     async def _read(self, session_id: str, owner: str) -> Session | None:
-        raw = await self.redis.get(_key(session_id))
-        if raw is None:
-            return None
-        session = Session.model_validate_json(raw)
-        if session.owner != owner:
-            raise _not_found(session_id)  # another key's session does not exist for this one
-        return session
+        raw = await self.redis.get(_key(owner, session_id))
+        return Session.model_validate_json(raw) if raw is not None else None
 
     async def open(self, session_id: str, owner: str) -> Session:
         """The session to continue; a new, empty one if there is none yet."""
@@ -172,8 +168,8 @@ class SessionStore:
 
     @needs_store
     async def delete(self, session_id: str, owner: str) -> None:
-        await self.get(session_id, owner)
-        await self.redis.delete(_key(session_id))
+        if not await self.redis.delete(_key(owner, session_id)):
+            raise _not_found(session_id)
 
     @needs_store
     async def save_turn(self, plan: SessionPlan, reply: str, reply_tokens: int) -> None:
@@ -189,7 +185,7 @@ class SessionStore:
             + reply_tokens
             + _PER_MESSAGE,
         )
-        key = _key(plan.session_id)
+        key = _key(plan.owner, plan.session_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -202,8 +198,6 @@ class SessionStore:
                         )
                     else:
                         session = Session.model_validate_json(raw)
-                    if session.owner != plan.owner:
-                        raise _not_found(plan.session_id)
                     session.turns = [*session.turns[plan.dropped :], turn]
                     session.system = plan.system
                     session.updated_at = now

@@ -3,7 +3,8 @@ into a clean 503.
 
 Keys, sessions, rate-limit counters and usage live in Redis so that any number of gateway
 processes behave as one. When Redis cannot be reached, a request that needs it fails fast
-(``redis_timeout_s``) with :class:`StoreUnavailableError`; nothing waits and nothing is let
+(at once when refused, after ``redis_timeout_s`` per try when unanswered) with
+:class:`StoreUnavailableError`; nothing waits and nothing is let
 through. The client's pool reconnects on the next command, so the gateway recovers by itself
 when Redis returns.
 """

@@ -10,8 +10,12 @@ import httpx
 import openai
 import pytest
 
+from gateway import store
 from gateway.backend.fake import FakeBackend
-from gateway.ratelimit import duration
+from gateway.embedded_redis import EmbeddedRedis
+from gateway.errors import RateLimitError
+from gateway.keys import ApiKey
+from gateway.ratelimit import RateLimiter, duration
 from tests.redis_server import redis_server
 from tests.unit.conftest import (
     REPLY,
@@ -184,3 +188,20 @@ def test_reset_durations_read_like_openais() -> None:
     assert [duration(s) for s in (0, 0.2, 17, 59.5, 60, 61, 3600)] == [
         "0s", "1s", "17s", "1m0s", "1m0s", "1m1s", "60m0s",
     ]  # fmt: skip
+
+
+async def test_a_long_request_keeps_its_concurrency_slot(redis_server: EmbeddedRedis) -> None:
+    # Leases of 0.6 s, renewed every 0.2 s: the request outlives several of them, and the
+    # lease set itself (which expires a second after a lease) must outlive them too.
+    redis = store.connect(redis_server.url, 1.0)
+    limiter = RateLimiter(redis, lease_s=0.6)
+    key = ApiKey(id="longrunner", name="long", role="user", created_at=0, max_concurrency=1)
+    try:
+        running = await limiter.admit(key)
+        await asyncio.sleep(2.5)
+        with pytest.raises(RateLimitError):
+            await limiter.admit(key)
+        await limiter.finish(running)
+        await limiter.finish(await limiter.admit(key))
+    finally:
+        await redis.aclose()

@@ -86,7 +86,9 @@ async def test_the_system_message_is_kept_once_and_can_be_replaced(
     assert (await http.get("/v1/sessions/sys")).json()["messages"][0]["content"] == "Be verbose."
 
 
-async def test_another_key_cannot_see_use_or_delete_a_session(http: httpx.AsyncClient) -> None:
+async def test_another_key_cannot_see_use_or_delete_a_session(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
     owner = (await new_key(http, name="owner"))["key"]
     other = (await new_key(http, name="other"))["key"]
     head = {"X-Session-ID": "private", **bearer(owner)}
@@ -94,13 +96,15 @@ async def test_another_key_cannot_see_use_or_delete_a_session(http: httpx.AsyncC
     for response in (
         await http.get("/v1/sessions/private", headers=bearer(other)),
         await http.delete("/v1/sessions/private", headers=bearer(other)),
-        await http.post(
-            CHAT, json=_say("Tell me."), headers={"X-Session-ID": "private", **bearer(other)}
-        ),
         await http.get("/v1/sessions/private"),  # the admin key is another key too
     ):
         assert_openai_error(response, 404, code="session_not_found")
-    assert (await http.get("/v1/sessions/private", headers=bearer(owner))).status_code == 200
+    # The same id is free for the other key: its own, empty session (nothing to probe).
+    theirs = {"X-Session-ID": "private", **bearer(other)}
+    assert (await http.post(CHAT, json=_say("Tell me."), headers=theirs)).status_code == 200
+    assert "Secret." not in fake.calls[-1].prompt
+    mine = (await http.get("/v1/sessions/private", headers=bearer(owner))).json()["messages"]
+    assert [m["content"] for m in mine] == ["Secret.", REPLY]
 
 
 async def test_delete_forgets_the_session(http: httpx.AsyncClient, fake: FakeBackend) -> None:
