@@ -131,6 +131,11 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def spread(values: list[float]) -> str:
+    """``p50 X / p99 Y ms`` of latencies in milliseconds."""
+    return f"p50 {pct(values, 50):.2f} / p99 {pct(values, 99):.2f} ms"
+
+
 async def paired(
     direct: Callable[[], Awaitable[Sample]],
     gateway: Callable[[], Awaitable[Sample]],
@@ -186,8 +191,7 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
                 )
             rows.append(
                 f"| non-streaming latency, 16 tokens | {concurrency} | "
-                f"p50 {pct(d, 50):.2f} / p99 {pct(d, 99):.2f} ms | "
-                f"p50 {pct(g, 50):.2f} / p99 {pct(g, 99):.2f} ms | "
+                f"{spread(d)} | {spread(g)} | "
                 f"added p50 **{pct(g, 50) - pct(d, 50):+.2f} ms**, "
                 f"p99 {pct(g, 99) - pct(d, 99):+.2f} ms |"
             )

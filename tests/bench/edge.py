@@ -15,7 +15,7 @@ import asyncio
 
 import httpx
 
-from tests.bench.chat import gateway_call, paired, pct
+from tests.bench.chat import gateway_call, paired, pct, spread
 from tests.stack import GatewayProcess
 
 
@@ -50,8 +50,7 @@ async def edge_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
             d_rps, e_rps = len(one) / one_wall, len(through) / through_wall
             rows.append(
                 f"| non-streaming, 16 tokens | {concurrency} | {d_rps:,.0f} req/s, "
-                f"p50 {pct(d, 50):.2f} / p99 {pct(d, 99):.2f} ms | {e_rps:,.0f} req/s, "
-                f"p50 {pct(e, 50):.2f} / p99 {pct(e, 99):.2f} ms | "
+                f"{spread(d)} | {e_rps:,.0f} req/s, {spread(e)} | "
                 f"throughput **{e_rps / d_rps:.2f}**, p99 {pct(e, 99) - pct(d, 99):+.2f} ms |"
             )
             n_stream = int((120 if concurrency == 1 else 384) * scale)
@@ -65,8 +64,7 @@ async def edge_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
             e = [s.ttft * 1000 for s in through]
             rows.append(
                 f"| time to first token, 64-token stream | {concurrency} | "
-                f"p50 {pct(d, 50):.2f} / p99 {pct(d, 99):.2f} ms | "
-                f"p50 {pct(e, 50):.2f} / p99 {pct(e, 99):.2f} ms | "
+                f"{spread(d)} | {spread(e)} | "
                 f"p99 {pct(e, 99) - pct(d, 99):+.2f} ms |"
             )
             print(*rows[-2:], sep="\n", flush=True)
