@@ -138,10 +138,16 @@ def admin_key(settings: Settings) -> Settings:
             key = f"sk-gw-{secrets.token_urlsafe(32)}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(key + "\n")
+        os.chmod(path, 0o600)
         # Printed once, when made; later starts only say where it is (logs keep stdout).
-        print(f"Admin key (generated; set GATEWAY_ADMIN_KEY to choose one):\n  {key}", flush=True)
-    print(f"Admin key: in {path}", flush=True)
-    os.chmod(path, 0o600)
+        print(
+            f"Admin key (generated, kept in {path}; set GATEWAY_ADMIN_KEY to choose one):\n"
+            f"  {key}",
+            flush=True,
+        )
+    else:
+        os.chmod(path, 0o600)
+        print(f"Admin key: the one in {path}", flush=True)
     return settings.model_copy(update={"admin_key": SecretStr(key)})
 
 

@@ -129,7 +129,8 @@ class Backend(Protocol):
         ...
 
     async def unload_model(self, name: str) -> None:
-        """Unloads a model; returns when it no longer accepts requests."""
+        """Unloads a model; returns once it no longer takes new requests, after waiting a
+        little for the requests it is still serving to end."""
         ...
 
     def generate(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -205,6 +206,14 @@ class TritonBackend:
             await self.client.unload_model(name, client_timeout=self.load_timeout_s)
         except InferenceServerException as exc:
             raise _from_client_error(exc, name) from exc
+        # Triton answers while the model is still UNLOADING (its requests in flight finish
+        # first); wait a little for the end, so the answer shows where it landed.
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            states = {e["name"]: e.get("state", "") for e in await self._index()}
+            if states.get(name) != "UNLOADING":
+                return
+            await asyncio.sleep(0.1)
 
     async def models(self) -> list[ModelInfo]:
         entries = await self._index()
