@@ -141,8 +141,7 @@ def admin_key(settings: Settings) -> Settings:
         os.chmod(path, 0o600)
         # Printed once, when made; later starts only say where it is (logs keep stdout).
         print(
-            f"Admin key (generated, kept in {path}; set GATEWAY_ADMIN_KEY to choose one):\n"
-            f"  {key}",
+            f"Admin key (generated, kept in {path}; set GATEWAY_ADMIN_KEY to choose one):\n  {key}",
             flush=True,
         )
     else:
