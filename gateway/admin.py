@@ -25,7 +25,7 @@ class AdminService:
         return [_entry(m, tasks.get(m.name)) for m in await self.backend.repository()]
 
     async def _state(self, name: str) -> dict[str, Any]:
-        await self.catalog.refresh()  # /v1/models of this replica follows at once
+        # repository() re-reads the catalog too: inference on this replica follows at once.
         for model in await self.repository():
             if model["id"] == name:
                 return model

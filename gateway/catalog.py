@@ -1,9 +1,10 @@
 """The models the backend serves, read from it and cached for a short time.
 
 The model list comes from Triton's repository index and each model's config, so a model
-added to the repository (and loaded) appears without code changes. Lookups use a cached
-copy (``model_cache_ttl_s``); a name that is not in it forces one fresh read, so a model
-loaded a moment ago is found at once while a stream of requests costs no extra round trip.
+added to the repository (and loaded) appears without code changes. Inference lookups use a
+cached copy (``model_cache_ttl_s``); a name that is not in it forces one fresh read, so a
+model loaded a moment ago is found at once while a stream of requests costs no extra round
+trip. ``/v1/models`` and the admin API read it fresh (:meth:`ModelCatalog.refresh`).
 """
 
 from __future__ import annotations
@@ -41,12 +42,6 @@ class ModelCatalog:
 
     def _stale(self) -> bool:
         return time.monotonic() - self._read_at > self.ttl_s
-
-    async def all(self) -> list[ModelInfo]:
-        """Every model in the repository (loaded or not), read at most ``ttl_s`` ago."""
-        if self._stale():
-            await self.refresh()
-        return list(self._models.values())
 
     async def find(self, name: str) -> ModelInfo | None:
         """The loaded model called ``name``, or None. A name that is not loaded in the cached
