@@ -159,11 +159,14 @@ class KeyStore:
         raw = await self.redis.get(_record_key(key_id))
         return _StoredKey.model_validate_json(raw) if raw else None
 
-    async def get(self, key_id: str) -> ApiKey:
+    async def _existing(self, key_id: str) -> _StoredKey:
         stored = await self._load(key_id)
         if stored is None:
             raise NotFoundError(f"No API key with id '{key_id}'.", code="key_not_found")
-        return _public(stored)
+        return stored
+
+    async def get(self, key_id: str) -> ApiKey:
+        return _public(await self._existing(key_id))
 
     @needs_store
     async def all(self) -> list[ApiKey]:
@@ -175,9 +178,7 @@ class KeyStore:
     @needs_store
     async def revoke(self, key_id: str, now: float | None = None) -> ApiKey:
         """Marks the key revoked (idempotent); the record stays, for its usage history."""
-        stored = await self._load(key_id)
-        if stored is None:
-            raise NotFoundError(f"No API key with id '{key_id}'.", code="key_not_found")
+        stored = await self._existing(key_id)
         if stored.revoked_at is None:
             stored.revoked_at = int(now or time.time())
             await self.redis.set(_record_key(key_id), stored.model_dump_json())

@@ -55,6 +55,11 @@ class Session(BaseModel):
     system: str | None = None
     turns: list[Turn] = []
 
+    @classmethod
+    def new(cls, session_id: str, owner: str) -> Session:
+        now = int(time.time())
+        return cls(id=session_id, owner=owner, created_at=now, updated_at=now)
+
     def public(self) -> dict[str, object]:
         """The session as ``GET /v1/sessions/{id}`` shows it."""
         messages = [{"role": "system", "content": self.system}] if self.system else []
@@ -155,10 +160,7 @@ class SessionStore:
     async def open(self, session_id: str, owner: str) -> Session:
         """The session to continue; a new, empty one if there is none yet."""
         session = await self._read(check_id(session_id), owner)
-        if session is None:
-            now = int(time.time())
-            session = Session(id=session_id, owner=owner, created_at=now, updated_at=now)
-        return session
+        return session if session is not None else Session.new(session_id, owner)
 
     async def get(self, session_id: str, owner: str) -> Session:
         session = await self._read(session_id, owner)
@@ -191,16 +193,14 @@ class SessionStore:
                 try:
                     await pipe.watch(key)
                     raw = await pipe.get(key)
-                    now = int(time.time())
-                    if raw is None:
-                        session = Session(
-                            id=plan.session_id, owner=plan.owner, created_at=now, updated_at=now
-                        )
-                    else:
-                        session = Session.model_validate_json(raw)
+                    session = (
+                        Session.model_validate_json(raw)
+                        if raw is not None
+                        else Session.new(plan.session_id, plan.owner)
+                    )
                     session.turns = [*session.turns[plan.dropped :], turn]
                     session.system = plan.system
-                    session.updated_at = now
+                    session.updated_at = int(time.time())
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.set(key, session.model_dump_json(), ex=self.ttl_s)
                     await pipe.execute()
