@@ -9,22 +9,22 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import store
-from gateway.admin import AdminService
-from gateway.auth import AdmissionMiddleware
+from gateway.api.middleware import AdmissionMiddleware, MetricsMiddleware
+from gateway.api.routers import admin, audio, chat, health, models, sessions
+from gateway.api.routers import metrics as metrics_router
 from gateway.backend import Backend
-from gateway.catalog import ModelCatalog
-from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.errors import install_handlers
-from gateway.keys import KeyStore
-from gateway.metrics import Metrics, MetricsMiddleware
-from gateway.ratelimit import RateLimiter
-from gateway.routers import admin, audio, chat, health, models, sessions
-from gateway.routers import metrics as metrics_router
-from gateway.sessions import SessionStore
-from gateway.speech import SpeechService
-from gateway.transcription import TranscriptionService
+from gateway.metrics import Metrics
+from gateway.serving.admin import AdminService
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.chat import ChatService
+from gateway.serving.speech import SpeechService
+from gateway.serving.transcription import TranscriptionService
+from gateway.state import store
+from gateway.state.keys import KeyStore
+from gateway.state.limits import RateLimiter
+from gateway.state.sessions import SessionStore
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:

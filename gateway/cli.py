@@ -26,15 +26,20 @@ from urllib.parse import urlsplit
 import uvicorn
 from pydantic import SecretStr, ValidationError
 
-from gateway import store
 from gateway.app import create_app
 from gateway.config import Settings, weak_key_problem
-from gateway.edge import EmbeddedNginx, EmbeddedNginxError
-from gateway.embedded import EmbeddedTriton, EmbeddedTritonError, ensure_port_free, free_port
-from gateway.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from gateway.errors import GatewayError
-from gateway.keys import ApiKey, KeyCreate, KeyStore
-from gateway.replicas import Replica, ReplicaError, metrics_dir, settings_env
+from gateway.stack.nginx import EmbeddedNginx, EmbeddedNginxError
+from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
+from gateway.stack.replicas import Replica, ReplicaError, metrics_dir, settings_env
+from gateway.stack.triton_server import (
+    EmbeddedTriton,
+    EmbeddedTritonError,
+    ensure_port_free,
+    free_port,
+)
+from gateway.state import store
+from gateway.state.keys import ApiKey, KeyCreate, KeyStore
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -37,7 +36,6 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -142,70 +140,3 @@ class ChatTimer:
         else:
             self._itl.observe(now - self._last)
         self._last = now
-
-
-class MetricsMiddleware:
-    """Counts every request (route template, model, final status), its duration to the last
-    byte, the requests in flight, and what an admitted request used."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.monotonic()
-        state: dict[str, Any] = scope.setdefault("state", {})
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        in_flight = self.metrics.in_flight.labels(_route_of(scope))
-        in_flight.inc()
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            in_flight.dec()
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            if route != "/metrics":
-                self._record(route, state, status, time.monotonic() - started)
-
-    def _record(self, route: str, state: dict[str, Any], status: int, elapsed: float) -> None:
-        admission = state.get("admission")
-        model = admission.model if admission is not None else ""
-        self.metrics.requests.labels(route, model, str(status)).inc()
-        self.metrics.duration.labels(route, model).observe(elapsed)
-        if admission is None or not model:
-            return
-        meter = admission.meter
-        if meter.prompt_tokens:
-            self.metrics.prompt_tokens.labels(model).inc(meter.prompt_tokens)
-        if meter.completion_tokens:
-            self.metrics.completion_tokens.labels(model).inc(meter.completion_tokens)
-        if meter.audio_seconds_in:
-            self.metrics.audio_in.labels(model).inc(meter.audio_seconds_in)
-        if meter.audio_seconds_out:
-            self.metrics.audio_out.labels(model).inc(meter.audio_seconds_out)
-
-
-_INFERENCE_ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions"}
-)
-_GROUPS = frozenset({"v1", "admin", "health", "metrics"})
-
-
-def _route_of(scope: Scope) -> str:
-    """A bounded label for a request before routing: the inference routes by name, the
-    others by their group (``/v1``, ``/admin``, ``/health``, ``/metrics``), anything else
-    ``other`` (a client must not be able to mint label values)."""
-    path: str = scope.get("path", "")
-    if path in _INFERENCE_ROUTES:
-        return path
-    group = path.strip("/").split("/", 1)[0]
-    return f"/{group}" if group in _GROUPS else "other"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.embedded_redis import EmbeddedRedis
+from gateway.stack.redis_server import EmbeddedRedis
 from tests.stack import free_port
 
 

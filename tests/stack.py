@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import openai
 
-from gateway.embedded import free_port
+from gateway.stack.triton_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The admin key every test stack is started with (GATEWAY_ADMIN_KEY).

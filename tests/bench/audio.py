@@ -20,7 +20,7 @@ import time
 
 import httpx
 
-from gateway.audio import decode_to_pcm
+from gateway.serving.audio import decode_to_pcm
 from tests.stack import GatewayProcess
 
 TEXT = (

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.embedded_redis import EmbeddedRedis
+from gateway.stack.redis_server import EmbeddedRedis
 from tests.redis_server import redis_server
 from tests.stack import GatewayProcess
 

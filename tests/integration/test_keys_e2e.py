@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.embedded_redis import EmbeddedRedis
+from gateway.stack.redis_server import EmbeddedRedis
 from tests.stack import ROOT, GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.audio import FORMATS
+from gateway.serving.audio import FORMATS
 from tests.unit.test_speech import decode
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
-from gateway.embedded_redis import EmbeddedRedis
+from gateway.stack.redis_server import EmbeddedRedis
 from tests.redis_server import redis_server as start_redis
 
 BASE_URL = "http://testserver"

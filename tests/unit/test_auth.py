@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from gateway.config import Settings
-from gateway.embedded_redis import EmbeddedRedis
+from gateway.stack.redis_server import EmbeddedRedis
 from tests.unit.conftest import (
     ADMIN_KEY,
     BASE_URL,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-import gateway.catalog
+import gateway.serving.catalog
 from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
@@ -20,7 +20,7 @@ NEW_MODEL = ModelInfo("fake-new", "chat", True, CHATML_TEMPLATE)
 
 
 class Clock:
-    """``time`` for gateway.catalog whose monotonic clock a test can move forward."""
+    """``time`` for gateway.serving.catalog whose monotonic clock a test can move forward."""
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -36,7 +36,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(gateway.catalog, "time", clock)
+    monkeypatch.setattr(gateway.serving.catalog, "time", clock)
     return clock
 
 

@@ -10,12 +10,12 @@ import httpx
 import openai
 import pytest
 
-from gateway import store
 from gateway.backend.fake import FakeBackend
-from gateway.embedded_redis import EmbeddedRedis
 from gateway.errors import RateLimitError
-from gateway.keys import ApiKey
-from gateway.ratelimit import RateLimiter, duration
+from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state import store
+from gateway.state.keys import ApiKey
+from gateway.state.limits import RateLimiter, duration
 from tests.redis_server import redis_server
 from tests.unit.conftest import (
     REPLY,

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from gateway.sessions import Session, Turn, estimate_tokens, plan
+from gateway.state.sessions import Session, Turn, estimate_tokens, plan
 from tests.unit.conftest import REPLY, assert_openai_error, bearer, chat_body, new_key
 
 CHAT = "/v1/chat/completions"

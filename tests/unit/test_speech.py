@@ -12,8 +12,8 @@ import numpy as np
 import openai
 import pytest
 
-from gateway.audio import FORMATS
 from gateway.backend.fake import FakeBackend
+from gateway.serving.audio import FORMATS
 from tests.unit.conftest import assert_openai_error
 
 SPEECH = "/v1/audio/speech"

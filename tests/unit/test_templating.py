@@ -8,7 +8,7 @@ from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
 from gateway.errors import BackendError, InvalidRequestError
-from gateway.templating import render_chat
+from gateway.serving.templating import render_chat
 from tests.unit.conftest import assert_openai_error, chat_body, make_settings, serve
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.auth import AdmissionDep, CallerDep
-from gateway.dependencies import SettingsDep, SpeechDep, TranscriptionDep
+from gateway.api.auth import AdmissionDep, CallerDep
+from gateway.api.dependencies import SettingsDep, SpeechDep, TranscriptionDep
 from gateway.errors import NotSupportedError, PayloadTooLargeError
-from gateway.protocol import SpeechRequest
-from gateway.sse import SSE_HEADERS
+from gateway.serving.protocol import SpeechRequest
+from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 

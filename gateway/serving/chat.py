@@ -20,10 +20,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from gateway.backend import Backend, GenerationChunk, SamplingOptions
-from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
-from gateway.protocol import (
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
     ChatCompletionMessage,
@@ -31,12 +31,12 @@ from gateway.protocol import (
     ChatMessage,
     Usage,
 )
-from gateway.ratelimit import Meter
-from gateway.sessions import SessionPlan, SessionStore, plan
-from gateway.sse import first_or_close, with_error_event
-from gateway.templating import render_chat
+from gateway.serving.sse import first_or_close, with_error_event
+from gateway.serving.templating import render_chat
+from gateway.state.limits import Meter
+from gateway.state.sessions import SessionPlan, SessionStore, plan
 
-logger = logging.getLogger("gateway.chat")
+logger = logging.getLogger("gateway.serving.chat")
 
 
 @dataclass(frozen=True)

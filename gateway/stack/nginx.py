@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway import processes
 from gateway.config import PROJECT_ROOT
+from gateway.stack import processes
 
 NGINX_DIR = PROJECT_ROOT / "nginx"
 _STATIC_FILES = ("nginx.conf", "gateway-locations.conf")

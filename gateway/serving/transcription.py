@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.backend import Backend, Segment, TranscriptionOptions
-from gateway.catalog import ModelCatalog
 from gateway.errors import InvalidRequestError
-from gateway.ratelimit import Meter
-from gateway.sse import event, first_or_close, with_error_event
+from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.sse import event, first_or_close, with_error_event
+from gateway.state.limits import Meter
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 _LANGUAGE_NAMES = {"en": "english"}  # verbose_json names the language, as OpenAI does

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway import processes
+from gateway.stack import processes
 
 
 class EmbeddedTritonError(RuntimeError):

@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.store import PREFIX, needs_store
+from gateway.state.store import PREFIX, needs_store
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _PER_MESSAGE = 4  # the chat template's tokens around a message

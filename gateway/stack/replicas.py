@@ -21,8 +21,8 @@ import httpx
 from prometheus_client import multiprocess
 from pydantic import SecretStr
 
-from gateway import processes
 from gateway.config import Settings
+from gateway.stack import processes
 
 
 class ReplicaError(RuntimeError):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.backend import Backend, RepositoryModel
-from gateway.catalog import ModelCatalog
-from gateway.keys import KeyStore
-from gateway.ratelimit import RateLimiter
+from gateway.serving.catalog import ModelCatalog
+from gateway.state.keys import KeyStore
+from gateway.state.limits import RateLimiter
 
 
 class AdminService:

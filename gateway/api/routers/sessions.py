@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from gateway.auth import CallerDep
-from gateway.dependencies import SessionsDep
+from gateway.api.auth import CallerDep
+from gateway.api.dependencies import SessionsDep
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.auth import CallerDep
+from gateway.api.auth import CallerDep
+from gateway.api.dependencies import CatalogDep
 from gateway.backend import ModelInfo
-from gateway.dependencies import CatalogDep
 from gateway.errors import ModelNotFoundError
-from gateway.protocol import Model, ModelList
+from gateway.serving.protocol import Model, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"])
 

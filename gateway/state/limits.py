@@ -31,10 +31,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import RateLimitError
-from gateway.keys import ApiKey
-from gateway.store import PREFIX, needs_store
+from gateway.state.keys import ApiKey
+from gateway.state.store import PREFIX, needs_store
 
-logger = logging.getLogger("gateway.ratelimit")
+logger = logging.getLogger("gateway.state.limits")
 
 _WINDOW_S = 60
 

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from gateway import processes
+from gateway.stack import processes
 
 
 class EmbeddedRedisError(RuntimeError):

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from gateway.errors import GatewayError, error_body
 
-logger = logging.getLogger("gateway.sse")
+logger = logging.getLogger("gateway.serving.sse")
 
 #: Headers for SSE: no caching, and no buffering by nginx (``X-Accel-Buffering``).
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

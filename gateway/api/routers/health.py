@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway import store
-from gateway.dependencies import BackendDep, CatalogDep, RedisDep, SettingsDep
+from gateway.api.dependencies import BackendDep, CatalogDep, RedisDep, SettingsDep
 from gateway.errors import BackendUnavailableError
+from gateway.state import store
 
 router = APIRouter(prefix="/health", tags=["health"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from gateway.auth import metrics_access
-from gateway.dependencies import MetricsDep
+from gateway.api.auth import metrics_access
+from gateway.api.dependencies import MetricsDep
 
 router = APIRouter(tags=["metrics"])
 

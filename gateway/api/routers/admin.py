@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from gateway.auth import require_admin
-from gateway.dependencies import AdminDep
-from gateway.keys import ApiKey, CreatedKey, KeyCreate
+from gateway.api.auth import require_admin
+from gateway.api.dependencies import AdminDep
+from gateway.state.keys import ApiKey, CreatedKey, KeyCreate
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 

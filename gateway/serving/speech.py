@@ -14,13 +14,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.audio import FORMATS, StreamEncoder
 from gateway.backend import AudioChunk, Backend
-from gateway.catalog import ModelCatalog
 from gateway.errors import GatewayError, InvalidRequestError
-from gateway.protocol import OPENAI_VOICES, SpeechRequest
-from gateway.ratelimit import Meter
-from gateway.sse import event, first_or_close, with_error_event
+from gateway.serving.audio import FORMATS, StreamEncoder
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.protocol import OPENAI_VOICES, SpeechRequest
+from gateway.serving.sse import event, first_or_close, with_error_event
+from gateway.state.limits import Meter
 
 
 @dataclass(frozen=True)

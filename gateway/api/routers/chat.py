@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.auth import AdmissionDep
-from gateway.dependencies import ChatDep
-from gateway.disconnect import cancel_on_disconnect
-from gateway.protocol import ChatCompletion, ChatCompletionRequest
-from gateway.sse import SSE_HEADERS
+from gateway.api.auth import AdmissionDep
+from gateway.api.dependencies import ChatDep
+from gateway.api.disconnect import cancel_on_disconnect
+from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
+from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 

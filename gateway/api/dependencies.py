@@ -7,15 +7,15 @@ from typing import Annotated
 from fastapi import Depends, Request
 from redis.asyncio import Redis
 
-from gateway.admin import AdminService
 from gateway.backend import Backend
-from gateway.catalog import ModelCatalog
-from gateway.chat import ChatService
 from gateway.config import Settings
 from gateway.metrics import Metrics
-from gateway.sessions import SessionStore
-from gateway.speech import SpeechService
-from gateway.transcription import TranscriptionService
+from gateway.serving.admin import AdminService
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.chat import ChatService
+from gateway.serving.speech import SpeechService
+from gateway.serving.transcription import TranscriptionService
+from gateway.state.sessions import SessionStore
 
 
 def _settings(request: Request) -> Settings:
