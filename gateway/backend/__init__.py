@@ -13,6 +13,8 @@ from gateway.backend.base import (
     RepositoryModel,
     SamplingOptions,
     Segment,
+    TokenLogprob,
+    TopLogprob,
     TranscriptionOptions,
     Word,
 )
@@ -25,6 +27,8 @@ __all__ = [
     "RepositoryModel",
     "SamplingOptions",
     "Segment",
+    "TokenLogprob",
+    "TopLogprob",
     "TranscriptionOptions",
     "Word",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,18 @@ class ModelInfo:
     """Speech models: the voices it has, the default first."""
     languages: tuple[str, ...] = ()
     """Transcription models: the language codes it transcribes (empty: any)."""
+    tool_call_parser: str | None = None
+    """Chat models: the name of the parser that reads tool calls out of their text."""
+    structured_outputs: tuple[str, ...] = ()
+    """Chat models: the constraints they enforce (``json``, ``json_object``, ``regex``,
+    ``choice``, ``grammar``: the kinds of vLLM's structured outputs)."""
+    structured_outputs_key: str = "structured_outputs"
+    """The ``sampling_parameters`` key the constraint goes under (``guided_decoding`` for
+    Triton's vLLM backend up to 25.11)."""
+    logprobs: bool = False
+    """Chat models: they send the ``logprobs`` output when asked (``return_logprobs``)."""
+    max_logprobs: int = 20
+    """The most alternatives per token they report."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +64,39 @@ class SamplingOptions:
     stop: list[str] = field(default_factory=list)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logprobs: int | None = None
+    """Report the sampled token's log probability and this many alternatives (vLLM's
+    ``logprobs``); None: no log probabilities."""
+    constraint: dict[str, Any] | None = None
+    """Structured output the model must produce, in vLLM's ``StructuredOutputsParams``
+    terms: ``{"json": schema}`` or ``{"json_object": true}``."""
+    constraint_key: str = "structured_outputs"
+    """The ``sampling_parameters`` key of :attr:`constraint` (see ``ModelInfo``)."""
 
     def to_json(self) -> str:
-        """The ``sampling_parameters`` tensor: only the fields that are set."""
-        return json.dumps({k: v for k, v in asdict(self).items() if v not in (None, [])})
+        """The ``sampling_parameters`` tensor: only the fields that are set. The constraint
+        is itself a JSON string there, as Triton's vLLM backend reads it."""
+        fields = asdict(self)
+        constraint, key = fields.pop("constraint"), fields.pop("constraint_key")
+        params = {k: v for k, v in fields.items() if v not in (None, [])}
+        if constraint is not None:
+            params[key] = json.dumps(constraint)
+        return json.dumps(params)
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token, its log probability and the likeliest alternatives (by rank)."""
+
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +108,8 @@ class GenerationChunk:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The tokens of ``text`` with their log probabilities, when they were asked for."""
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,22 @@ from gateway.backend.base import (
     RepositoryModel,
     SamplingOptions,
     Segment,
+    TokenLogprob,
+    TopLogprob,
     TranscriptionOptions,
     Word,
 )
 from gateway.config import CHATML_TEMPLATE
 from gateway.errors import BackendError, BackendUnavailableError, ModelNotFoundError
+
+#: ChatML that also shows the tools and the calls, for tests that read the prompt.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass
@@ -46,7 +57,18 @@ class FakeBackend:
     reply: str = "Hello from the fake backend."
     model_list: list[ModelInfo] = field(
         default_factory=lambda: [
-            ModelInfo("fake-chat", "chat", True, CHATML_TEMPLATE, 2048),
+            ModelInfo(
+                "fake-chat",
+                "chat",
+                True,
+                TOOLS_TEMPLATE,
+                2048,
+                tool_call_parser="hermes",
+                structured_outputs=("json", "json_object"),
+                logprobs=True,
+                max_logprobs=5,
+            ),
+            ModelInfo("fake-plain", "chat", True, CHATML_TEMPLATE, 2048),
             ModelInfo("fake-tts", "speech", True, voices=("joe", "amy")),
             ModelInfo("fake-stt", "transcription", True, languages=("en",)),
             ModelInfo("fake-unloaded", None, False),
@@ -98,6 +120,7 @@ class FakeBackend:
         words = self.reply.split(" ")
         limit = options.max_tokens if options.max_tokens is not None else len(words)
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words[:limit])]
+        logprobs = [_logprobs(p, i, options.logprobs) for i, p in enumerate(pieces)]
         finish = "length" if limit < len(words) else "stop"
         text = "".join(pieces)
         for stop in options.stop:
@@ -110,7 +133,9 @@ class FakeBackend:
             if not stream:
                 self._maybe_fail(0)
                 call.tokens_sent = len(pieces)
-                yield GenerationChunk(text, finish, prompt_tokens, len(pieces))
+                yield GenerationChunk(
+                    text, finish, prompt_tokens, len(pieces), tuple(filter(None, logprobs))
+                )
                 return
             for i, piece in enumerate(pieces):
                 self._maybe_fail(i)
@@ -118,7 +143,10 @@ class FakeBackend:
                     await asyncio.sleep(self.token_delay_s)
                 call.tokens_sent += 1
                 last = i == len(pieces) - 1
-                yield GenerationChunk(piece, finish if last else None, prompt_tokens, 1)
+                lp = logprobs[i]
+                yield GenerationChunk(
+                    piece, finish if last else None, prompt_tokens, 1, (lp,) if lp else ()
+                )
             if not pieces:
                 yield GenerationChunk("", finish, prompt_tokens, 0)
         except (GeneratorExit, asyncio.CancelledError):
@@ -171,3 +199,13 @@ class FakeBackend:
 
     async def close(self) -> None:
         return None
+
+
+def _logprobs(piece: str, index: int, top: int | None) -> TokenLogprob | None:
+    """Made-up but consistent log probabilities: word ``i`` has ``-0.1 * (i + 1)``, its
+    alternatives are lower."""
+    if top is None:
+        return None
+    logprob = -0.1 * (index + 1)
+    others = [TopLogprob(f"alt{k}", logprob - k) for k in range(1, top)]
+    return TokenLogprob(piece, logprob, (TopLogprob(piece, logprob), *others))

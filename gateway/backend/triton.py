@@ -35,6 +35,8 @@ from gateway.backend.base import (
     RepositoryModel,
     SamplingOptions,
     Segment,
+    TokenLogprob,
+    TopLogprob,
     TranscriptionOptions,
     Word,
 )
@@ -77,6 +79,7 @@ def _flag(name: str, value: bool) -> triton_grpc.InferInput:
 # The switches are the same on every request; an InferInput is only read when a request is
 # serialized, so these are built once and shared.
 _STREAM = {True: _flag("stream", True), False: _flag("stream", False)}
+_LOGPROBS = _flag("return_logprobs", True)
 _SWITCHES = [
     _flag(name, True)
     for name in (
@@ -114,21 +117,33 @@ def _parameters(config: dict[str, Any]) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
+#: What a stock vLLM-backend model (``backend: "vllm"``) enforces when its config says
+#: nothing: every kind of vLLM's structured outputs.
+_VLLM_CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
+
+
 def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
-    """Reads the OpenAI task, chat template and context length from a model's config.
+    """Reads the OpenAI task and the chat capabilities from a model's config.
 
     A model without an ``openai_task`` parameter whose inputs are the vLLM backend's is a
-    chat model, so a stock vLLM Triton is served without editing its configs."""
+    chat model, so a stock vLLM Triton is served without editing its configs; one whose
+    backend is ``vllm`` enforces structured outputs unless its config says otherwise. A
+    model reports log probabilities when its config has the ``logprobs`` output."""
     params = _parameters(config)
     task = params.get("openai_task") or None
     inputs = {i.get("name") for i in config.get("input", [])}
+    outputs = {o.get("name") for o in config.get("output", [])}
     if task is None and inputs >= _CHAT_INPUTS:
         task = "chat"
     context = params.get("context_length") or params.get("max_model_len")
+    max_logprobs = params.get("max_logprobs", "")
 
     def names(key: str) -> tuple[str, ...]:
         return tuple(v.strip() for v in params.get(key, "").split(",") if v.strip())
 
+    constraints = names("structured_outputs")
+    if "structured_outputs" not in params and config.get("backend") == "vllm":
+        constraints = _VLLM_CONSTRAINTS
     return ModelInfo(
         name=name,
         task=task,
@@ -137,7 +152,43 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
         context_length=int(context) if context and context.isdigit() else None,
         voices=names("voices"),
         languages=names("languages"),
+        tool_call_parser=params.get("tool_call_parser") or None,
+        structured_outputs=constraints,
+        structured_outputs_key=params.get("structured_outputs_key") or "structured_outputs",
+        logprobs="logprobs" in outputs and "return_logprobs" in inputs,
+        max_logprobs=int(max_logprobs) if max_logprobs.isdigit() else 20,
     )
+
+
+def _logprobs(result: Any) -> tuple[TokenLogprob, ...]:
+    """The ``logprobs`` output of Triton's vLLM backend: JSON, a list with one object per new
+    token mapping token ids to ``{"logprob", "rank", "decoded_token"}``; the sampled token
+    comes first (vLLM's order), the alternatives by rank."""
+    array = result.as_numpy("logprobs")
+    if array is None or array.size == 0:
+        return ()
+    raw = array.reshape(-1)[0]
+    positions = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    tokens = []
+    for position in positions or ():
+        entries = list(position.values())
+        if not entries:
+            continue
+        chosen = entries[0]
+        ranked = sorted(
+            {e["rank"]: e for e in entries if e.get("rank") is not None}.values(),
+            key=lambda e: e["rank"],
+        )
+        tokens.append(
+            TokenLogprob(
+                token=chosen.get("decoded_token") or "",
+                logprob=float(chosen["logprob"]),
+                top=tuple(
+                    TopLogprob(e.get("decoded_token") or "", float(e["logprob"])) for e in ranked
+                ),
+            )
+        )
+    return tuple(tokens)
 
 
 class TritonBackend:
@@ -337,12 +388,15 @@ class TritonBackend:
     def _chat_inputs(
         prompt: str, options: SamplingOptions, stream: bool
     ) -> list[triton_grpc.InferInput]:
-        return [
+        inputs = [
             _text("text_input", prompt),
             _STREAM[stream],
             _text("sampling_parameters", options.to_json()),
             *_SWITCHES,
         ]
+        if options.logprobs is not None:
+            inputs.append(_LOGPROBS)
+        return inputs
 
     @staticmethod
     def _chunk(result: Any) -> GenerationChunk:
@@ -362,6 +416,7 @@ class TritonBackend:
             finish_reason=reason if reason not in (None, "", "None") else None,
             prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
             completion_tokens=int(output_tokens) if output_tokens is not None else 0,
+            logprobs=_logprobs(result),
         )
 
     async def close(self) -> None:

@@ -1,12 +1,16 @@
 """Chat completions: OpenAI request in, backend generation, OpenAI response or SSE out.
 
 Streaming follows the OpenAI wire format: every chunk has the same ``id`` and ``created``,
-the first delta carries the role, the last one ``finish_reason``, an optional usage chunk
-(``stream_options.include_usage``) comes before ``data: [DONE]``, which is always sent.
-The first backend chunk is awaited before the HTTP response starts, so a request that fails
-up front (Triton down, the model rejects it) gets a real error status; a failure after that
-is sent as an SSE ``error`` event followed by ``[DONE]``. Closing the stream (the client
-went away) closes the backend iterator, which cancels the request in Triton.
+each choice's first delta carries the role, its last one ``finish_reason``, an optional
+usage chunk (``stream_options.include_usage``) comes before ``data: [DONE]``, which is
+always sent. The first backend chunk of every choice is awaited before the HTTP response
+starts, so a request that fails up front (Triton down, the model rejects it) gets a real
+error status; a failure after that is sent as an SSE ``error`` event followed by
+``[DONE]``. Closing the stream (the client went away) closes the backend iterators, which
+cancels the requests in Triton.
+
+Tool calls are read out of the text by a parser (see :mod:`gateway.serving.tools`) as it
+streams, and sent as ``delta.tool_calls``; a non-streamed reply is read by the same parser.
 """
 
 from __future__ import annotations
@@ -17,26 +21,40 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from gateway.backend import Backend, GenerationChunk, SamplingOptions
+from gateway.backend import Backend, ModelInfo, SamplingOptions, TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
+from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
     ChatCompletionMessage,
     ChatCompletionRequest,
-    ChatMessage,
+    ChoiceLogprobs,
+    FunctionCall,
+    TokenLogprobItem,
+    ToolCall,
+    TopLogprobItem,
     Usage,
 )
-from gateway.serving.sse import first_or_close, with_error_event
+from gateway.serving.sse import with_error_event
+from gateway.serving.structured import response_constraint
 from gateway.serving.templating import render_chat
+from gateway.serving.tool_parsers import ParserDelta, assemble
+from gateway.serving.tools import ToolPlan, for_template, openai_messages, setup
 from gateway.state.limits import Meter
 from gateway.state.sessions import SessionPlan, SessionStore, plan
 
-logger = logging.getLogger("gateway.serving.chat")
+logger = logging.getLogger("gateway.chat")
+
+#: The most bytes one token of a chat model spans (SmolLM2's longest token is 32 bytes).
+#: A prompt of B bytes has at least B / this many tokens: enough to refuse a prompt that
+#: cannot fit the context before it reaches the model; the model checks the exact count.
+MAX_TOKEN_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -49,57 +67,25 @@ class PreparedChat:
     prompt: str
     options: SamplingOptions
     include_usage: bool
+    n: int = 1
+    tools: ToolPlan | None = None
+    logprobs: int | None = None
+    """How many alternatives per token to report; None: no log probabilities."""
     session: SessionPlan | None = None
     """Set when the request continues a session: the reply is stored when it completes."""
     started: float = field(default_factory=time.monotonic)
 
 
-def _message_text(index: int, message: ChatMessage) -> str:
-    if message.content is None:
-        raise InvalidRequestError(
-            "Messages without content (tool calls) are not supported.",
-            param=f"messages.[{index}].content",
-        )
-    if isinstance(message.content, str):
-        return message.content
-    texts = []
-    for part in message.content:
-        if part.type != "text":
-            raise InvalidRequestError(
-                f"Content parts of type '{part.type}' are not supported; only 'text' is.",
-                param=f"messages.[{index}].content",
-            )
-        if part.text is None:
-            raise InvalidRequestError(
-                "A content part of type 'text' needs a 'text' field.",
-                param=f"messages.[{index}].content",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
-
-
-def _template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    rendered = []
-    for index, message in enumerate(messages):
-        if message.role in ("tool", "function"):
-            raise InvalidRequestError(
-                f"Messages with role '{message.role}' are not supported (no tool calling).",
-                param=f"messages.[{index}].role",
-            )
-        # "developer" is the newer name of "system"; chat templates know "system".
-        role = "system" if message.role == "developer" else message.role
-        rendered.append({"role": role, "content": _message_text(index, message)})
-    return rendered
-
-
-def sampling_options(request: ChatCompletionRequest) -> SamplingOptions:
+def sampling_options(
+    request: ChatCompletionRequest, max_tokens: int | None = None
+) -> SamplingOptions:
     """OpenAI parameters -> vLLM sampling parameters."""
     temperature, top_p = request.temperature, request.top_p
     if top_p == 0.0:
         # OpenAI accepts top_p=0 (keep only the likeliest token); engines want top_p > 0.
         temperature, top_p = 0.0, None
     return SamplingOptions(
-        max_tokens=request.max_completion_tokens or request.max_tokens,
+        max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
         seed=request.seed,
@@ -109,9 +95,91 @@ def sampling_options(request: ChatCompletionRequest) -> SamplingOptions:
     )
 
 
+def check_max_tokens(model: ModelInfo, max_tokens: int | None, param: str) -> None:
+    """400 when ``max_tokens`` alone fills the model's context."""
+    if model.context_length and (max_tokens or 0) >= model.context_length:
+        # Caught here because an error the model reports mid-stream carries no kind.
+        raise InvalidRequestError(
+            f"max_tokens is {max_tokens}, but the model's context length is "
+            f"{model.context_length} tokens (prompt included).",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def check_prompt(model: ModelInfo, prompt: str, max_tokens: int | None, param: str) -> None:
+    """400 when the prompt cannot fit the model's context with ``max_tokens`` (judged by
+    its size, see :data:`MAX_TOKEN_BYTES`)."""
+    if not model.context_length:
+        return
+    size = len(prompt.encode("utf-8"))
+    at_least = -(-size // MAX_TOKEN_BYTES)
+    if at_least + (max_tokens or 1) > model.context_length:
+        raise InvalidRequestError(
+            f"The prompt is {size:,} bytes, so at least {at_least:,} tokens: with "
+            f"max_tokens {max_tokens or 1} it exceeds the model's context length of "
+            f"{model.context_length:,} tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def logprob_options(
+    model: ModelInfo, wanted: bool, top: int | None, param: str, top_param: str
+) -> int | None:
+    """How many alternatives per token to ask the model for, or a 400 it cannot."""
+    if not wanted:
+        return None
+    if not model.logprobs:
+        raise InvalidRequestError(
+            f"The model '{model.name}' does not report log probabilities.",
+            param=param,
+            code="unsupported_parameter",
+        )
+    if (top or 0) > model.max_logprobs:
+        raise InvalidRequestError(
+            f"The model '{model.name}' reports at most {model.max_logprobs} alternatives "
+            "per token.",
+            param=top_param,
+            code="unsupported_parameter",
+        )
+    return top or 0
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def _logprob_items(tokens: list[TokenLogprob], top: int) -> list[TokenLogprobItem]:
+    return [
+        TokenLogprobItem(
+            token=t.token,
+            logprob=t.logprob,
+            bytes=_token_bytes(t.token),
+            top_logprobs=[
+                TopLogprobItem(token=a.token, logprob=a.logprob, bytes=_token_bytes(a.token))
+                for a in t.top[:top]
+            ],
+        )
+        for t in tokens
+    ]
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def _finish(backend_reason: str, calls: int) -> str:
+    return "tool_calls" if calls and backend_reason == "stop" else backend_reason
+
+
 class _ChunkWriter:
-    """Serializes stream chunks. Only the delta changes from chunk to chunk, so the fixed
-    parts are encoded once: this runs once per token on the hot path."""
+    """Serializes stream chunks. Only the choice and its delta change from chunk to chunk,
+    so the fixed parts are encoded once: this runs once per token on the hot path."""
 
     def __init__(self, chat: PreparedChat) -> None:
         head = {
@@ -121,21 +189,27 @@ class _ChunkWriter:
             "model": chat.model,
             "system_fingerprint": None,
         }
-        self._prefix = "data: " + json.dumps(head)[:-1] + ',"choices":[{"index":0,"delta":'
+        self._prefix = "data: " + json.dumps(head)[:-1] + ',"choices":[{"index":'
         self._suffix = "}]" + (',"usage":null' if chat.include_usage else "") + "}\n\n"
         self._head = head
 
-    def delta(self, delta: dict[str, str], finish_reason: str | None = None) -> str:
+    def delta(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: str = "null",
+    ) -> str:
         reason = json.dumps(finish_reason)
         return (
-            f'{self._prefix}{json.dumps(delta)},"logprobs":null,'
+            f'{self._prefix}{index},"delta":{json.dumps(delta)},"logprobs":{logprobs},'
             f'"finish_reason":{reason}{self._suffix}'
         )
 
-    def content(self, text: str) -> str:
+    def content(self, index: int, text: str, logprobs: str = "null") -> str:
         return (
-            f'{self._prefix}{{"content":{json.dumps(text)}}},"logprobs":null,'
-            f'"finish_reason":null{self._suffix}'
+            f'{self._prefix}{index},"delta":{{"content":{json.dumps(text)}}},'
+            f'"logprobs":{logprobs},"finish_reason":null{self._suffix}'
         )
 
     def usage(self, usage: Usage) -> str:
@@ -143,12 +217,34 @@ class _ChunkWriter:
         return f"data: {json.dumps(chunk)}\n\n"
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-    )
+def _call_deltas(delta: ParserDelta) -> list[dict[str, Any]]:
+    calls = []
+    for piece in delta.calls:
+        if piece.id is not None:
+            calls.append(
+                {
+                    "index": piece.index,
+                    "id": piece.id,
+                    "type": "function",
+                    "function": {"name": piece.name, "arguments": piece.arguments},
+                }
+            )
+        else:
+            calls.append({"index": piece.index, "function": {"arguments": piece.arguments}})
+    return calls
+
+
+@dataclass
+class _ChoiceState:
+    """One streamed choice: its parser and what it has told so far."""
+
+    parser: Any
+    texts: list[str] = field(default_factory=list)
+    finish: str | None = None
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
 
 
 class ChatService:
@@ -179,24 +275,44 @@ class ChatService:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
         model = await self.catalog.get(request.model, "chat")
-        options = sampling_options(request)
-        if model.context_length and (options.max_tokens or 0) >= model.context_length:
-            # Caught here because an error the model reports mid-stream carries no kind.
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        check_max_tokens(model, max_tokens, param)
+        top = logprob_options(
+            model, bool(request.logprobs), request.top_logprobs, "logprobs", "top_logprobs"
+        )
+        tools = setup(request, model)
+        formatted = response_constraint(request.response_format, model)
+        if tools.constraint is not None and formatted is not None:
             raise InvalidRequestError(
-                f"max_tokens is {options.max_tokens}, but the model's context length is "
-                f"{model.context_length} tokens (prompt included).",
-                param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
-                code="context_length_exceeded",
+                "response_format cannot be combined with a forced tool call (tool_choice "
+                "'required' or a named function).",
+                param="response_format",
             )
-        messages = _template_messages(request.messages)
+        options = replace(
+            sampling_options(request, max_tokens),
+            logprobs=top,
+            constraint=tools.constraint or formatted,
+            constraint_key=model.structured_outputs_key,
+        )
+        messages = openai_messages(request.messages)
         session = None
         if session_id is not None:
             if self.sessions is None:
                 raise InvalidRequestError("Sessions are not enabled.", param="X-Session-ID")
+            if request.n > 1:
+                raise InvalidRequestError(
+                    "A session stores one reply: n must be 1 with X-Session-ID.", param="n"
+                )
             stored = await self.sessions.open(session_id, owner)
-            session = plan(stored, messages, model.context_length, options.max_tokens)
+            session = plan(stored, messages, model.context_length, max_tokens)
             messages = session.messages
-        prompt = render_chat(model.chat_template or self.default_template, messages)
+        prompt = render_chat(
+            model.chat_template or self.default_template,
+            for_template(messages),
+            tools=tools.template_tools,
+        )
+        check_prompt(model, prompt, max_tokens, "messages")
         return PreparedChat(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time()),
@@ -204,79 +320,163 @@ class ChatService:
             prompt=prompt,
             options=options,
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            n=request.n,
+            tools=tools.plan,
+            logprobs=top,
             session=session,
         )
 
-    async def _remember(self, chat: PreparedChat, reply: str, completion_tokens: int) -> None:
+    def _jobs(self, chat: PreparedChat) -> list[generation.Job]:
+        return generation.jobs_for([chat.prompt], chat.options, chat.n)
+
+    async def _remember(
+        self, chat: PreparedChat, message: dict[str, Any], completion_tokens: int
+    ) -> None:
         if chat.session is not None and self.sessions is not None:
-            await self.sessions.save_turn(chat.session, reply, completion_tokens)
+            await self.sessions.save_turn(chat.session, message, completion_tokens)
+
+    def _choice(
+        self, chat: PreparedChat, index: int, result: generation.Generated
+    ) -> ChatCompletionChoice:
+        content: str | None = result.text
+        calls: list[ToolCall] | None = None
+        if chat.tools is not None:
+            content, parsed = assemble(chat.tools.new_parser(), result.text)
+            if parsed:
+                calls = [
+                    ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for c in parsed
+                ]
+        logprobs = None
+        if chat.logprobs is not None:
+            logprobs = ChoiceLogprobs(content=_logprob_items(result.logprobs, chat.logprobs))
+        return ChatCompletionChoice(
+            index=index,
+            message=ChatCompletionMessage(content=content, tool_calls=calls),
+            finish_reason=_finish(result.finish_reason, len(calls or ())),
+            logprobs=logprobs,
+        )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        texts: list[str] = []
-        finish, prompt_tokens, completion_tokens = None, 0, 0
-        chunks = self.backend.generate(chat.model, chat.prompt, chat.options, stream=False)
-        async with aclosing(chunks):
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                finish = chunk.finish_reason or finish
-                prompt_tokens = chunk.prompt_tokens or prompt_tokens
-                completion_tokens += chunk.completion_tokens
-        if meter is not None:
-            meter.add_tokens(prompt_tokens, completion_tokens)
-        reply = "".join(texts)
-        await self._remember(chat, reply, completion_tokens)
+        jobs = self._jobs(chat)
+        tally = generation.Tally(meter or Meter(), jobs)
+        results = await generation.collect(self.backend, chat.model, jobs, tally)
+        choices = [self._choice(chat, i, r) for i, r in enumerate(results)]
+        message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
+        await self._remember(chat, message, results[0].completion_tokens)
         return ChatCompletion(
             id=chat.id,
             created=chat.created,
             model=chat.model,
-            choices=[
-                ChatCompletionChoice(
-                    message=ChatCompletionMessage(content=reply),
-                    finish_reason=finish or "stop",
-                )
-            ],
-            usage=_usage(prompt_tokens, completion_tokens),
+            choices=choices,
+            usage=_usage(tally.prompt_tokens, tally.completion_tokens),
         )
 
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
-        if the backend fails before its first chunk."""
-        chunks = self.backend.generate(chat.model, chat.prompt, chat.options, stream=True)
-        first = await first_or_close(chunks)
-        return self._sse(self._events(chat, chunks, first, meter or Meter()))
+        if the backend fails before the first chunk of any choice."""
+        jobs = self._jobs(chat)
+        pieces = await generation.stream(self.backend, chat.model, jobs)
+        tally = generation.Tally(meter or Meter(), jobs)
+        return self._sse(self._events(chat, pieces, tally))
+
+    def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:
+        if chat.logprobs is None or not state.logprobs:
+            return "null"
+        items = _logprob_items(state.logprobs, chat.logprobs)
+        state.logprobs = []
+        return ChoiceLogprobs(content=items).model_dump_json()
 
     async def _events(
         self,
         chat: PreparedChat,
-        chunks: AsyncGenerator[GenerationChunk, None],
-        first: GenerationChunk | None,
-        meter: Meter,
+        pieces: AsyncGenerator[generation.Piece, None],
+        tally: generation.Tally,
     ) -> AsyncGenerator[str, None]:
         writer = _ChunkWriter(chat)
         timer = ChatTimer(self.metrics, chat.model, chat.started)
-        finish, prompt_tokens, completion_tokens = None, 0, 0
-        texts: list[str] = []
-        async with aclosing(chunks):
-            yield writer.delta({"role": "assistant", "content": ""})
-            chunk = first
-            while chunk is not None:
+        states = [
+            _ChoiceState(chat.tools.new_parser() if chat.tools is not None else None)
+            for _ in range(chat.n)
+        ]
+        async with aclosing(pieces):
+            for index in range(chat.n):
+                yield writer.delta(index, {"role": "assistant", "content": ""})
+            async for index, chunk in pieces:
+                state = states[index]
+                if chunk is None:
+                    for event in self._close_choice(chat, writer, index, state):
+                        yield event
+                    continue
                 # Counted before the text is sent: what was generated counts even for a
                 # client that leaves mid-stream (the generator may never be resumed).
-                if chunk.prompt_tokens and not prompt_tokens:
-                    prompt_tokens = chunk.prompt_tokens
-                    meter.add_tokens(prompt_tokens, 0)
-                completion_tokens += chunk.completion_tokens
-                meter.add_tokens(0, chunk.completion_tokens)
-                finish = chunk.finish_reason or finish
-                if chunk.text:
-                    timer.piece()
-                    texts.append(chunk.text)
-                    yield writer.content(chunk.text)
-                chunk = await anext(chunks, None)
-        await self._remember(chat, "".join(texts), completion_tokens)
-        yield writer.delta({}, finish or "stop")
+                tally.add(index, chunk)
+                state.completion_tokens += chunk.completion_tokens
+                state.finish = chunk.finish_reason or state.finish
+                state.logprobs.extend(chunk.logprobs)
+                if not chunk.text:
+                    continue
+                timer.piece()
+                state.texts.append(chunk.text)
+                if state.parser is None:
+                    yield writer.content(index, chunk.text, self._logprobs_json(chat, state))
+                    continue
+                for event in self._parsed(
+                    chat, writer, index, state, state.parser.feed(chunk.text)
+                ):
+                    yield event
+        first = states[0]
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(first.content) or None}
+        if chat.tools is None:
+            message["content"] = "".join(first.texts)
+        if first.calls:
+            message["tool_calls"] = first.calls
+        await self._remember(chat, message, first.completion_tokens)
         if chat.include_usage:
-            yield writer.usage(_usage(prompt_tokens, completion_tokens))
+            yield writer.usage(_usage(tally.prompt_tokens, tally.completion_tokens))
+
+    def _parsed(
+        self,
+        chat: PreparedChat,
+        writer: _ChunkWriter,
+        index: int,
+        state: _ChoiceState,
+        delta: ParserDelta,
+    ) -> list[str]:
+        events = []
+        if delta.content:
+            state.content.append(delta.content)
+            events.append(writer.content(index, delta.content, self._logprobs_json(chat, state)))
+        if delta.calls:
+            for piece in delta.calls:
+                if piece.id is not None:
+                    state.calls.append(
+                        {
+                            "id": piece.id,
+                            "type": "function",
+                            "function": {"name": piece.name, "arguments": ""},
+                        }
+                    )
+                state.calls[piece.index]["function"]["arguments"] += piece.arguments
+            events.append(
+                writer.delta(
+                    index,
+                    {"tool_calls": _call_deltas(delta)},
+                    None,
+                    self._logprobs_json(chat, state),
+                )
+            )
+        return events
+
+    def _close_choice(
+        self, chat: PreparedChat, writer: _ChunkWriter, index: int, state: _ChoiceState
+    ) -> list[str]:
+        events = []
+        if state.parser is not None:
+            events += self._parsed(chat, writer, index, state, state.parser.finish())
+        finish = _finish(state.finish or "stop", len(state.calls))
+        events.append(writer.delta(index, {}, finish, self._logprobs_json(chat, state)))
+        return events
 
     async def _sse(self, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
         async with aclosing(with_error_event(events, "chat")) as guarded:

@@ -2,8 +2,8 @@
 
 Requests validate the OpenAI ranges, so bad input gets a 400 naming the parameter before
 anything reaches Triton. Fields the OpenAI API defines but the gateway cannot honour are
-rejected with a clear message (see :meth:`ChatCompletionRequest.unsupported`); fields it
-does not know are ignored, so apps written for OpenAI keep working.
+rejected with a clear message (see :meth:`SamplingRequest.unsupported`); fields it does not
+know are ignored, so apps written for OpenAI keep working.
 """
 
 from __future__ import annotations
@@ -21,42 +21,97 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str = Field(min_length=1)
+    arguments: str
+    """The arguments as a JSON string, as the model wrote them."""
+
+
+class ToolCall(BaseModel):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """Assistant messages: the calls the model made."""
+    tool_call_id: str | None = None
+    """Tool messages: the call this is the result of."""
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+#: OpenAI's rule for function names.
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """A JSON Schema of the arguments object; None: a function without parameters."""
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``text``, ``json_object`` or ``json_schema`` (with ``json_schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class SamplingRequest(BaseModel):
+    """What chat and legacy completions share: the model, sampling and how many choices."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1, le=128)
-    response_format: dict[str, Any] | None = None
+    n: int = Field(1, ge=1, le=128)
+    response_format: ResponseFormat | None = None
     seed: int | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
     user: str | None = None
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _n_default(cls, value: object) -> object:
+        return 1 if value is None else value
 
     @field_validator("stop")
     @classmethod
@@ -73,28 +128,90 @@ class ChatCompletionRequest(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """The first requested feature the gateway cannot honour, as (param, message)."""
-        if self.n is not None and self.n > 1:
-            return "n", "Only n=1 is supported."
-        if self.logprobs:
-            return "logprobs", "logprobs are not supported by this gateway."
-        if self.top_logprobs:
-            return "top_logprobs", "top_logprobs are not supported by this gateway."
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported by this gateway."
-        if self.tools:
-            return "tools", "Tool calling is not supported by this gateway."
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice", "Tool calling is not supported by this gateway."
-        if self.response_format and self.response_format.get("type") != "text":
-            return "response_format", "Only response_format type 'text' is supported."
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true."
         return None
 
 
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[ChatTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs set to true."
+        return super().unsupported()
+
+
+class CompletionRequest(SamplingRequest):
+    """The legacy ``/v1/completions``: a raw prompt, no chat template."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=20)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    max_tokens: int | None = Field(16, ge=1)
+    """OpenAI's default is 16 tokens."""
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _max_tokens_default(cls, value: object) -> object:
+        return 16 if value is None else value
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _echo_default(cls, value: object) -> object:
+        return False if value is None else value
+
+    def prompts(self) -> list[str]:
+        """The prompts as text (token arrays are refused by :meth:`unsupported`)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        return [str(p) for p in self.prompt]
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.suffix:
+            return "suffix", "suffix is not supported by this gateway."
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of", "best_of is not supported by this gateway (only best_of = n)."
+        if self.echo and self.logprobs is not None:
+            return "echo", "echo with logprobs is not supported (no prompt log probabilities)."
+        if isinstance(self.prompt, list) and not self.prompt:
+            return "prompt", "prompt must not be empty."
+        if isinstance(self.prompt, list) and not all(isinstance(p, str) for p in self.prompt):
+            return "prompt", "Token arrays as prompt are not supported; send text."
+        return super().unsupported()
+
+
+class TopLogprobItem(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobItem(TopLogprobItem):
+    top_logprobs: list[TopLogprobItem] = []
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobItem] | None = None
+    refusal: None = None
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    refusal: None = None
 
 
 class Usage(BaseModel):
@@ -107,7 +224,7 @@ class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: ChatCompletionMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -120,6 +237,45 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ModelCapabilities(BaseModel):
+    """What a model can do beyond plain text (an extension of the OpenAI model object)."""
+
+    tool_calling: bool = False
+    """Tools with ``tool_choice`` ``auto`` (a tool-call parser reads its text)."""
+    forced_tool_calls: bool = False
+    """``tool_choice`` ``required`` or a named function (constrained decoding)."""
+    structured_outputs: list[str] = []
+    """The ``response_format`` types it enforces: ``json_object``, ``json_schema``."""
+    logprobs: bool = False
+    max_logprobs: int = 0
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -128,6 +284,8 @@ class Model(BaseModel):
     task: str | None = None
     """The OpenAI capability this model serves (``chat``, ...): an extension field."""
     context_length: int | None = None
+    capabilities: ModelCapabilities | None = None
+    """Chat models: tool calling, structured outputs, log probabilities."""
 
 
 class ModelList(BaseModel):

@@ -19,9 +19,11 @@ without one keeps the stored one.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel
 from redis.asyncio import Redis
@@ -36,8 +38,16 @@ DEFAULT_CONTEXT = 4096  # for models whose config states no context length
 
 
 class Message(BaseModel):
+    """A stored message, in the OpenAI request's terms (tool calls and results included)."""
+
     role: str
-    content: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
 
 
 class Turn(BaseModel):
@@ -63,7 +73,7 @@ class Session(BaseModel):
     def public(self) -> dict[str, object]:
         """The session as ``GET /v1/sessions/{id}`` shows it."""
         messages = [{"role": "system", "content": self.system}] if self.system else []
-        messages += [m.model_dump() for turn in self.turns for m in turn.messages]
+        messages += [m.public() for turn in self.turns for m in turn.messages]
         return {
             "id": self.id,
             "object": "chat.session",
@@ -77,6 +87,14 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text.encode("utf-8")) // 3) + _PER_MESSAGE
 
 
+def message_tokens(message: dict[str, Any]) -> int:
+    """A message's estimated size: its content, and its tool calls as JSON."""
+    calls = message.get("tool_calls")
+    return estimate_tokens(message.get("content") or "") + (
+        estimate_tokens(json.dumps(calls)) if calls else 0
+    )
+
+
 @dataclass(frozen=True)
 class SessionPlan:
     """How one request continues a session: what goes into the prompt, and what to store
@@ -87,11 +105,11 @@ class SessionPlan:
     system: str | None
     dropped: int
     """How many of the oldest stored turns no longer fit (they are deleted on save)."""
-    history: list[dict[str, str]]
-    new: list[dict[str, str]]
+    history: list[dict[str, Any]]
+    new: list[dict[str, Any]]
 
     @property
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         """Every message of the prompt, in order."""
         system = [{"role": "system", "content": self.system}] if self.system else []
         return [*system, *self.history, *self.new]
@@ -109,18 +127,18 @@ def check_id(session_id: str) -> str:
 
 def plan(
     session: Session,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     context_length: int | None,
     max_tokens: int | None,
 ) -> SessionPlan:
-    """Puts the stored turns before ``messages`` (already rendered as role/content),
-    keeping the newest turns that fit the context."""
+    """Puts the stored turns before ``messages`` (OpenAI messages as dicts, content as
+    text), keeping the newest turns that fit the context."""
     systems = [m["content"] for m in messages if m["role"] == "system"]
     new = [m for m in messages if m["role"] != "system"]
     system = "\n".join(systems) if systems else session.system
     context = context_length or DEFAULT_CONTEXT
     reserve = max_tokens or min(1024, context // 4)
-    budget = context - reserve - sum(estimate_tokens(m["content"]) for m in new)
+    budget = context - reserve - sum(message_tokens(m) for m in new)
     budget -= estimate_tokens(system) if system else 0
     kept = 0
     for turn in reversed(session.turns):
@@ -134,7 +152,7 @@ def plan(
         owner=session.owner,
         system=system,
         dropped=len(session.turns) - kept,
-        history=[m.model_dump() for turn in turns for m in turn.messages],
+        history=[m.public() for turn in turns for m in turn.messages],
         new=new,
     )
 
@@ -174,18 +192,13 @@ class SessionStore:
             raise _not_found(session_id)
 
     @needs_store
-    async def save_turn(self, plan: SessionPlan, reply: str, reply_tokens: int) -> None:
-        """Stores the plan's new messages and the reply as the newest turn, dropping the
-        turns that no longer fit. Optimistic (``WATCH``): a turn saved meanwhile by another
-        request of the same session is kept."""
+    async def save_turn(self, plan: SessionPlan, reply: dict[str, Any], reply_tokens: int) -> None:
+        """Stores the plan's new messages and the reply (an assistant message) as the newest
+        turn, dropping the turns that no longer fit. Optimistic (``WATCH``): a turn saved
+        meanwhile by another request of the same session is kept."""
         turn = Turn(
-            messages=[
-                *(Message(**m) for m in plan.new),
-                Message(role="assistant", content=reply),
-            ],
-            tokens=sum(estimate_tokens(m["content"]) for m in plan.new)
-            + reply_tokens
-            + _PER_MESSAGE,
+            messages=[*(Message(**m) for m in plan.new), Message(**reply)],
+            tokens=sum(message_tokens(m) for m in plan.new) + reply_tokens + _PER_MESSAGE,
         )
         key = _key(plan.owner, plan.session_id)
         async with self.redis.pipeline(transaction=True) as pipe:

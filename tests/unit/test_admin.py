@@ -16,6 +16,7 @@ async def test_the_repository_lists_every_model_with_its_state(http: httpx.Async
     states = {m["id"]: (m["state"], m["task"]) for m in listed["data"]}
     assert states == {
         "fake-chat": ("READY", "chat"),
+        "fake-plain": ("READY", "chat"),
         "fake-tts": ("READY", "speech"),
         "fake-stt": ("READY", "transcription"),
         "fake-unloaded": ("", None),

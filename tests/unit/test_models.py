@@ -14,7 +14,12 @@ async def test_list_shows_ready_models_with_a_task(http: httpx.AsyncClient) -> N
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
-    assert sorted(m["id"] for m in body["data"]) == ["fake-chat", "fake-stt", "fake-tts"]
+    assert sorted(m["id"] for m in body["data"]) == [
+        "fake-chat",
+        "fake-plain",
+        "fake-stt",
+        "fake-tts",
+    ]
 
 
 async def test_list_model_objects_have_the_openai_shape(http: httpx.AsyncClient) -> None:
@@ -30,7 +35,7 @@ async def test_list_model_objects_have_the_openai_shape(http: httpx.AsyncClient)
 
 async def test_sdk_lists_the_models(client: openai.AsyncOpenAI) -> None:
     ids = [m.id async for m in client.models.list()]
-    assert sorted(ids) == ["fake-chat", "fake-stt", "fake-tts"]
+    assert sorted(ids) == ["fake-chat", "fake-plain", "fake-stt", "fake-tts"]
 
 
 async def test_retrieve_a_model(http: httpx.AsyncClient, client: openai.AsyncOpenAI) -> None:

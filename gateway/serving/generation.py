@@ -1,0 +1,166 @@
+"""Text generation for chat and legacy completions: one backend request per choice.
+
+``n`` choices (and, for completions, several prompts) are independent Triton requests run
+concurrently, so each gets the model's full sampling and a batching engine serves them
+together. :func:`collect` runs them to the end; :func:`stream` merges their chunks as they
+come, each tagged with its choice index. Tokens go to the request's meter as they arrive,
+so what was generated counts even when the client leaves early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+
+from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
+from gateway.serving.sse import first_or_close
+from gateway.state.limits import Meter
+
+
+@dataclass(frozen=True)
+class Job:
+    """One backend request: a rendered prompt and its options."""
+
+    prompt: str
+    options: SamplingOptions
+
+
+def jobs_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Job]:
+    """``n`` jobs per prompt, in choice order. With a seed, choice ``i`` of a prompt samples
+    with ``seed + i``: the choices differ, and the same request gives the same choices."""
+    jobs = []
+    for prompt in prompts:
+        for i in range(n):
+            seeded = options
+            if i and options.seed is not None:
+                seeded = replace(options, seed=options.seed + i)
+            jobs.append(Job(prompt, seeded))
+    return jobs
+
+
+@dataclass
+class Generated:
+    """One choice, generated to the end."""
+
+    text: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class Tally:
+    """Counts a request's tokens into its meter as they arrive: the prompt once per
+    distinct prompt, every choice's completion tokens."""
+
+    def __init__(self, meter: Meter, jobs: list[Job]) -> None:
+        self.meter = meter
+        self.jobs = jobs
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._prompts_seen: set[str] = set()
+
+    def add(self, index: int, chunk: GenerationChunk) -> None:
+        prompt = self.jobs[index].prompt
+        if chunk.prompt_tokens and prompt not in self._prompts_seen:
+            self._prompts_seen.add(prompt)
+            self.prompt_tokens += chunk.prompt_tokens
+            self.meter.add_tokens(chunk.prompt_tokens, 0)
+        if chunk.completion_tokens:
+            self.completion_tokens += chunk.completion_tokens
+            self.meter.add_tokens(0, chunk.completion_tokens)
+
+
+async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
+    result = Generated()
+    texts: list[str] = []
+    finish = None
+    chunks = backend.generate(model, job.prompt, job.options, stream=False)
+    async with aclosing(chunks):
+        async for chunk in chunks:
+            tally.add(index, chunk)
+            texts.append(chunk.text)
+            result.logprobs.extend(chunk.logprobs)
+            finish = chunk.finish_reason or finish
+            result.prompt_tokens = chunk.prompt_tokens or result.prompt_tokens
+            result.completion_tokens += chunk.completion_tokens
+    result.text = "".join(texts)
+    result.finish_reason = finish or "stop"
+    return result
+
+
+async def collect(backend: Backend, model: str, jobs: list[Job], tally: Tally) -> list[Generated]:
+    """Runs every job to the end, concurrently; the first failure cancels the others."""
+    if len(jobs) == 1:
+        return [await _one(backend, model, jobs[0], 0, tally)]
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(_one(backend, model, j, i, tally)) for i, j in enumerate(jobs)]
+    return [task.result() for task in tasks]
+
+
+#: What :func:`stream` yields: a choice index and its next chunk, or None when it ended.
+Piece = tuple[int, GenerationChunk | None]
+
+
+async def stream(backend: Backend, model: str, jobs: list[Job]) -> AsyncGenerator[Piece, None]:
+    """Starts every job and awaits each one's first chunk (so a request that fails up front
+    raises before the HTTP response starts), then yields the chunks of all of them as they
+    come. Closing the generator cancels every job still running."""
+    streams = [backend.generate(model, j.prompt, j.options, stream=True) for j in jobs]
+    try:
+        firsts = await asyncio.gather(*(first_or_close(s) for s in streams))
+    except BaseException:
+        await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+        raise
+    if len(streams) == 1:
+        return _single(streams[0], firsts[0])
+    return _merged(streams, firsts)
+
+
+async def _single(
+    chunks: AsyncGenerator[GenerationChunk, None], first: GenerationChunk | None
+) -> AsyncGenerator[Piece, None]:
+    """One choice: no task or queue on the hot path."""
+    async with aclosing(chunks):
+        chunk = first
+        while chunk is not None:
+            yield 0, chunk
+            chunk = await anext(chunks, None)
+    yield 0, None
+
+
+async def _merged(
+    streams: list[AsyncGenerator[GenerationChunk, None]], firsts: list[GenerationChunk | None]
+) -> AsyncGenerator[Piece, None]:
+    queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        chunks = streams[index]
+        try:
+            async with aclosing(chunks):
+                chunk = firsts[index]
+                while chunk is not None:
+                    await queue.put((index, chunk))
+                    chunk = await anext(chunks, None)
+            await queue.put((index, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the consumer, which raises it
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item[1] is None:
+                running -= 1
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
