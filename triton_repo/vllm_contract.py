@@ -22,6 +22,7 @@ __all__ = [
     "ChatRequest",
     "InvalidRequest",
     "SamplingParams",
+    "StopText",
     "TokenCounter",
     "decoupled_parameters",
     "make_response",
@@ -42,8 +43,16 @@ KNOWN_SAMPLING_FIELDS = frozenset(
         "stop",
         "presence_penalty",
         "frequency_penalty",
+        "logprobs",
+        # vLLM's structured outputs, as Triton's vLLM backend takes them: a JSON string of
+        # StructuredOutputsParams ("guided_decoding" up to Triton 25.11).
+        "structured_outputs",
+        "guided_decoding",
     }
 )
+
+#: The kinds of constraint in vLLM's StructuredOutputsParams.
+CONSTRAINT_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 class InvalidRequest(ValueError):
@@ -62,6 +71,10 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logprobs: int | None = None
+    """How many alternatives to report per token (besides the sampled one); None: none."""
+    constraint: dict[str, Any] | None = None
+    """One kind of structured output: ``{"json": schema}``, ``{"json_object": True}``, ..."""
 
     @classmethod
     def from_json(cls, raw: bytes | str | None) -> SamplingParams:
@@ -94,6 +107,11 @@ class SamplingParams:
             out["presence_penalty"] = _float(data, "presence_penalty", -2.0, 2.0)
         if data.get("frequency_penalty") is not None:
             out["frequency_penalty"] = _float(data, "frequency_penalty", -2.0, 2.0)
+        if data.get("logprobs") is not None:
+            out["logprobs"] = _int(data, "logprobs", low=0)
+        raw = data.get("structured_outputs", data.get("guided_decoding"))
+        if raw is not None:
+            out["constraint"] = _constraint(raw)
         stop = data.get("stop")
         if stop is not None:
             if isinstance(stop, str):
@@ -102,6 +120,29 @@ class SamplingParams:
                 raise InvalidRequest("stop must be a non-empty string or a list of them")
             out["stop"] = stop
         return cls(**out)
+
+
+def _constraint(raw: Any) -> dict[str, Any]:
+    """The structured output asked for: exactly one kind that is set."""
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidRequest(f"structured_outputs is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidRequest("structured_outputs must be a JSON object")
+    kinds = {k: v for k, v in raw.items() if k in CONSTRAINT_KINDS and v not in (None, False)}
+    if len(kinds) != 1:
+        raise InvalidRequest(
+            f"structured_outputs must set exactly one of {', '.join(CONSTRAINT_KINDS)}"
+        )
+    kind, value = next(iter(kinds.items()))
+    if kind == "json" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise InvalidRequest(f"structured_outputs.json is not valid JSON: {exc}") from exc
+    return {kind: value}
 
 
 def _int(data: dict[str, Any], name: str, low: int) -> int:
@@ -141,6 +182,7 @@ class ChatRequest:
     want_finish_reason: bool
     want_input_tokens: bool
     want_output_tokens: bool
+    want_logprobs: bool = False
 
 
 def read_request(pb_utils: Any, request: Any) -> ChatRequest:
@@ -165,6 +207,7 @@ def read_request(pb_utils: Any, request: Any) -> ChatRequest:
         want_finish_reason=flag("return_finish_reason"),
         want_input_tokens=flag("return_num_input_tokens"),
         want_output_tokens=flag("return_num_output_tokens"),
+        want_logprobs=flag("return_logprobs"),
     )
 
 
@@ -175,9 +218,12 @@ def make_response(
     finish_reason: str | None,
     num_input_tokens: int,
     num_output_tokens: int,
+    logprobs: list[dict[str, dict[str, Any]]] | None = None,
 ) -> Any:
     """Builds one response. ``num_output_tokens`` counts the tokens since the previous response
-    (vLLM's meaning); ``finish_reason`` is ``None`` until the last response."""
+    (vLLM's meaning); ``finish_reason`` is ``None`` until the last response. ``logprobs`` has
+    one entry per token since the previous response, as vLLM's backend sends them: token id ->
+    ``{"logprob", "rank", "decoded_token"}``, the sampled token first."""
     tensors = [
         pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
     ]
@@ -192,7 +238,62 @@ def make_response(
         tensors.append(
             pb_utils.Tensor("num_output_tokens", np.array([num_output_tokens], dtype=np.uint32))
         )
+    if request.want_logprobs:
+        encoded = json.dumps(logprobs if request.params.logprobs is not None else None)
+        tensors.append(
+            pb_utils.Tensor("logprobs", np.array([encoded.encode("utf-8")], dtype=np.object_))
+        )
     return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+class StopText:
+    """Generated text as it grows: bytes decoded once they form whole characters, cut
+    before the first stop string, and passed on except for a tail that could still become
+    a stop string (as engines hold it back)."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.raw = b""
+        self.text = ""
+        self.sent = 0
+
+    def add(self, piece: bytes | str) -> bool:
+        """Adds a token's bytes (or text); True when a stop string has appeared (the text
+        is then cut before it)."""
+        self.raw += piece.encode("utf-8") if isinstance(piece, str) else piece
+        try:
+            self.text = self.raw.decode("utf-8")
+        except UnicodeDecodeError as exc:  # a character split across tokens: wait for it
+            self.text = self.raw[: exc.start].decode("utf-8")
+        cut = min((self.text.find(s) for s in self.stops if s in self.text), default=-1)
+        if cut >= 0:
+            self.text = self.text[:cut]
+            return True
+        return False
+
+    def ready(self) -> str:
+        """New text that can be sent now."""
+        safe = len(self.text) - stop_prefix_len(self.text, self.stops)
+        piece = self.text[self.sent : safe] if safe > self.sent else ""
+        self.sent = max(self.sent, safe)
+        return piece
+
+    def rest(self) -> str:
+        """Everything not sent yet (at the end, the held-back tail too)."""
+        piece = self.text[self.sent :]
+        self.sent = len(self.text)
+        return piece
+
+
+def stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best
 
 
 class TokenCounter:

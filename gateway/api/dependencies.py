@@ -13,6 +13,7 @@ from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
+from gateway.serving.completions import CompletionService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.state.sessions import SessionStore
@@ -32,6 +33,10 @@ def _catalog(request: Request) -> ModelCatalog:
 
 def _chat(request: Request) -> ChatService:
     return request.app.state.chat  # type: ignore[no-any-return]
+
+
+def _completions(request: Request) -> CompletionService:
+    return request.app.state.completions  # type: ignore[no-any-return]
 
 
 def _speech(request: Request) -> SpeechService:
@@ -62,6 +67,7 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 BackendDep = Annotated[Backend, Depends(_backend)]
 CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
+CompletionsDep = Annotated[CompletionService, Depends(_completions)]
 SpeechDep = Annotated[SpeechService, Depends(_speech)]
 TranscriptionDep = Annotated[TranscriptionService, Depends(_transcription)]
 SessionsDep = Annotated[SessionStore, Depends(_sessions)]

@@ -36,12 +36,13 @@ from gateway.serving.protocol import (
     ChatCompletionRequest,
     ChoiceLogprobs,
     FunctionCall,
+    SamplingRequest,
     TokenLogprobItem,
     ToolCall,
     TopLogprobItem,
     Usage,
 )
-from gateway.serving.sse import with_error_event
+from gateway.serving.sse import with_done
 from gateway.serving.structured import response_constraint
 from gateway.serving.templating import render_chat
 from gateway.serving.tool_parsers import ParserDelta, assemble
@@ -76,9 +77,7 @@ class PreparedChat:
     started: float = field(default_factory=time.monotonic)
 
 
-def sampling_options(
-    request: ChatCompletionRequest, max_tokens: int | None = None
-) -> SamplingOptions:
+def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
     """OpenAI parameters -> vLLM sampling parameters."""
     temperature, top_p = request.temperature, request.top_p
     if top_p == 0.0:
@@ -378,7 +377,7 @@ class ChatService:
         jobs = self._jobs(chat)
         pieces = await generation.stream(self.backend, chat.model, jobs)
         tally = generation.Tally(meter or Meter(), jobs)
-        return self._sse(self._events(chat, pieces, tally))
+        return with_done(self._events(chat, pieces, tally), "chat")
 
     def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:
         if chat.logprobs is None or not state.logprobs:
@@ -477,9 +476,3 @@ class ChatService:
         finish = _finish(state.finish or "stop", len(state.calls))
         events.append(writer.delta(index, {}, finish, self._logprobs_json(chat, state)))
         return events
-
-    async def _sse(self, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-        async with aclosing(with_error_event(events, "chat")) as guarded:
-            async for item in guarded:
-                yield item
-        yield "data: [DONE]\n\n"  # always, after an error event too

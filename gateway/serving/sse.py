@@ -51,3 +51,12 @@ async def with_error_event(
         except Exception:
             logger.exception("%s stream failed", what)
             yield event(error_body("The server had an error while streaming.", "server_error"))
+
+
+async def with_done(events: AsyncGenerator[str, None], what: str) -> AsyncGenerator[str, None]:
+    """An OpenAI text stream: ``events``, an error event if they fail, then always
+    ``data: [DONE]``."""
+    async with aclosing(with_error_event(events, what)) as guarded:
+        async for item in guarded:
+            yield item
+    yield "data: [DONE]\n\n"

@@ -8,13 +8,36 @@ from gateway.api.auth import CallerDep
 from gateway.api.dependencies import CatalogDep
 from gateway.backend import ModelInfo
 from gateway.errors import ModelNotFoundError
-from gateway.serving.protocol import Model, ModelList
+from gateway.serving.protocol import Model, ModelCapabilities, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
 
+def _capabilities(info: ModelInfo) -> ModelCapabilities | None:
+    if info.task != "chat":
+        return None
+    formats = [
+        f
+        for f in ("json_object", "json_schema")
+        if f.removesuffix("_schema") in info.structured_outputs
+    ]
+    return ModelCapabilities(
+        tool_calling=info.tool_call_parser is not None,
+        forced_tool_calls="json" in info.structured_outputs,
+        structured_outputs=formats,
+        logprobs=info.logprobs,
+        max_logprobs=info.max_logprobs if info.logprobs else 0,
+    )
+
+
 def _public(info: ModelInfo, created: int) -> Model:
-    return Model(id=info.name, created=created, task=info.task, context_length=info.context_length)
+    return Model(
+        id=info.name,
+        created=created,
+        task=info.task,
+        context_length=info.context_length,
+        capabilities=_capabilities(info),
+    )
 
 
 @router.get("/models")

@@ -10,28 +10,37 @@ Behaviour (documented in ``triton_repo/README.md``):
   with ``max_tokens`` it sends exactly that many words (cycling) and finishes ``length``;
 - a ``stop`` string ends the text before it and finishes ``stop``;
 - a prompt token is a whitespace-separated word of the prompt;
+- with a structured-output constraint (``json`` schema or ``json_object``) it writes a JSON
+  value that fits, a whitespace-separated piece per token, and finishes ``stop`` (or
+  ``length`` when ``max_tokens`` cuts it);
+- with ``logprobs`` it reports made-up but consistent log probabilities: token ``i`` has
+  ``-0.1 * (i % 5 + 1)``, its alternatives are other words of the sentence, each lower;
+- a prompt that with ``max_tokens`` does not fit ``context_length`` is refused;
 - directives in the prompt steer it for tests: ``[mock:delay_ms=N]`` waits N ms before each
   token (default: the ``token_delay_ms`` config parameter), ``[mock:fail_after=N]`` sends N
-  tokens, then an error response.
+  tokens, then an error response, ``[mock:say=TEXT]`` answers TEXT (percent-encoded, so it
+  can hold brackets), a whitespace-separated piece per token.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import os
 import queue
 import re
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
-_DIRECTIVE = re.compile(r"\[mock:(delay_ms|fail_after)=(\d+)\]")
+_DIRECTIVE = re.compile(r"\[mock:(delay_ms|fail_after|say)=([^\]\s]+)\]")
 
 
 class TritonPythonModel:
@@ -40,11 +49,14 @@ class TritonPythonModel:
         # No __pycache__ beside the models: Triton would list it as a model.
         sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
+        import json_example
         import vllm_contract
 
         self.contract = vllm_contract
+        self.example = json_example.example
         parameters = vllm_contract.decoupled_parameters(pb_utils, args)
         self.default_delay_s = float(parameters.get("token_delay_ms") or "0") / 1000.0
+        self.context_length = int(parameters.get("context_length") or "4096")
         self.words = SENTENCE.split(" ")
         self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
         self.incoming: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
@@ -55,7 +67,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                decoded: Any = self.contract.read_request(pb_utils, request)
+                decoded: Any = self._check(self.contract.read_request(pb_utils, request))
             except self.contract.InvalidRequest as exc:
                 decoded = exc
             self.incoming.put((decoded, sender))
@@ -94,6 +106,47 @@ class TritonPythonModel:
                 continue
             heapq.heappush(due, (max(when + delay, time.monotonic()), next(order), steps, sender))
 
+    def _check(self, request: Any) -> Any:
+        """Refuses what this model cannot do before anything is sent."""
+        n_in = len(request.prompt.split())
+        wanted = n_in + (request.params.max_tokens or 0)
+        if wanted > self.context_length:
+            raise self.contract.InvalidRequest(
+                f"This model's maximum context length is {self.context_length} tokens. "
+                f"However, you requested {wanted} tokens ({n_in} in the messages, "
+                f"{request.params.max_tokens or 0} in the completion)."
+            )
+        constraint = request.params.constraint
+        if constraint is not None and next(iter(constraint)) not in ("json", "json_object"):
+            raise self.contract.InvalidRequest(
+                f"mock_chat cannot enforce '{next(iter(constraint))}' structured outputs"
+            )
+        return request
+
+    def _answer(self, request: Any, said: str | None) -> tuple[list[str], bool]:
+        """The words to send, and whether they are the whole answer (False: the sentence,
+        repeated for as many tokens as asked)."""
+        constraint = request.params.constraint
+        if constraint is not None:
+            kind, value = next(iter(constraint.items()))
+            answer = self.example(value) if kind == "json" else {"answer": SENTENCE}
+            return json.dumps(answer).split(" "), True
+        if said is not None:
+            return urllib.parse.unquote(said).split(" "), True
+        return self.words, False
+
+    def _logprobs(self, index: int, word: str, top: int | None) -> dict[str, Any]:
+        logprob = -0.1 * (index % 5 + 1)
+        entries = {str(index): {"logprob": logprob, "rank": 1, "decoded_token": word}}
+        others = [w for w in self.words if w != word][: top or 0]
+        for rank, other in enumerate(others, start=2):
+            entries[f"alt{rank}"] = {
+                "logprob": logprob - rank,
+                "rank": rank,
+                "decoded_token": other,
+            }
+        return entries
+
     def _stream(self, request: Any, sender: Any) -> Iterator[float]:
         """One request's generation; yields the delay before its next token."""
         directives = dict(_DIRECTIVE.findall(request.prompt))
@@ -102,10 +155,17 @@ class TritonPythonModel:
             delay = float(directives["delay_ms"]) / 1000.0
         fail_after = int(directives["fail_after"]) if "fail_after" in directives else None
         params = request.params
-        limit = params.max_tokens if params.max_tokens is not None else len(self.words)
-        finish = "length" if params.max_tokens is not None else "stop"
+        words, whole = self._answer(request, directives.get("say"))
+        if whole:
+            limit = min(params.max_tokens or len(words), len(words))
+            finish = "length" if limit < len(words) else "stop"
+        else:
+            limit = params.max_tokens if params.max_tokens is not None else len(words)
+            finish = "length" if params.max_tokens is not None else "stop"
         n_in = len(request.prompt.split())
-        text, sent, unsent_tokens = "", 0, 0
+        text = self.contract.StopText(params.stop)
+        unsent_tokens = 0
+        logprobs: list[dict[str, Any]] = []
         for i in range(limit):
             if sender.is_cancelled():
                 self.contract.send_error(pb_utils, sender, "cancelled", "CANCELLED")
@@ -114,26 +174,25 @@ class TritonPythonModel:
                 self.contract.send_error(pb_utils, sender, "mock_chat: failure requested")
                 return
             yield delay  # lets the scheduler interleave other requests, even at no delay
-            word = self.words[i % len(self.words)]
-            text += word if i == 0 else " " + word
+            word = words[i % len(words)]
             self.tokens.increment(1)
             unsent_tokens += 1
-            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
+            if params.logprobs is not None:
+                logprobs.append(self._logprobs(i, word, params.logprobs))
+            if text.add(word if i == 0 else " " + word):
+                finish = "stop"
                 break
-            # Hold back a tail that could still grow into a stop string, as engines do.
-            safe = len(text) - _stop_prefix_len(text, params.stop)
-            if request.stream and safe > sent and i < limit - 1:
+            piece = text.ready() if request.stream and i < limit - 1 else ""
+            if piece:
                 sender.send(
                     self.contract.make_response(
-                        pb_utils, request, text[sent:safe], None, n_in, unsent_tokens
+                        pb_utils, request, piece, None, n_in, unsent_tokens, logprobs
                     )
                 )
-                sent, unsent_tokens = safe, 0
+                unsent_tokens, logprobs = 0, []
         sender.send(
             self.contract.make_response(
-                pb_utils, request, text[sent:], finish, n_in, unsent_tokens
+                pb_utils, request, text.rest(), finish, n_in, unsent_tokens, logprobs
             ),
             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
         )
@@ -141,14 +200,3 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.incoming.put(None)
         self.scheduler.join(timeout=5)
-
-
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:k]):
-                best = k
-                break
-    return best

@@ -8,11 +8,14 @@ the model checks ``is_cancelled()``, so a client that goes away stops the genera
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import os
 import random
 import sys
 from typing import Any
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,13 +40,16 @@ class TritonPythonModel:
         # No __pycache__ beside the models: Triton would list it as a model.
         sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
+        import llama_cpp
         import vllm_contract
-        from llama_cpp import Llama, LogitsProcessorList
+        from llama_cpp import Llama, LlamaGrammar
 
         self.contract = vllm_contract
-        self.processors = LogitsProcessorList
+        self.lib = llama_cpp
+        self.grammar_from = LlamaGrammar
         parameters = vllm_contract.decoupled_parameters(pb_utils, args)
         self.n_ctx = int(parameters.get("context_length", "8192"))
+        self.max_logprobs = int(parameters.get("max_logprobs", "20"))
         threads = int(parameters.get("n_threads", "0")) or (os.cpu_count() or 1)
         self.llm = Llama(
             model_path=find_weights(),
@@ -52,7 +58,10 @@ class TritonPythonModel:
             n_threads_batch=threads,
             verbose=False,
         )
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.n_vocab = self.llm.n_vocab()
         self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
+        self._grammars: dict[str, Any] = {}
 
     def execute(self, requests: list[Any]) -> None:
         self.contract.serve_each(
@@ -66,6 +75,56 @@ class TritonPythonModel:
         )
         return None
 
+    def _grammar(self, constraint: dict[str, Any] | None) -> Any:
+        """A llama.cpp grammar for a structured-output constraint (JSON Schema -> GBNF by
+        llama-cpp-python), built once per distinct constraint."""
+        if constraint is None:
+            return None
+        kind, value = next(iter(constraint.items()))
+        if kind not in ("json", "json_object"):
+            raise self.contract.InvalidRequest(
+                f"smollm2 cannot enforce '{kind}' structured outputs (only json, json_object)"
+            )
+        key = json.dumps(constraint, sort_keys=True)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            try:
+                if kind == "json_object":
+                    from llama_cpp.llama_grammar import JSON_GBNF
+
+                    grammar = self.grammar_from.from_string(JSON_GBNF, verbose=False)
+                else:
+                    grammar = self.grammar_from.from_json_schema(json.dumps(value), verbose=False)
+            except Exception as exc:  # the converter's own errors, for an unusable schema
+                raise self.contract.InvalidRequest(
+                    f"smollm2 cannot build a grammar from this JSON schema: {exc}"
+                ) from exc
+            if len(self._grammars) >= 64:
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[key] = grammar
+        return grammar
+
+    def _logprobs(self, token: int, top: int) -> dict[str, dict[str, Any]]:
+        """The sampled token's log probability and the ``top`` likeliest, from the logits
+        it was sampled from (the model's own distribution), in vLLM's shape."""
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.n_vocab,))
+        peak = float(logits.max())
+        logsum = peak + math.log(float(np.exp(logits - peak).sum()))
+
+        def entry(tid: int) -> dict[str, Any]:
+            return {
+                "logprob": float(logits[tid]) - logsum,
+                "rank": int((logits > logits[tid]).sum()) + 1,
+                "decoded_token": self.llm.detokenize([tid]).decode("utf-8", errors="replace"),
+            }
+
+        out = {str(token): entry(token)}
+        if top:
+            best = np.argpartition(-logits, top)[:top]
+            for tid in best[np.argsort(-logits[best])]:
+                out.setdefault(str(int(tid)), entry(int(tid)))
+        return out
+
     def _generate(self, request: Any, sender: Any) -> None:
         prompt = self.llm.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
         n_in = len(prompt)
@@ -77,62 +136,63 @@ class TritonPythonModel:
                 f"requested {n_in + max_tokens} tokens ({n_in} in the messages, {max_tokens} "
                 "in the completion). Please reduce the length of the messages or completion."
             )
-        generated = 0
-
-        def count(_input_ids: Any, scores: Any) -> Any:
-            # Called once per sampled token: the one exact count llama-cpp's stream exposes.
-            nonlocal generated
-            generated += 1
-            self.tokens.increment(1)
-            return scores
-
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise self.contract.InvalidRequest(
+                f"logprobs must be at most {self.max_logprobs}, got {params.logprobs}"
+            )
+        grammar = self._grammar(params.constraint)
         seed = params.seed if params.seed is not None else random.getrandbits(32)
+        self.llm.set_seed(seed & 0xFFFFFFFF)
         # Evaluate the whole prompt every time: reusing the cached prefix of the previous
         # request gives slightly different logits, so the same request could get another
         # answer (seen with greedy decoding). A short prompt costs milliseconds to evaluate.
         self.llm.reset()
-        chunks = self.llm.create_completion(
+        tokens = self.llm.generate(
             prompt,
-            max_tokens=max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,
+            top_p=params.top_p,
             min_p=0.0,
+            temp=params.temperature,
             repeat_penalty=1.0,
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
-            seed=seed & 0xFFFFFFFF,
-            stop=params.stop,
-            stream=True,
-            logits_processor=self.processors([count]),
+            reset=False,
+            grammar=grammar,
         )
-        reported = 0
-        text = ""
-        finish = None
+        text = self.contract.StopText(params.stop)
+        generated = reported = 0
+        logprobs: list[dict[str, dict[str, Any]]] = []
+        finish = "length"
         try:
-            for chunk in chunks:
-                choice = chunk["choices"][0]
-                finish = choice.get("finish_reason")
-                if finish is not None:
-                    text += choice["text"]
+            for token in tokens:
+                generated += 1  # the end-of-sequence token counts too, once sampled
+                self.tokens.increment(1)
+                if self.lib.llama_vocab_is_eog(self.vocab, token):
+                    finish = "stop"
+                    break
+                if params.logprobs is not None:
+                    logprobs.append(self._logprobs(token, params.logprobs))
+                if text.add(self.llm.detokenize([token])):
+                    finish = "stop"  # a stop string
+                    break
+                if generated >= max_tokens:
                     break
                 if sender.is_cancelled():
                     self.contract.send_error(pb_utils, sender, "cancelled", "CANCELLED")
                     return
-                if request.stream and choice["text"]:
+                piece = text.ready() if request.stream else ""
+                if piece:
                     sender.send(
                         self.contract.make_response(
-                            pb_utils, request, choice["text"], None, n_in, generated - reported
+                            pb_utils, request, piece, None, n_in, generated - reported, logprobs
                         )
                     )
-                    reported = generated
-                else:
-                    text += choice["text"]
+                    reported, logprobs = generated, []
         finally:
-            chunks.close()
+            tokens.close()
         sender.send(
             self.contract.make_response(
-                pb_utils, request, text, finish or "stop", n_in, generated - reported
+                pb_utils, request, text.rest(), finish, n_in, generated - reported, logprobs
             ),
             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
         )

@@ -1,0 +1,192 @@
+"""Legacy completions (``/v1/completions``): a raw prompt, no chat template.
+
+Eval harnesses and routers still use it. Chat models serve it: the prompt goes to the model
+as it is. Several prompts and ``n`` choices are one backend request each, run concurrently;
+choice ``i * n + j`` is choice ``j`` of prompt ``i``. ``echo`` puts the prompt before the
+text; ``logprobs`` gives the legacy shape (parallel lists of tokens, log probabilities,
+alternatives and text offsets). ``suffix``, ``best_of`` other than ``n`` and token-array
+prompts are refused with a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.backend import Backend, SamplingOptions, TokenLogprob
+from gateway.errors import InvalidRequestError
+from gateway.serving import generation
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.chat import check_max_tokens, check_prompt, logprob_options, sampling_options
+from gateway.serving.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    Usage,
+)
+from gateway.serving.sse import with_done
+from gateway.serving.structured import response_constraint
+from gateway.state.limits import Meter
+
+
+@dataclass(frozen=True)
+class PreparedCompletion:
+    id: str
+    created: int
+    model: str
+    prompts: list[str]
+    options: SamplingOptions
+    n: int
+    echo: bool
+    logprobs: int | None
+    include_usage: bool
+
+
+class _Offsets:
+    """Builds the legacy logprobs of one choice, token by token (offsets run on)."""
+
+    def __init__(self, start: int, top: int) -> None:
+        self.offset = start
+        self.top = top
+
+    def add(self, tokens: list[TokenLogprob]) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for token in tokens:
+            out.tokens.append(token.token)
+            out.token_logprobs.append(token.logprob)
+            out.top_logprobs.append({a.token: a.logprob for a in token.top[: self.top]})
+            out.text_offset.append(self.offset)
+            self.offset += len(token.token)
+        return out
+
+
+class CompletionService:
+    def __init__(self, backend: Backend, catalog: ModelCatalog) -> None:
+        self.backend = backend
+        self.catalog = catalog
+
+    async def prepare(self, request: CompletionRequest) -> PreparedCompletion:
+        problem = request.unsupported()
+        if problem is not None:
+            param, message = problem
+            raise InvalidRequestError(message, param=param, code="unsupported_parameter")
+        model = await self.catalog.get(request.model, "chat")
+        check_max_tokens(model, request.max_tokens, "max_tokens")
+        top = logprob_options(
+            model, request.logprobs is not None, request.logprobs, "logprobs", "logprobs"
+        )
+        options = replace(
+            sampling_options(request, request.max_tokens),
+            logprobs=top,
+            constraint=response_constraint(request.response_format, model),
+            constraint_key=model.structured_outputs_key,
+        )
+        prompts = request.prompts()
+        for prompt in prompts:
+            if not prompt:
+                raise InvalidRequestError("A prompt must not be empty.", param="prompt")
+            check_prompt(model, prompt, request.max_tokens, "prompt")
+        return PreparedCompletion(
+            id=f"cmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=request.model,
+            prompts=prompts,
+            options=options,
+            n=request.n,
+            echo=request.echo,
+            logprobs=top,
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        )
+
+    def _jobs(self, job: PreparedCompletion) -> list[generation.Job]:
+        return generation.jobs_for(job.prompts, job.options, job.n)
+
+    async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
+        jobs = self._jobs(job)
+        tally = generation.Tally(meter or Meter(), jobs)
+        results = await generation.collect(self.backend, job.model, jobs, tally)
+        choices = []
+        for index, (spec, result) in enumerate(zip(jobs, results, strict=True)):
+            echoed = spec.prompt if job.echo else ""
+            logprobs = None
+            if job.logprobs is not None:
+                logprobs = _Offsets(len(echoed), job.logprobs).add(result.logprobs)
+            choices.append(
+                CompletionChoice(
+                    index=index,
+                    text=echoed + result.text,
+                    finish_reason=result.finish_reason,
+                    logprobs=logprobs,
+                )
+            )
+        return Completion(
+            id=job.id,
+            created=job.created,
+            model=job.model,
+            choices=choices,
+            usage=_usage(tally),
+        )
+
+    async def stream(
+        self, job: PreparedCompletion, meter: Meter | None = None
+    ) -> AsyncIterator[str]:
+        """Starts generating and returns the SSE body (see the chat service for the
+        contract)."""
+        jobs = self._jobs(job)
+        pieces = await generation.stream(self.backend, job.model, jobs)
+        tally = generation.Tally(meter or Meter(), jobs)
+        return with_done(self._events(job, jobs, pieces, tally), "completions")
+
+    async def _events(
+        self,
+        job: PreparedCompletion,
+        jobs: list[generation.Job],
+        pieces: AsyncGenerator[generation.Piece, None],
+        tally: generation.Tally,
+    ) -> AsyncGenerator[str, None]:
+        head = {"id": job.id, "object": "text_completion", "created": job.created}
+        head["model"] = job.model
+
+        def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            body: dict[str, Any] = {**head, "choices": [choice]}
+            if job.include_usage:
+                body["usage"] = None
+            return f"data: {json.dumps(body)}\n\n"
+
+        offsets = [
+            _Offsets(len(spec.prompt) if job.echo else 0, job.logprobs or 0) for spec in jobs
+        ]
+        finishes: list[str | None] = [None] * len(jobs)
+        async with aclosing(pieces):
+            if job.echo:
+                for index, spec in enumerate(jobs):
+                    yield chunk(index, spec.prompt, None)
+            async for index, piece in pieces:
+                if piece is None:
+                    yield chunk(index, "", finishes[index] or "stop")
+                    continue
+                tally.add(index, piece)
+                finishes[index] = piece.finish_reason or finishes[index]
+                if piece.text or piece.logprobs:
+                    logprobs = None
+                    if job.logprobs is not None:
+                        logprobs = offsets[index].add(list(piece.logprobs)).model_dump()
+                    yield chunk(index, piece.text, None, logprobs)
+        if job.include_usage:
+            usage = {**head, "choices": [], "usage": _usage(tally).model_dump()}
+            yield f"data: {json.dumps(usage)}\n\n"
+
+
+def _usage(tally: generation.Tally) -> Usage:
+    return Usage(
+        prompt_tokens=tally.prompt_tokens,
+        completion_tokens=tally.completion_tokens,
+        total_tokens=tally.prompt_tokens + tally.completion_tokens,
+    )
