@@ -1,0 +1,274 @@
+"""Tools, structured outputs, n and logprobs on chat, and legacy completions, through the
+official SDK against the fake backend (which answers ``fake.reply`` word by word)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import USER_HI, assert_openai_error, chat_body
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
+
+
+class City(pydantic.BaseModel):
+    name: str
+    population: int
+
+
+async def test_auto_tool_call_is_parsed_into_tool_calls(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER]
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    # The chat template got the tools, and no constraint was sent.
+    assert '"name": "get_weather"' in fake.calls[-1].prompt
+    assert fake.calls[-1].options.constraint is None
+
+
+async def test_streamed_tool_calls_assemble_in_the_sdk(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    async with client.chat.completions.stream(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER]
+    ) as stream:
+        deltas = [e async for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = await stream.get_final_completion()
+    assert len(deltas) > 1, "arguments should arrive in pieces"
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+async def test_required_and_named_tool_choice_send_a_constraint(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER], tool_choice="required"
+    )
+    assert reply.choices[0].message.tool_calls[0].function.name == "get_weather"
+    schema = fake.calls[-1].options.constraint["json"]
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert schema["items"]["properties"]["name"]["enum"] == ["get_weather"]
+
+    fake.reply = '{"city": "Rome"}'
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER], tool_choice=named
+    )
+    call = reply.choices[0].message.tool_calls[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Rome"},
+    )
+    assert fake.calls[-1].options.constraint == {"json": WEATHER["function"]["parameters"]}
+
+
+async def test_tool_round_trip_renders_the_call_and_its_result(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    first = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER]
+    )
+    call = first.choices[0].message.tool_calls[0]
+    fake.reply = "It is sunny in Paris."
+    messages = [
+        *USER_HI,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "22 C, sunny"},
+    ]
+    final = await client.chat.completions.create(
+        model="fake-chat", messages=messages, tools=[WEATHER]
+    )
+    assert final.choices[0].message.content == "It is sunny in Paris."
+    prompt = fake.calls[-1].prompt
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    assert "22 C, sunny" in prompt
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        (
+            {"tools": [{"type": "function", "function": {"description": "x"}}]},
+            "tools.[0].function.name",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+            "tools.[0].function.parameters",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objekt"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"n": 2, "stream": False, "messages": [{"role": "user", "content": "x" * 70_000}]},
+            "messages",
+        ),
+    ],
+)
+async def test_bad_tool_and_format_input_is_400_naming_the_parameter(
+    http: httpx.AsyncClient, fake: FakeBackend, fields: dict[str, object], param: str
+) -> None:
+    body = chat_body(**{"tools": [WEATHER], **fields})
+    if param == "tool_choice" and fields.get("tool_choice") == "required":
+        body.pop("tools")
+    assert_openai_error(await http.post("/v1/chat/completions", json=body), 400, param=param)
+    assert fake.calls == []
+
+
+async def test_parse_with_a_pydantic_model_streamed_and_not(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = '{"name": "Paris", "population": 2100000}'
+    parsed = await client.chat.completions.parse(
+        model="fake-chat", messages=USER_HI, response_format=City
+    )
+    assert parsed.choices[0].message.parsed == City(name="Paris", population=2100000)
+    constraint = fake.calls[-1].options.constraint
+    assert constraint["json"]["properties"]["population"]["type"] == "integer"
+    async with client.chat.completions.stream(
+        model="fake-chat", messages=USER_HI, response_format=City
+    ) as stream:
+        final = await stream.get_final_completion()
+    assert final.choices[0].message.parsed == City(name="Paris", population=2100000)
+
+
+async def test_n_choices_run_as_separate_requests_with_summed_usage(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, n=3, seed=7, max_tokens=2
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.message.content for c in reply.choices] == ["Hello from"] * 3
+    assert [call.options.seed for call in fake.calls] == [7, 8, 9]
+    assert reply.usage.completion_tokens == 6
+    stream = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, n=2, stream=True, max_tokens=2
+    )
+    texts = {0: "", 1: ""}
+    finishes = {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert texts == {0: "Hello from", 1: "Hello from"}
+    assert finishes == {0: "length", 1: "length"}
+
+
+async def test_logprobs_streamed_and_not(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, logprobs=True, top_logprobs=2
+    )
+    content = reply.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == reply.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 for t in content)
+    assert content[0].logprob == pytest.approx(-0.1)
+    assert fake.calls[-1].options.logprobs == 2
+    stream = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, logprobs=True, stream=True
+    )
+    tokens = [
+        t.token
+        async for chunk in stream
+        for c in chunk.choices
+        if c.logprobs and c.logprobs.content
+        for t in c.logprobs.content
+    ]
+    assert "".join(tokens) == reply.choices[0].message.content
+
+
+async def test_legacy_completions(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
+    done = await client.completions.create(
+        model="fake-chat", prompt=["Say hi", "Say bye"], max_tokens=2, n=2, echo=True
+    )
+    assert done.object == "text_completion"
+    assert [c.index for c in done.choices] == [0, 1, 2, 3]
+    assert [c.text for c in done.choices] == ["Say hiHello from"] * 2 + ["Say byeHello from"] * 2
+    assert [call.prompt for call in fake.calls] == ["Say hi", "Say hi", "Say bye", "Say bye"]
+    stream = await client.completions.create(
+        model="fake-chat",
+        prompt="Hi",
+        stream=True,
+        logprobs=1,
+        stream_options={"include_usage": True},
+    )
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == "Hello from the fake backend."[: len(text)] and text
+    assert chunks[-1].usage.completion_tokens == 5
+    offsets = [
+        o
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for o in c.choices[0].logprobs.text_offset
+    ]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"suffix": "end"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"logprobs": 2, "model": "fake-plain"}, "logprobs"),
+        ({"prompt": "x" * 70_000}, "prompt"),
+    ],
+)
+async def test_completions_refuse_what_they_cannot_do(
+    http: httpx.AsyncClient, fields: dict[str, object], param: str
+) -> None:
+    body = {"model": "fake-chat", "prompt": "Hi", **fields}
+    assert_openai_error(await http.post("/v1/completions", json=body), 400, param=param)
+
+
+async def test_models_show_their_capabilities(http: httpx.AsyncClient) -> None:
+    models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+    assert models["fake-chat"]["capabilities"] == {
+        "tool_calling": True,
+        "forced_tool_calls": True,
+        "structured_outputs": ["json_object", "json_schema"],
+        "logprobs": True,
+        "max_logprobs": 5,
+    }
+    assert models["fake-plain"]["capabilities"]["tool_calling"] is False
+    assert models["fake-tts"]["capabilities"] is None
