@@ -131,7 +131,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"temperature": 5}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"n": 3}, "n"),
+        ({"n": 129}, "n"),
         ({"presence_penalty": -3}, "presence_penalty"),
     ],
 )
