@@ -336,7 +336,7 @@ class TritonBackend:
             self._stream(model, self._chat_inputs(prompt, options, stream))
         ) as results:
             async for result in results:
-                yield self._chunk(result)
+                yield self._chunk(result, options.logprobs is not None)
 
     async def synthesize(
         self, model: str, text: str, voice: str, speed: float
@@ -399,7 +399,7 @@ class TritonBackend:
         return inputs
 
     @staticmethod
-    def _chunk(result: Any) -> GenerationChunk:
+    def _chunk(result: Any, logprobs: bool) -> GenerationChunk:
         def first(name: str) -> Any:
             array = result.as_numpy(name)
             return None if array is None or array.size == 0 else array.reshape(-1)[0]
@@ -416,7 +416,8 @@ class TritonBackend:
             finish_reason=reason if reason not in (None, "", "None") else None,
             prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
             completion_tokens=int(output_tokens) if output_tokens is not None else 0,
-            logprobs=_logprobs(result),
+            # Looked up only when asked for: this runs once per token.
+            logprobs=_logprobs(result) if logprobs else (),
         )
 
     async def close(self) -> None:

@@ -164,14 +164,6 @@ def _logprob_items(tokens: list[TokenLogprob], top: int) -> list[TokenLogprobIte
     ]
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-    )
-
-
 def _finish(backend_reason: str, calls: int) -> str:
     return "tool_calls" if calls and backend_reason == "stop" else backend_reason
 
@@ -238,12 +230,12 @@ class _ChoiceState:
     """One streamed choice: its parser and what it has told so far."""
 
     parser: Any
-    texts: list[str] = field(default_factory=list)
     finish: str | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
+    """The text sent as content (with tools: what the parser left as text)."""
 
 
 class ChatService:
@@ -368,7 +360,7 @@ class ChatService:
             created=chat.created,
             model=chat.model,
             choices=choices,
-            usage=_usage(tally.prompt_tokens, tally.completion_tokens),
+            usage=tally.usage(),
         )
 
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
@@ -416,8 +408,8 @@ class ChatService:
                 if not chunk.text:
                     continue
                 timer.piece()
-                state.texts.append(chunk.text)
                 if state.parser is None:
+                    state.content.append(chunk.text)
                     yield writer.content(index, chunk.text, self._logprobs_json(chat, state))
                     continue
                 for event in self._parsed(
@@ -425,14 +417,15 @@ class ChatService:
                 ):
                     yield event
         first = states[0]
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(first.content) or None}
-        if chat.tools is None:
-            message["content"] = "".join(first.texts)
+        content = "".join(first.content)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if chat.tools is not None and not content:
+            message["content"] = None
         if first.calls:
             message["tool_calls"] = first.calls
         await self._remember(chat, message, first.completion_tokens)
         if chat.include_usage:
-            yield writer.usage(_usage(tally.prompt_tokens, tally.completion_tokens))
+            yield writer.usage(tally.usage())
 
     def _parsed(
         self,

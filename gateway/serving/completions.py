@@ -28,7 +28,6 @@ from gateway.serving.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
-    Usage,
 )
 from gateway.serving.sse import with_done
 from gateway.serving.structured import response_constraint
@@ -130,7 +129,7 @@ class CompletionService:
             created=job.created,
             model=job.model,
             choices=choices,
-            usage=_usage(tally),
+            usage=tally.usage(),
         )
 
     async def stream(
@@ -180,13 +179,5 @@ class CompletionService:
                         logprobs = offsets[index].add(list(piece.logprobs)).model_dump()
                     yield chunk(index, piece.text, None, logprobs)
         if job.include_usage:
-            usage = {**head, "choices": [], "usage": _usage(tally).model_dump()}
+            usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
             yield f"data: {json.dumps(usage)}\n\n"
-
-
-def _usage(tally: generation.Tally) -> Usage:
-    return Usage(
-        prompt_tokens=tally.prompt_tokens,
-        completion_tokens=tally.completion_tokens,
-        total_tokens=tally.prompt_tokens + tally.completion_tokens,
-    )

@@ -15,6 +15,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
 from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
+from gateway.serving.protocol import Usage
 from gateway.serving.sse import first_or_close
 from gateway.state.limits import Meter
 
@@ -46,7 +47,6 @@ class Generated:
 
     text: str = ""
     finish_reason: str = "stop"
-    prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
@@ -72,6 +72,13 @@ class Tally:
             self.completion_tokens += chunk.completion_tokens
             self.meter.add_tokens(0, chunk.completion_tokens)
 
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
+
 
 async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
     result = Generated()
@@ -84,7 +91,6 @@ async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally)
             texts.append(chunk.text)
             result.logprobs.extend(chunk.logprobs)
             finish = chunk.finish_reason or finish
-            result.prompt_tokens = chunk.prompt_tokens or result.prompt_tokens
             result.completion_tokens += chunk.completion_tokens
     result.text = "".join(texts)
     result.finish_reason = finish or "stop"
