@@ -7,6 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The npm openai client that tests/integration/test_js_sdk.py drives (pinned by its lock file).
+JS_STAMP := tests/js/node_modules/.installed
 # llama-cpp-python is built from source; a native (-march=native) build crashed on some
 # CPUs (see README), so build a portable one. pip caches the wheel after the first build.
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
@@ -16,7 +18,7 @@ export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 run: $(STAMP) system-deps
 	$(BIN)/gateway up
 
-test: lint system-deps
+test: lint system-deps $(JS_STAMP)
 	$(BIN)/python -m pytest
 
 test-unit: $(STAMP)
@@ -31,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.chat
 	$(BIN)/python -m tests.bench.audio
 	$(BIN)/python -m tests.bench.edge
+	$(BIN)/python -m tests.bench.agents
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:
@@ -42,6 +45,8 @@ system-deps:
 	command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing="$$missing redis-server"; \
 	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx"; \
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -52,6 +57,10 @@ $(BIN)/python:
 	$(MAKE) system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json | system-deps
+	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+	touch $@
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(MAKE) system-deps

@@ -41,10 +41,12 @@ class TritonPythonModel:
         sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
         import llama_cpp
+        import llama_sampling
         import vllm_contract
         from llama_cpp import Llama, LlamaGrammar
 
         self.contract = vllm_contract
+        self.sampling = llama_sampling
         self.lib = llama_cpp
         self.grammar_from = LlamaGrammar
         parameters = vllm_contract.decoupled_parameters(pb_utils, args)
@@ -107,7 +109,9 @@ class TritonPythonModel:
     def _logprobs(self, token: int, top: int) -> dict[str, dict[str, Any]]:
         """The sampled token's log probability and the ``top`` likeliest, from the logits
         it was sampled from (the model's own distribution), in vLLM's shape."""
-        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.n_vocab,))
+        logits = np.ctypeslib.as_array(
+            self.lib.llama_get_logits_ith(self.llm._ctx.ctx, -1), shape=(self.n_vocab,)
+        )
         peak = float(logits.max())
         logsum = peak + math.log(float(np.exp(logits - peak).sum()))
 
@@ -142,23 +146,41 @@ class TritonPythonModel:
             )
         grammar = self._grammar(params.constraint)
         seed = params.seed if params.seed is not None else random.getrandbits(32)
-        self.llm.set_seed(seed & 0xFFFFFFFF)
+        sampler = self.sampling.TokenSampler(
+            self.lib,
+            self.vocab,
+            self.n_vocab,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=seed,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            grammar=grammar,
+        )
         # Evaluate the whole prompt every time: reusing the cached prefix of the previous
         # request gives slightly different logits, so the same request could get another
         # answer (seen with greedy decoding). A short prompt costs milliseconds to evaluate.
         self.llm.reset()
-        tokens = self.llm.generate(
-            prompt,
-            top_k=params.top_k if params.top_k > 0 else 0,
-            top_p=params.top_p,
-            min_p=0.0,
-            temp=params.temperature,
-            repeat_penalty=1.0,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            reset=False,
-            grammar=grammar,
-        )
+        try:
+            self._decode(request, sender, prompt, max_tokens, sampler)
+        finally:
+            sampler.close()
+
+    def _tokens(self, prompt: list[int], sampler: Any) -> Any:
+        """Sampled tokens, one per decode step, until the caller stops asking."""
+        self.llm.eval(prompt)
+        while True:
+            token = sampler.sample(self.lib.llama_get_logits_ith(self.llm._ctx.ctx, -1))
+            yield token
+            self.llm.eval([token])
+
+    def _decode(
+        self, request: Any, sender: Any, prompt: list[int], max_tokens: int, sampler: Any
+    ) -> None:
+        params = request.params
+        n_in = len(prompt)
+        tokens = self._tokens(prompt, sampler)
         text = self.contract.StopText(params.stop)
         generated = reported = 0
         logprobs: list[dict[str, dict[str, Any]]] = []
