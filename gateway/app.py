@@ -10,7 +10,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.api.middleware import AdmissionMiddleware, MetricsMiddleware
-from gateway.api.routers import admin, audio, chat, completions, health, models, sessions
+from gateway.api.routers import (
+    admin,
+    audio,
+    chat,
+    completions,
+    health,
+    models,
+    responses,
+    sessions,
+)
 from gateway.api.routers import metrics as metrics_router
 from gateway.backend import Backend
 from gateway.config import Settings
@@ -20,11 +29,13 @@ from gateway.serving.admin import AdminService
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
+from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.state import store
 from gateway.state.keys import KeyStore
 from gateway.state.limits import RateLimiter
+from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
 
 
@@ -59,6 +70,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             active, catalog, settings.default_chat_template, app.state.sessions, metrics
         )
         app.state.completions = CompletionService(active, catalog)
+        app.state.responses = ResponsesService(
+            app.state.chat, ResponseStore(redis, settings.responses_ttl_s)
+        )
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog)
         app.state.admin = AdminService(active, catalog, app.state.keys, app.state.limiter)
@@ -82,6 +96,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every request
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(responses.router)
     app.include_router(audio.router)
     app.include_router(models.router)
     app.include_router(sessions.router)

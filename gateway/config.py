@@ -106,6 +106,8 @@ class Settings(BaseSettings):
     Unset: ``gateway up`` generates one and prints it."""
     session_ttl_s: int = Field(86_400, gt=0)
     """How long a chat session is kept after its last use (seconds)."""
+    responses_ttl_s: int = Field(30 * 86_400, gt=0)
+    """How long a stored ``/v1/responses`` response is kept (seconds; OpenAI keeps 30 days)."""
     concurrency_lease_s: float = Field(60.0, gt=0)
     """A running request holds a concurrency slot for this long and renews it while it
     runs, so a gateway that dies frees its slots after at most this long."""

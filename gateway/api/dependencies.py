@@ -14,6 +14,7 @@ from gateway.serving.admin import AdminService
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
+from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.state.sessions import SessionStore
@@ -37,6 +38,10 @@ def _chat(request: Request) -> ChatService:
 
 def _completions(request: Request) -> CompletionService:
     return request.app.state.completions  # type: ignore[no-any-return]
+
+
+def _responses(request: Request) -> ResponsesService:
+    return request.app.state.responses  # type: ignore[no-any-return]
 
 
 def _speech(request: Request) -> SpeechService:
@@ -68,6 +73,7 @@ BackendDep = Annotated[Backend, Depends(_backend)]
 CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
 CompletionsDep = Annotated[CompletionService, Depends(_completions)]
+ResponsesDep = Annotated[ResponsesService, Depends(_responses)]
 SpeechDep = Annotated[SpeechService, Depends(_speech)]
 TranscriptionDep = Annotated[TranscriptionService, Depends(_transcription)]
 SessionsDep = Annotated[SessionStore, Depends(_sessions)]

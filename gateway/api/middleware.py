@@ -73,7 +73,14 @@ class MetricsMiddleware:
 
 
 _INFERENCE_ROUTES = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/audio/transcriptions"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/audio/speech",
+        "/v1/audio/transcriptions",
+    }
 )
 _GROUPS = frozenset({"v1", "admin", "health", "metrics"})
 

@@ -104,6 +104,18 @@ def _status_error(code: str, message: str, model: str | None = None) -> GatewayE
     return BackendError(f"Triton error ({code}): {message}")
 
 
+#: How vLLM (and the models here, which copy its wording) refuse a prompt too long for the
+#: context; errors on a stream carry no status code, so the message is the only sign.
+_CONTEXT_EXCEEDED = "maximum context length"
+
+
+def _model_error(model: str, message: str) -> GatewayError:
+    """An error response of a model on a stream."""
+    if _CONTEXT_EXCEEDED in message:
+        return InvalidRequestError(message, code="context_length_exceeded")
+    return BackendError(f"Model '{model}' failed: {message}")
+
+
 def _from_client_error(exc: InferenceServerException, model: str | None = None) -> GatewayError:
     status = exc.status() or ""
     return _status_error(status.removeprefix("StatusCode."), exc.message() or str(exc), model)
@@ -300,7 +312,7 @@ class TritonBackend:
         try:
             async for result, error in responses:
                 if error is not None:
-                    raise BackendError(f"Model '{model}' failed: {error.message()}")
+                    raise _model_error(model, error.message())
                 finished = result.get_response().parameters["triton_final_response"].bool_param
                 answered = True
                 yield result

@@ -1,0 +1,295 @@
+"""/v1/responses through the official SDK against the fake backend (which answers
+``fake.reply`` word by word) and a real Redis: output items, stored conversations,
+retrieval, input items, deletion, per-key isolation, streaming events, tools, parse, errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import assert_openai_error, new_key, sdk
+
+CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+class City(pydantic.BaseModel):
+    name: str
+    population: int
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON events of a Responses stream (``event:`` + ``data:`` blocks, no [DONE])."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        kind, data = block.split("\n")
+        payload = json.loads(data.removeprefix("data: "))
+        assert kind == f"event: {payload['type']}"
+        events.append(payload)
+    return events
+
+
+async def test_create_returns_a_message_item_usage_and_output_text(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    response = await client.responses.create(model="fake-chat", input="Hi there")
+    assert response.id.startswith("resp_") and len(response.id) > 40
+    assert response.object == "response" and response.status == "completed"
+    assert response.output_text == fake.reply
+    (item,) = response.output
+    assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+    assert response.usage is not None
+    assert response.usage.output_tokens == len(fake.reply.split())
+    assert response.usage.total_tokens == response.usage.input_tokens + 5
+    assert "Hi there" in fake.calls[-1].prompt
+
+
+async def test_instructions_become_the_system_message_and_are_not_carried_over(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    first = await client.responses.create(
+        model="fake-chat", input="My name is Ada.", instructions="Answer like a pirate."
+    )
+    assert "system\nAnswer like a pirate." in fake.calls[-1].prompt
+    await client.responses.create(
+        model="fake-chat", input="What is my name?", previous_response_id=first.id
+    )
+    prompt = fake.calls[-1].prompt
+    assert "pirate" not in prompt
+    # The stored conversation comes first: the earlier input and the earlier output.
+    assert prompt.index("My name is Ada.") < prompt.index(fake.reply) < prompt.index("my name?")
+
+
+async def test_retrieve_input_items_and_delete(client: openai.AsyncOpenAI) -> None:
+    items = [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "two"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "three"}]},
+    ]
+    created = await client.responses.create(model="fake-chat", input=items)  # type: ignore[arg-type]
+    fetched = await client.responses.retrieve(created.id)
+    assert fetched.output_text == created.output_text and fetched.id == created.id
+
+    listed = await client.responses.input_items.list(created.id)
+    texts = [item.content[0].text for item in listed.data]  # type: ignore[union-attr]
+    assert texts == ["three", "two", "one"]  # newest first, as OpenAI lists
+    first_page = await client.responses.input_items.list(created.id, order="asc", limit=2)
+    assert [i.content[0].text for i in first_page.data] == ["one", "two"]  # type: ignore[union-attr]
+    assert first_page.has_more is True
+    rest = await client.responses.input_items.list(
+        created.id, order="asc", after=first_page.data[-1].id
+    )
+    assert [i.content[0].text for i in rest.data] == ["three"]  # type: ignore[union-attr]
+    assert rest.has_more is False
+
+    await client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.create(
+            model="fake-chat", input="again", previous_response_id=created.id
+        )
+
+
+async def test_another_keys_response_is_a_404_exactly_as_an_unknown_id(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient
+) -> None:
+    mine = await client.responses.create(model="fake-chat", input="secret plans")
+    other = sdk(http, (await new_key(http))["key"])
+    theirs = await other.responses.with_raw_response.create(model="fake-chat", input="hello")
+    assert theirs.status_code == 200
+    key = other.api_key
+    for path in (f"/v1/responses/{mine.id}", f"/v1/responses/{mine.id}/input_items"):
+        stolen = await http.get(path, headers={"Authorization": f"Bearer {key}"})
+        unknown = await http.get(
+            path.replace(mine.id, "resp_" + "0" * 48), headers={"Authorization": f"Bearer {key}"}
+        )
+        stolen_error = assert_openai_error(stolen, 404)
+        unknown_error = assert_openai_error(unknown, 404)
+        assert stolen_error["message"].replace(mine.id, "X") == unknown_error["message"].replace(
+            "resp_" + "0" * 48, "X"
+        )
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.create(model="fake-chat", input="hi", previous_response_id=mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await other.responses.delete(mine.id)
+    assert (await client.responses.retrieve(mine.id)).id == mine.id  # still there
+
+
+async def test_store_false_keeps_nothing(client: openai.AsyncOpenAI) -> None:
+    response = await client.responses.create(model="fake-chat", input="Hi", store=False)
+    assert response.store is False
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response.id)
+
+
+async def test_stream_sends_the_event_sequence_in_order(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    reply = await http.post(
+        "/v1/responses", json={"model": "fake-chat", "input": "Hi", "stream": True}
+    )
+    assert reply.status_code == 200
+    events = sse_events(reply.text)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert deltas == len(fake.reply.split())
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == fake.reply == events[-1]["response"]["output"][0]["content"][0]["text"]
+    assert events[-1]["response"]["usage"]["output_tokens"] == deltas
+
+
+async def test_sdk_stream_helper_and_stored_streamed_response(client: openai.AsyncOpenAI) -> None:
+    async with client.responses.stream(model="fake-chat", input="Hi") as stream:
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == final.output_text
+    assert (await client.responses.retrieve(final.id)).output_text == final.output_text
+
+
+async def test_function_call_and_round_trip(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
+    fake.reply = CALL
+    first = await client.responses.create(
+        model="fake-chat",
+        input="Weather in Paris?",
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    assert call.call_id.startswith("call_") and call.id and call.id.startswith("fc_")
+    fake.reply = "It is sunny in Paris."
+    second = await client.responses.create(
+        model="fake-chat",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    assert second.output_text == "It is sunny in Paris."
+    prompt = fake.calls[-1].prompt
+    assert prompt.index('"get_weather"') < prompt.index("sunny")  # the call, then its result
+
+
+async def test_streamed_function_call_events(http: httpx.AsyncClient, fake: FakeBackend) -> None:
+    fake.reply = CALL
+    reply = await http.post(
+        "/v1/responses",
+        json={"model": "fake-chat", "input": "Weather?", "tools": [WEATHER], "stream": True},
+    )
+    events = sse_events(reply.text)
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" in kinds
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert json.loads(done["arguments"]) == {"city": "Paris"}
+    added = next(e for e in events if e["type"] == "response.output_item.added")
+    assert added["item"]["type"] == "function_call" and added["item"]["name"] == "get_weather"
+    final = events[-1]["response"]
+    assert final["status"] == "completed"
+    assert [i["type"] for i in final["output"]] == ["function_call"]
+
+
+async def test_forced_tool_choice_sends_a_constraint(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    await client.responses.create(
+        model="fake-chat",
+        input="Weather?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    assert fake.calls[-1].options.constraint is not None
+
+
+async def test_parse_with_a_pydantic_model(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
+    fake.reply = '{"name": "Oslo", "population": 709000}'
+    parsed = await client.responses.parse(model="fake-chat", input="Oslo?", text_format=City)
+    assert parsed.output_parsed == City(name="Oslo", population=709000)
+    constraint = fake.calls[-1].options.constraint
+    assert constraint is not None and "json" in constraint
+
+
+async def test_max_output_tokens_makes_it_incomplete(client: openai.AsyncOpenAI) -> None:
+    response = await client.responses.create(model="fake-chat", input="Hi", max_output_tokens=2)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == 2
+
+
+async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: FakeBackend) -> None:
+    fake.fail_after_tokens = 2
+    reply = await http.post(
+        "/v1/responses", json={"model": "fake-chat", "input": "Hi", "stream": True}
+    )
+    events = sse_events(reply.text)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["message"]
+    assert events[-1]["response"]["status"] == "failed"
+    assert events[-1]["response"]["error"]["message"] == events[-2]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function"}]}, "tools[0].name"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].type",
+        ),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": []}, "input"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}},
+            "text.format.schema",
+        ),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
+            "input",
+        ),
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"background": True}, "background"),
+    ],
+)
+async def test_bad_input_is_a_400_naming_the_parameter(
+    http: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
+    reply = await http.post("/v1/responses", json={"model": "fake-chat", "input": "Hi", **body})
+    assert_openai_error(reply, 400, param=param)
+
+
+async def test_unknown_previous_response_is_a_404(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.responses.create(
+            model="fake-chat", input="hi", previous_response_id="resp_unknown"
+        )
+    assert "resp_unknown" in caught.value.message
