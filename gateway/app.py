@@ -15,6 +15,7 @@ from gateway.api.routers import (
     audio,
     chat,
     completions,
+    embeddings,
     health,
     models,
     responses,
@@ -29,6 +30,7 @@ from gateway.serving.admin import AdminService
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
+from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
@@ -73,6 +75,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.responses = ResponsesService(
             app.state.chat, ResponseStore(redis, settings.responses_ttl_s)
         )
+        app.state.embeddings = EmbeddingService(active, catalog)
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog)
         app.state.admin = AdminService(active, catalog, app.state.keys, app.state.limiter)
@@ -97,6 +100,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(responses.router)
+    app.include_router(embeddings.router)
     app.include_router(audio.router)
     app.include_router(models.router)
     app.include_router(sessions.router)

@@ -14,6 +14,7 @@ from gateway.serving.admin import AdminService
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
+from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
@@ -42,6 +43,10 @@ def _completions(request: Request) -> CompletionService:
 
 def _responses(request: Request) -> ResponsesService:
     return request.app.state.responses  # type: ignore[no-any-return]
+
+
+def _embeddings(request: Request) -> EmbeddingService:
+    return request.app.state.embeddings  # type: ignore[no-any-return]
 
 
 def _speech(request: Request) -> SpeechService:
@@ -74,6 +79,7 @@ CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
 CompletionsDep = Annotated[CompletionService, Depends(_completions)]
 ResponsesDep = Annotated[ResponsesService, Depends(_responses)]
+EmbeddingsDep = Annotated[EmbeddingService, Depends(_embeddings)]
 SpeechDep = Annotated[SpeechService, Depends(_speech)]
 TranscriptionDep = Annotated[TranscriptionService, Depends(_transcription)]
 SessionsDep = Annotated[SessionStore, Depends(_sessions)]

@@ -8,6 +8,7 @@ unit tests.
 from gateway.backend.base import (
     AudioChunk,
     Backend,
+    Embeddings,
     GenerationChunk,
     ModelInfo,
     RepositoryModel,
@@ -22,6 +23,7 @@ from gateway.backend.base import (
 __all__ = [
     "AudioChunk",
     "Backend",
+    "Embeddings",
     "GenerationChunk",
     "ModelInfo",
     "RepositoryModel",

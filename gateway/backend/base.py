@@ -40,6 +40,18 @@ class ModelInfo:
     """Chat models: they send the ``logprobs`` output when asked (``return_logprobs``)."""
     max_logprobs: int = 20
     """The most alternatives per token they report."""
+    dimensions: int | None = None
+    """Embedding models: the length of their vectors."""
+    max_input_tokens: int | None = None
+    """Embedding models: the longest input they take, in their own tokens."""
+    matryoshka: bool = False
+    """Embedding models: trained so that a vector's first ``k`` values, renormalized, are a
+    good embedding too (OpenAI's ``dimensions``)."""
+    input_types: tuple[str, ...] = ()
+    """Embedding models: the input types they tell apart (e5: ``query``, ``passage``), the
+    default first; empty: one kind of input."""
+    max_batch_size: int = 0
+    """Triton's ``max_batch_size``: the most items one request may carry (0: no batching)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,15 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Embeddings:
+    """One vector per input (rows, float32, as the model made them) and each input's size in
+    the model's tokens."""
+
+    vectors: npt.NDArray[np.float32]
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class TranscriptionOptions:
     language: str | None = None
     prompt: str | None = None
@@ -195,6 +216,11 @@ class Backend(Protocol):
     ) -> AsyncGenerator[Segment, None]:
         """Transcribes 16 kHz mono float PCM, one segment at a time as the model produces
         them. Closing the iterator early cancels the request on the server."""
+        ...
+
+    async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
+        """Embeds ``texts`` (at most the model's ``max_batch_size``) in one request;
+        ``input_type`` is one of the model's ``input_types`` (None when it has none)."""
         ...
 
     async def close(self) -> None:

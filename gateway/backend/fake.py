@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from gateway.backend.base import (
     AudioChunk,
+    Embeddings,
     GenerationChunk,
     ModelInfo,
     RepositoryModel,
@@ -28,7 +29,12 @@ from gateway.backend.base import (
     Word,
 )
 from gateway.config import CHATML_TEMPLATE
-from gateway.errors import BackendError, BackendUnavailableError, ModelNotFoundError
+from gateway.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    ModelNotFoundError,
+)
 
 #: ChatML that also shows the tools and the calls, for tests that read the prompt.
 TOOLS_TEMPLATE = (
@@ -38,6 +44,10 @@ TOOLS_TEMPLATE = (
     "{% endfor %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+#: The length of the fake embedding models' vectors.
+EMBED_DIMENSIONS = 8
 
 
 @dataclass
@@ -71,6 +81,17 @@ class FakeBackend:
             ModelInfo("fake-plain", "chat", True, CHATML_TEMPLATE, 2048),
             ModelInfo("fake-tts", "speech", True, voices=("joe", "amy")),
             ModelInfo("fake-stt", "transcription", True, languages=("en",)),
+            ModelInfo(
+                "fake-embed",
+                "embeddings",
+                True,
+                dimensions=EMBED_DIMENSIONS,
+                max_input_tokens=32,
+                matryoshka=True,
+                input_types=("query", "passage"),
+                max_batch_size=4,
+            ),
+            ModelInfo("fake-embed-fixed", "embeddings", True, dimensions=EMBED_DIMENSIONS),
             ModelInfo("fake-unloaded", None, False),
         ]
     )
@@ -81,6 +102,7 @@ class FakeBackend:
     calls: list[GenerateCall] = field(default_factory=list)
     speech_calls: list[tuple[str, str, str, float]] = field(default_factory=list)
     transcribe_calls: list[tuple[str, Any, TranscriptionOptions]] = field(default_factory=list)
+    embed_calls: list[tuple[str, list[str], str | None]] = field(default_factory=list)
 
     async def ready(self) -> bool:
         return self.up
@@ -188,6 +210,29 @@ class FakeBackend:
             yield Segment(
                 text, start, end, words if options.word_timestamps else (), -0.2, 0.01, "en"
             )
+
+    async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
+        """A bag of words hashed into :data:`EMBED_DIMENSIONS` values, normalized: texts that
+        share words point the same way. A word is a token, plus two for the ends."""
+        self._check_up()
+        self.embed_calls.append((model, texts, input_type))
+        self._maybe_fail(0)
+        info = next(m for m in self.model_list if m.name == model)
+        vectors = np.zeros((len(texts), EMBED_DIMENSIONS), dtype=np.float32)
+        tokens = []
+        for row, text in enumerate(texts):
+            words = text.lower().split()
+            tokens.append(len(words) + 2)
+            if info.max_input_tokens and tokens[-1] > info.max_input_tokens:
+                raise InvalidRequestError(
+                    f"input {row} has {tokens[-1]} tokens; the model takes at most "
+                    f"{info.max_input_tokens}"
+                )
+            for word in words:
+                vectors[row, sum(word.encode()) % EMBED_DIMENSIONS] += 1.0
+            vectors[row] += 0.01  # never all zeros
+            vectors[row] /= np.linalg.norm(vectors[row])
+        return Embeddings(vectors, tuple(tokens))
 
     def _maybe_fail(self, index: int) -> None:
         if self.fail_after_tokens is not None and index >= self.fail_after_tokens:

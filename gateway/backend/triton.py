@@ -30,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.backend.base import (
     AudioChunk,
+    Embeddings,
     GenerationChunk,
     ModelInfo,
     RepositoryModel,
@@ -169,7 +170,26 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
         structured_outputs_key=params.get("structured_outputs_key") or "structured_outputs",
         logprobs="logprobs" in outputs and "return_logprobs" in inputs,
         max_logprobs=int(max_logprobs) if max_logprobs.isdigit() else 20,
+        dimensions=_integer(params.get("dimensions")),
+        max_input_tokens=_integer(params.get("max_input_tokens")),
+        matryoshka=params.get("matryoshka", "").lower() == "true",
+        input_types=_input_types(params),
+        max_batch_size=int(config.get("max_batch_size") or 0),
     )
+
+
+def _integer(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def _input_types(params: dict[str, str]) -> tuple[str, ...]:
+    """``input_types`` of an embedding model, its ``default_input_type`` first."""
+    kinds = [v.strip() for v in params.get("input_types", "").split(",") if v.strip()]
+    default = params.get("default_input_type", "").strip()
+    if default in kinds:
+        kinds.remove(default)
+        kinds.insert(0, default)
+    return tuple(kinds)
 
 
 def _logprobs(result: Any) -> tuple[TokenLogprob, ...]:
@@ -395,6 +415,29 @@ class TritonBackend:
                     no_speech_prob=_number(result, "no_speech_prob"),
                     language=_string(result, "language"),
                 )
+
+    async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
+        count = len(texts)
+        encoded = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
+        item = triton_grpc.InferInput("text_input", [count, 1], "BYTES")
+        item.set_data_from_numpy(encoded)
+        inputs = [item]
+        if input_type is not None:
+            kinds = triton_grpc.InferInput("input_type", [count, 1], "BYTES")
+            kinds.set_data_from_numpy(np.full((count, 1), input_type.encode(), dtype=np.object_))
+            inputs.append(kinds)
+        try:
+            result = await self.client.infer(model, inputs, client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise self._failed(model, _from_client_error(exc, model)) from exc
+        vectors = result.as_numpy("embedding")
+        tokens = result.as_numpy("num_input_tokens")
+        if vectors is None or tokens is None:
+            raise self._failed(model, BackendError(f"Model '{model}' sent no embedding."))
+        return Embeddings(
+            vectors=vectors.astype(np.float32, copy=False).reshape(count, -1),
+            tokens=tuple(int(t) for t in tokens.reshape(-1)),
+        )
 
     @staticmethod
     def _chat_inputs(

@@ -1,0 +1,26 @@
+"""POST /v1/embeddings."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.api.auth import AdmissionDep
+from gateway.api.dependencies import EmbeddingsDep
+from gateway.api.disconnect import cancel_on_disconnect
+from gateway.serving.embeddings import EmbeddingList, EmbeddingRequest
+
+router = APIRouter(prefix="/v1", tags=["embeddings"])
+
+
+@router.post(
+    "/embeddings",
+    response_model=None,
+    responses={200: {"model": EmbeddingList, "description": "One vector per input"}},
+)
+async def create_embeddings(
+    body: EmbeddingRequest, embeddings: EmbeddingsDep, request: Request, admission: AdmissionDep
+) -> Response:
+    meter = admission.use_model(body.model)
+    result = await cancel_on_disconnect(request, embeddings.embed(body, meter))
+    return Response(result.model_dump_json(), media_type="application/json")
