@@ -12,6 +12,7 @@ alternating rounds:
 - what tool-call parsing costs: the hermes parser's own time per request in this process,
   and the p50 latency of a mock_chat request whose text is parsed into a call against the
   same text answered without tools;
+- what storing a ``/v1/responses`` response in Redis adds (``store`` true vs false);
 - ``n=4`` in one request against four requests one after another: on mock_chat with a
   5 ms per-token delay (a model that decodes sequences side by side) and on smollm2 (one
   sequence at a time today).
@@ -208,6 +209,28 @@ async def parsing_rows(http: httpx.AsyncClient, count: int) -> list[str]:
     ]
 
 
+async def storage_row(http: httpx.AsyncClient, count: int) -> str:
+    """What keeping a Responses response in Redis adds: store=true against store=false."""
+
+    async def respond(store: bool) -> None:
+        body = {"model": "mock_chat", "input": "hello there", "store": store}
+        response = await http.post("/v1/responses", json=body)
+        assert response.status_code == 200, response.text
+
+    for _ in range(count // 4):
+        await respond(True)
+        await respond(False)
+    kept, not_kept = [], []
+    for _ in range(count):
+        not_kept.append(await timed(lambda: respond(False)))
+        kept.append(await timed(lambda: respond(True)))
+    k, n = pct(kept, 50), pct(not_kept, 50)
+    return (
+        f"| /v1/responses p50 latency on mock_chat, store=false vs store=true | {n:.2f} ms | "
+        f"{k:.2f} ms | Redis storage adds **{k - n:+.2f} ms** |"
+    )
+
+
 async def n_rows(http: httpx.AsyncClient, model: str, body: dict[str, Any], rounds: int) -> str:
     single = {**body, "model": model}
     joint = {**single, "n": 4}
@@ -239,6 +262,8 @@ async def gateway_rows(stack: GatewayProcess, scale: float) -> list[str]:
         print(rows[-1], flush=True)
         rows += await parsing_rows(http, int(200 * scale))
         print(*rows[-2:], sep="\n", flush=True)
+        rows.append(await storage_row(http, int(200 * scale)))
+        print(rows[-1], flush=True)
         slow = [{"role": "user", "content": "[mock:delay_ms=5] hello"}]
         rows.append(await n_rows(http, "mock_chat", {"messages": slow, "max_tokens": 32}, rounds))
         print(rows[-1], flush=True)

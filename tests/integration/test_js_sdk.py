@@ -32,3 +32,10 @@ def test_npm_client_agents_calls(stack: GatewayProcess) -> None:
     report = result.stdout + result.stderr
     assert result.returncode == 0, report
     assert report.count("ok - ") == 5, report
+
+
+def test_npm_client_responses_and_embeddings(stack: GatewayProcess) -> None:
+    result = run_script(stack, "responses.mjs")
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report
+    assert report.count("ok - ") == 3, report

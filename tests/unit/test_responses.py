@@ -293,3 +293,37 @@ async def test_unknown_previous_response_is_a_404(client: openai.AsyncOpenAI) ->
             model="fake-chat", input="hi", previous_response_id="resp_unknown"
         )
     assert "resp_unknown" in caught.value.message
+
+
+async def test_client_going_away_cancels_the_generation_and_stores_nothing(
+    stream_http: httpx.AsyncClient, fake: FakeBackend, client: openai.AsyncOpenAI
+) -> None:
+    fake.reply = " ".join(f"w{i}" for i in range(50))
+    fake.token_delay_s = 0.01
+    body = {"model": "fake-chat", "input": "Hi", "stream": True}
+    response_id = None
+    async with stream_http.stream("POST", "/v1/responses", json=body) as response:
+        async for line in response.aiter_lines():
+            if '"response.created"' in line and line.startswith("data: "):
+                response_id = json.loads(line.removeprefix("data: "))["response"]["id"]
+            if '"delta": "w' in line:
+                break  # leaving the block closes the response: the client went away
+    call = fake.calls[-1]
+    assert call.cancelled is True and 0 < call.tokens_sent < 50
+    assert response_id is not None
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(response_id)
+
+
+async def test_usage_and_limits_count_responses(http: httpx.AsyncClient, fake: FakeBackend) -> None:
+    created = await new_key(http, rpm=2)
+    user = sdk(http, created["key"])
+    first = await user.responses.create(model="fake-chat", input="Hi")
+    await user.responses.create(model="fake-chat", input="Hi", stream=True)
+    with pytest.raises(openai.RateLimitError):
+        await user.responses.create(model="fake-chat", input="Hi")
+    usage = (await http.get(f"/admin/keys/{created['id']}/usage")).json()
+    assert first.usage is not None
+    assert usage["requests"] == 2
+    assert usage["completion_tokens"] == 2 * len(fake.reply.split())
+    assert usage["prompt_tokens"] == 2 * first.usage.input_tokens
