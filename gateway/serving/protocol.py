@@ -286,6 +286,8 @@ class Model(BaseModel):
     context_length: int | None = None
     capabilities: ModelCapabilities | None = None
     """Chat models: tool calling, structured outputs, log probabilities."""
+    dimensions: int | None = None
+    """Embedding models: the length of their vectors."""
 
 
 class ModelList(BaseModel):

@@ -19,6 +19,8 @@ async def test_the_repository_lists_every_model_with_its_state(http: httpx.Async
         "fake-plain": ("READY", "chat"),
         "fake-tts": ("READY", "speech"),
         "fake-stt": ("READY", "transcription"),
+        "fake-embed": ("READY", "embeddings"),
+        "fake-embed-fixed": ("READY", "embeddings"),
         "fake-unloaded": ("", None),
     }
 

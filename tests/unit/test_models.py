@@ -16,6 +16,8 @@ async def test_list_shows_ready_models_with_a_task(http: httpx.AsyncClient) -> N
     assert body["object"] == "list"
     assert sorted(m["id"] for m in body["data"]) == [
         "fake-chat",
+        "fake-embed",
+        "fake-embed-fixed",
         "fake-plain",
         "fake-stt",
         "fake-tts",
@@ -31,11 +33,20 @@ async def test_list_model_objects_have_the_openai_shape(http: httpx.AsyncClient)
     assert chat["task"] == "chat"
     assert chat["context_length"] == 2048
     assert models["fake-tts"]["task"] == "speech"
+    assert models["fake-embed"]["task"] == "embeddings"
+    assert (models["fake-embed"]["dimensions"], models["fake-embed"]["context_length"]) == (8, 32)
 
 
 async def test_sdk_lists_the_models(client: openai.AsyncOpenAI) -> None:
     ids = [m.id async for m in client.models.list()]
-    assert sorted(ids) == ["fake-chat", "fake-plain", "fake-stt", "fake-tts"]
+    assert sorted(ids) == [
+        "fake-chat",
+        "fake-embed",
+        "fake-embed-fixed",
+        "fake-plain",
+        "fake-stt",
+        "fake-tts",
+    ]
 
 
 async def test_retrieve_a_model(http: httpx.AsyncClient, client: openai.AsyncOpenAI) -> None:

@@ -35,8 +35,9 @@ def _public(info: ModelInfo, created: int) -> Model:
         id=info.name,
         created=created,
         task=info.task,
-        context_length=info.context_length,
+        context_length=info.context_length or info.max_input_tokens,
         capabilities=_capabilities(info),
+        dimensions=info.dimensions if info.task == "embeddings" else None,
     )
 
 
