@@ -74,7 +74,13 @@ class Settings(BaseSettings):
     """Prometheus metrics port of the embedded Triton."""
     model_repository: Path = PROJECT_ROOT / "triton_repo"
     """Model repository the embedded Triton serves."""
-    models: Annotated[list[str], NoDecode] = ["smollm2", "mock_chat", "piper_tts", "whisper_stt"]
+    models: Annotated[list[str], NoDecode] = [
+        "smollm2",
+        "mock_chat",
+        "piper_tts",
+        "whisper_stt",
+        "e5_small",
+    ]
     """Models the embedded Triton loads at start; ``/health/ready`` waits for all of them."""
     run_dir: Path = Path(".run")
     """Where the embedded Triton's logs and backend directory go."""

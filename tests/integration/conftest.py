@@ -32,7 +32,7 @@ def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRe
 @pytest.fixture(scope="session")
 def stack(redis_store: EmbeddedRedis) -> Iterator[GatewayProcess]:
     gateway = GatewayProcess(
-        models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"],
+        models=["smollm2", "mock_chat", "piper_tts", "whisper_stt", "e5_small"],
         redis_url=redis_store.url,
         # Small, so that the upload-limit tests send a few MB, not 25.
         env={"GATEWAY_MAX_AUDIO_UPLOAD_MB": str(UPLOAD_LIMIT_MB)},

@@ -32,7 +32,7 @@ def test_models_as_a_python_list() -> None:
 
 def test_defaults() -> None:
     current = settings()
-    assert current.models == ["smollm2", "mock_chat", "piper_tts", "whisper_stt"]
+    assert current.models == ["smollm2", "mock_chat", "piper_tts", "whisper_stt", "e5_small"]
     assert current.model_cache_ttl_s == 5.0
     assert current.default_chat_template == CHATML_TEMPLATE
     assert current.triton_url == "127.0.0.1:8001"
