@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.audio
 	$(BIN)/python -m tests.bench.edge
 	$(BIN)/python -m tests.bench.agents
+	$(BIN)/python -m tests.bench.embeddings
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:
