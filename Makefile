@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.edge
 	$(BIN)/python -m tests.bench.agents
 	$(BIN)/python -m tests.bench.embeddings
+	$(BIN)/python -m tests.bench.cpu
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:
