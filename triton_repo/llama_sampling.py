@@ -66,13 +66,16 @@ class TokenSampler:
             if grammar is not None
             else None
         )
+        self.ids = np.arange(n_vocab, dtype=np.intc)
         self.candidates = np.zeros(n_vocab, dtype=_CANDIDATE)
-        self.candidates["id"] = np.arange(n_vocab, dtype=np.intc)
         self.one = (lib.llama_token_data * 1)()
         self.refused = 0  # draws the grammar refused (benchmarks and tests read it)
 
     def _draw(self, logits: Any, with_grammar: bool) -> int:
         lib = self.lib
+        # Every field again: top-k and top-p sort the array in place, so after a draw the
+        # ids are no longer in vocabulary order.
+        self.candidates["id"] = self.ids
         self.candidates["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
         self.candidates["p"] = 0.0
         array = lib.llama_token_data_array(

