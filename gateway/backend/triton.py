@@ -162,7 +162,7 @@ def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
         task=task,
         ready=True,
         chat_template=params.get("chat_template") or None,
-        context_length=int(context) if context and context.isdigit() else None,
+        context_length=_integer(context),
         voices=names("voices"),
         languages=names("languages"),
         tool_call_parser=params.get("tool_call_parser") or None,

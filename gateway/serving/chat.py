@@ -76,6 +76,10 @@ class PreparedChat:
     """Set when the request continues a session: the reply is stored when it completes."""
     started: float = field(default_factory=time.monotonic)
 
+    def jobs(self) -> list[generation.Job]:
+        """One backend request per choice."""
+        return generation.jobs_for([self.prompt], self.options, self.n)
+
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
     """OpenAI parameters -> vLLM sampling parameters."""
@@ -317,9 +321,6 @@ class ChatService:
             session=session,
         )
 
-    def _jobs(self, chat: PreparedChat) -> list[generation.Job]:
-        return generation.jobs_for([chat.prompt], chat.options, chat.n)
-
     async def _remember(
         self, chat: PreparedChat, message: dict[str, Any], completion_tokens: int
     ) -> None:
@@ -349,7 +350,7 @@ class ChatService:
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        jobs = self._jobs(chat)
+        jobs = chat.jobs()
         tally = generation.Tally(meter or Meter(), jobs)
         results = await generation.collect(self.backend, chat.model, jobs, tally)
         choices = [self._choice(chat, i, r) for i, r in enumerate(results)]
@@ -366,7 +367,7 @@ class ChatService:
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before the first chunk of any choice."""
-        jobs = self._jobs(chat)
+        jobs = chat.jobs()
         pieces = await generation.stream(self.backend, chat.model, jobs)
         tally = generation.Tally(meter or Meter(), jobs)
         return with_done(self._events(chat, pieces, tally), "chat")

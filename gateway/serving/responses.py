@@ -21,7 +21,6 @@ Streaming sends OpenAI's event sequence, every event with a ``sequence_number``:
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -31,15 +30,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import GatewayError, InvalidRequestError
+from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import FUNCTION_NAME, ChatCompletionRequest, Usage
+from gateway.serving.sse import failure
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, assemble
 from gateway.state.limits import Meter
 from gateway.state.responses import ResponseStore, StoredResponse, new_id
-
-logger = logging.getLogger("gateway.responses")
 
 
 class ContentPart(BaseModel):
@@ -313,6 +311,51 @@ def _call_item(
     }
 
 
+def _response_object(
+    prepared: PreparedResponse,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: Usage | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    request = prepared.request
+    tool_choice: Any = request.tool_choice or "auto"
+    if isinstance(tool_choice, ToolChoiceFunction):
+        tool_choice = tool_choice.model_dump()
+    text_format = request.text.format if request.text and request.text.format else None
+    return {
+        "id": prepared.id,
+        "object": "response",
+        "created_at": prepared.created_at,
+        "status": status,
+        "error": error,
+        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "model": request.model,
+        "output": output,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": request.store is not False,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "text": {
+            "format": (
+                text_format.model_dump(by_alias=True, exclude_none=True)
+                if text_format
+                else {"type": "text"}
+            )
+        },
+        "tool_choice": tool_choice,
+        "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "truncation": "disabled",
+        "usage": _usage(usage) if usage is not None else None,
+        "user": request.user,
+        "metadata": request.metadata or {},
+    }
+
+
 class ResponsesService:
     def __init__(self, chat: ChatService, store: ResponseStore) -> None:
         self.chat = chat
@@ -364,53 +407,6 @@ class ResponsesService:
             messages=messages,
         )
 
-    def _object(
-        self,
-        prepared: PreparedResponse,
-        status: str,
-        output: list[dict[str, Any]],
-        usage: Usage | None = None,
-        error: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        request = prepared.request
-        tool_choice: Any = request.tool_choice or "auto"
-        if isinstance(tool_choice, ToolChoiceFunction):
-            tool_choice = tool_choice.model_dump()
-        text_format = request.text.format if request.text and request.text.format else None
-        return {
-            "id": prepared.id,
-            "object": "response",
-            "created_at": prepared.created_at,
-            "status": status,
-            "error": error,
-            "incomplete_details": (
-                {"reason": "max_output_tokens"} if status == "incomplete" else None
-            ),
-            "instructions": request.instructions,
-            "max_output_tokens": request.max_output_tokens,
-            "model": request.model,
-            "output": output,
-            "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "previous_response_id": request.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
-            "store": request.store is not False,
-            "temperature": 1.0 if request.temperature is None else request.temperature,
-            "text": {
-                "format": (
-                    text_format.model_dump(by_alias=True, exclude_none=True)
-                    if text_format
-                    else {"type": "text"}
-                )
-            },
-            "tool_choice": tool_choice,
-            "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
-            "top_p": 1.0 if request.top_p is None else request.top_p,
-            "truncation": "disabled",
-            "usage": _usage(usage) if usage is not None else None,
-            "user": request.user,
-            "metadata": request.metadata or {},
-        }
-
     async def _finish(
         self,
         prepared: PreparedResponse,
@@ -419,7 +415,7 @@ class ResponsesService:
         usage: Usage,
     ) -> dict[str, Any]:
         """The final response object; stored (with ``store``) before it is returned."""
-        response = self._object(prepared, status, output, usage)
+        response = _response_object(prepared, status, output, usage)
         if prepared.request.store is not False:
             reply: dict[str, Any] = {"role": "assistant", "content": None}
             texts = [
@@ -448,15 +444,11 @@ class ResponsesService:
             )
         return response
 
-    @staticmethod
-    def dumps(response: dict[str, Any]) -> str:
-        return json.dumps(response)
-
     async def create(
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
         chat = prepared.chat
-        jobs = generation.jobs_for([chat.prompt], chat.options, 1)
+        jobs = chat.jobs()
         tally = generation.Tally(meter or Meter(), jobs)
         (result,) = await generation.collect(self.chat.backend, chat.model, jobs, tally)
         content: str | None = result.text
@@ -477,7 +469,7 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        jobs = generation.jobs_for([chat.prompt], chat.options, 1)
+        jobs = chat.jobs()
         pieces = await generation.stream(self.chat.backend, chat.model, jobs)
         tally = generation.Tally(meter or Meter(), jobs)
         return self._guarded(prepared, _StreamWriter(prepared, self), pieces, tally)
@@ -496,14 +488,10 @@ class ResponsesService:
                 async for item in events:
                     yield item
             except Exception as exc:
-                if isinstance(exc, GatewayError):
-                    logger.warning("responses stream failed: %s", exc.message)
-                    code, message = exc.code or exc.type, exc.message
-                else:
-                    logger.exception("responses stream failed")
-                    code, message = "server_error", "The server had an error while streaming."
+                error = failure(exc, "responses")["error"]
+                code, message = error["code"] or error["type"], error["message"]
                 yield writer.event("error", code=code, message=message, param=None)
-                failed = self._object(
+                failed = _response_object(
                     prepared, "failed", writer.output, error={"code": code, "message": message}
                 )
                 yield writer.event("response.failed", response=failed)
@@ -631,7 +619,7 @@ class _StreamWriter:
         prepared = self.prepared
         chat = prepared.chat
         parser = chat.tools.new_parser() if chat.tools is not None else None
-        snapshot = self.service._object(prepared, "in_progress", [])
+        snapshot = _response_object(prepared, "in_progress", [])
         yield self.event("response.created", response=snapshot)
         yield self.event("response.in_progress", response=snapshot)
         finish = "stop"

@@ -45,12 +45,18 @@ async def with_error_event(
         try:
             async for item in events:
                 yield item
-        except GatewayError as exc:
-            logger.warning("%s stream failed: %s", what, exc.message)
-            yield event(exc.body())
-        except Exception:
-            logger.exception("%s stream failed", what)
-            yield event(error_body("The server had an error while streaming.", "server_error"))
+        except Exception as exc:
+            yield event(failure(exc, what))
+
+
+def failure(exc: Exception, what: str) -> dict[str, Any]:
+    """The OpenAI error body for a failure after a stream began (logged here; call it from
+    the ``except`` block): the error's own for a gateway error, a generic one otherwise."""
+    if isinstance(exc, GatewayError):
+        logger.warning("%s stream failed: %s", what, exc.message)
+        return exc.body()
+    logger.exception("%s stream failed", what)
+    return error_body("The server had an error while streaming.", "server_error")
 
 
 async def with_done(events: AsyncGenerator[str, None], what: str) -> AsyncGenerator[str, None]:

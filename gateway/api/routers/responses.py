@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -27,7 +28,7 @@ async def create_response(
         events = await responses.stream(prepared, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     response = await cancel_on_disconnect(request, responses.create(prepared, meter))
-    return Response(responses.dumps(response), media_type="application/json")
+    return Response(json.dumps(response), media_type="application/json")
 
 
 @router.get("/{response_id}")
