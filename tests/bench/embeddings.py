@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
+from tests.bench.chat import pct
 from tests.stack import GatewayProcess
 
 MODEL = "e5_small"
@@ -58,11 +59,6 @@ class Side:
     def mean_batch(self) -> float:
         runs = sum(self.executions.values())
         return sum(size * n for size, n in self.executions.items()) / runs if runs else 0.0
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def spread(values: list[float]) -> str:

@@ -1,9 +1,10 @@
 // The official npm `openai` client against a running gateway: structured outputs, tool
 // calls (forced, parsed, streamed), /v1/completions, n, logprobs and a bad request.
 // Usage: OPENAI_BASE_URL=http://host:port/v1 OPENAI_API_KEY=sk-... node agents.mjs
-// Exits non-zero on the first failed check (node:assert), printing what it got.
+// Runs every check (node:assert) and exits non-zero if any failed, printing what it got.
 import assert from "node:assert/strict";
 import OpenAI from "openai";
+import { check, runChecks } from "./checks.mjs";
 
 const client = new OpenAI();
 const weather = {
@@ -25,8 +26,6 @@ const person = {
   additionalProperties: false,
 };
 const ask = (content) => [{ role: "user", content }];
-const checks = [];
-const check = (name, fn) => checks.push([name, fn]);
 
 check("json_schema answer parses and fits", async () => {
   const reply = await client.chat.completions.create({
@@ -119,14 +118,4 @@ check("bad input is a 400 naming the parameter", async () => {
   );
 });
 
-let failed = 0;
-for (const [name, fn] of checks) {
-  try {
-    await fn();
-    console.log(`ok - ${name}`);
-  } catch (error) {
-    failed += 1;
-    console.log(`not ok - ${name}\n${error?.stack ?? error}`);
-  }
-}
-process.exit(failed ? 1 : 0);
+await runChecks();

@@ -3,10 +3,9 @@
 // Usage: OPENAI_BASE_URL=http://host:port/v1 OPENAI_API_KEY=sk-... node responses.mjs
 import assert from "node:assert/strict";
 import OpenAI from "openai";
+import { check, runChecks } from "./checks.mjs";
 
 const client = new OpenAI();
-const checks = [];
-const check = (name, fn) => checks.push([name, fn]);
 
 check("responses.create, continued with previous_response_id", async () => {
   const first = await client.responses.create({ model: "mock_chat", input: "remember this" });
@@ -53,14 +52,4 @@ check("embeddings.create: base64 by default, float on request, related texts clo
   assert.ok(result.usage.prompt_tokens > 0);
 });
 
-let failed = 0;
-for (const [name, fn] of checks) {
-  try {
-    await fn();
-    console.log(`ok - ${name}`);
-  } catch (error) {
-    failed += 1;
-    console.log(`not ok - ${name}\n${error?.stack ?? error}`);
-  }
-}
-process.exit(failed ? 1 : 0);
+await runChecks();
