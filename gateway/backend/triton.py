@@ -1,10 +1,10 @@
 """The Triton implementation of :class:`gateway.backend.Backend`, over gRPC streaming.
 
-This is the only module that imports ``tritonclient``. Chat requests use the vLLM-backend
-tensors (see ``triton_repo/README.md``), one bidirectional ``ModelStreamInfer`` call per
-request on one shared channel: the request is written, the client half-closes, and Triton
-ends the stream after the model's final response. Cancelling the call cancels the request
-in Triton, which the model sees through ``is_cancelled()``.
+This is the only module that talks to Triton. Chat requests use the vLLM-backend tensors
+(see ``triton_repo/README.md``). Streamed requests go over ``ModelStreamInfer`` calls that
+are kept open and lent to one request at a time (:mod:`gateway.backend.grpc_streams`);
+cancelling the call cancels that request in Triton, which the model sees through
+``is_cancelled()``. Admin calls and embeddings use ``tritonclient.grpc.aio``.
 
 Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
 DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the client
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -28,6 +28,7 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from gateway.backend import grpc_streams as streams
 from gateway.backend.base import (
     AudioChunk,
     Embeddings,
@@ -52,37 +53,11 @@ from gateway.errors import (
 
 _CHAT_INPUTS = {"text_input", "sampling_parameters"}
 
-
-def _tensor(name: str, value: npt.NDArray[Any], datatype: str) -> triton_grpc.InferInput:
-    item = triton_grpc.InferInput(name, [1], datatype)
-    item.set_data_from_numpy(value)
-    return item
-
-
-def _text(name: str, value: str) -> triton_grpc.InferInput:
-    return _tensor(name, np.array([value.encode("utf-8")], dtype=np.object_), "BYTES")
-
-
-def _number(result: Any, name: str) -> float:
-    value = result.as_numpy(name)
-    return float(value.reshape(-1)[0]) if value is not None else 0.0
-
-
-def _string(result: Any, name: str) -> str:
-    value = result.as_numpy(name)
-    return str(value.reshape(-1)[0].decode("utf-8")) if value is not None else ""
-
-
-def _flag(name: str, value: bool) -> triton_grpc.InferInput:
-    return _tensor(name, np.array([value], dtype=bool), "BOOL")
-
-
-# The switches are the same on every request; an InferInput is only read when a request is
-# serialized, so these are built once and shared.
-_STREAM = {True: _flag("stream", True), False: _flag("stream", False)}
-_LOGPROBS = _flag("return_logprobs", True)
+# The switches are the same on every chat request, so they are built once.
+_STREAM = {True: streams.flag("stream", True), False: streams.flag("stream", False)}
+_LOGPROBS = streams.flag("return_logprobs", True)
 _SWITCHES = [
-    _flag(name, True)
+    streams.flag(name, True)
     for name in (
         "exclude_input_in_output",
         "return_finish_reason",
@@ -90,6 +65,11 @@ _SWITCHES = [
         "return_num_output_tokens",
     )
 ]
+
+
+def _string(outputs: streams.Outputs, name: str) -> str:
+    value = outputs.first_bytes(name)
+    return value.decode("utf-8") if value is not None else ""
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
@@ -192,15 +172,14 @@ def _input_types(params: dict[str, str]) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _logprobs(result: Any) -> tuple[TokenLogprob, ...]:
+def _logprobs(outputs: streams.Outputs) -> tuple[TokenLogprob, ...]:
     """The ``logprobs`` output of Triton's vLLM backend: JSON, a list with one object per new
     token mapping token ids to ``{"logprob", "rank", "decoded_token"}``; the sampled token
     comes first (vLLM's order), the alternatives by rank."""
-    array = result.as_numpy("logprobs")
-    if array is None or array.size == 0:
+    raw = outputs.first_bytes("logprobs")
+    if not raw:
         return ()
-    raw = array.reshape(-1)[0]
-    positions = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    positions = json.loads(raw)
     tokens = []
     for position in positions or ():
         entries = list(position.values())
@@ -239,6 +218,7 @@ class TritonBackend:
         self.load_timeout_s = load_timeout_s
         self.on_error = on_error
         self.client = triton_grpc.InferenceServerClient(url)
+        self.streams = streams.StreamPool(url)
 
     async def ready(self) -> bool:
         try:
@@ -317,38 +297,24 @@ class TritonBackend:
         return model_info_from_config(name, reply.get("config", {}))
 
     async def _stream(
-        self, model: str, inputs: list[triton_grpc.InferInput]
-    ) -> AsyncGenerator[Any, None]:
-        """One request on a gRPC stream: yields each response's result. The stream is
-        half-closed after the request; Triton ends it after the model's final response.
-        Leaving early cancels the request in Triton."""
-        request = {"model_name": model, "inputs": inputs, "enable_empty_final_response": True}
-
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            yield request
-
-        responses = self.client.stream_infer(requests())
-        finished = answered = False
+        self, model: str, inputs: list[streams.Input]
+    ) -> AsyncGenerator[streams.Outputs, None]:
+        """One request on a kept gRPC stream: yields each response's outputs up to the final
+        one. Leaving early cancels the request in Triton."""
+        answered = False
         try:
-            async for result, error in responses:
-                if error is not None:
-                    raise _model_error(model, error.message())
-                finished = result.get_response().parameters["triton_final_response"].bool_param
-                answered = True
-                yield result
+            async with aclosing(self.streams.infer(streams.request(model, inputs))) as results:
+                async for outputs in results:
+                    answered = True
+                    yield outputs
         except grpc.aio.AioRpcError as exc:
             raise self._failed(model, _from_rpc_error(exc, model)) from exc
-        except InferenceServerException as exc:
-            raise self._failed(model, _from_client_error(exc, model)) from exc
-        except BackendError as exc:
+        except streams.ModelError as exc:
             if not answered and not await self._model_ready(model):
                 # Unloaded since the catalog last looked (by another replica's admin call,
                 # say): Triton's in-stream error says so only in words.
                 raise ModelNotFoundError(model) from None
-            raise self._failed(model, exc) from None
-        finally:
-            if not finished:
-                responses.cancel()  # the client went away or we failed: stop the model
+            raise self._failed(model, _model_error(model, str(exc))) from None
 
     async def _model_ready(self, model: str) -> bool:
         try:
@@ -374,46 +340,47 @@ class TritonBackend:
         self, model: str, text: str, voice: str, speed: float
     ) -> AsyncGenerator[AudioChunk, None]:
         inputs = [
-            _text("text", text),
-            _text("voice", voice),
-            _tensor("speed", np.array([speed], dtype=np.float32), "FP32"),
+            streams.text("text", text),
+            streams.text("voice", voice),
+            streams.array("speed", np.array([speed]), "FP32"),
         ]
         async with aclosing(self._stream(model, inputs)) as results:
-            async for result in results:
-                samples = result.as_numpy("audio")
-                rate = result.as_numpy("sample_rate")
+            async for outputs in results:
+                samples = outputs.array("audio")
+                rate = outputs.first_number("sample_rate")
                 if samples is not None and rate is not None and samples.size:
-                    yield AudioChunk(samples.reshape(-1), int(rate.reshape(-1)[0]))
+                    yield AudioChunk(samples.reshape(-1), int(rate))
 
     async def transcribe(
         self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
     ) -> AsyncGenerator[Segment, None]:
-        item = triton_grpc.InferInput("audio", [int(audio.size)], "FP32")
-        item.set_data_from_numpy(np.ascontiguousarray(audio, dtype=np.float32).reshape(-1))
         inputs = [
-            item,
-            _tensor("temperature", np.array([options.temperature], dtype=np.float32), "FP32"),
-            _flag("word_timestamps", options.word_timestamps),
+            streams.array("audio", audio.reshape(-1), "FP32"),
+            streams.array("temperature", np.array([options.temperature]), "FP32"),
+            streams.flag("word_timestamps", options.word_timestamps),
         ]
         if options.language:
-            inputs.append(_text("language", options.language))
+            inputs.append(streams.text("language", options.language))
         if options.prompt:
-            inputs.append(_text("prompt", options.prompt))
+            inputs.append(streams.text("prompt", options.prompt))
         async with aclosing(self._stream(model, inputs)) as results:
-            async for result in results:
-                text = result.as_numpy("text")
+            async for outputs in results:
+                text = outputs.first_bytes("text")
                 if text is None:
                     continue  # the empty final response
 
-                words = json.loads(_string(result, "words") or "[]")
+                def number(name: str, outputs: streams.Outputs = outputs) -> float:
+                    return outputs.first_number(name) or 0.0
+
+                words = json.loads(_string(outputs, "words") or "[]")
                 yield Segment(
-                    text=text.reshape(-1)[0].decode("utf-8"),
-                    start=_number(result, "start"),
-                    end=_number(result, "end"),
+                    text=text.decode("utf-8"),
+                    start=number("start"),
+                    end=number("end"),
                     words=tuple(Word(w["word"], w["start"], w["end"]) for w in words),
-                    avg_logprob=_number(result, "avg_logprob"),
-                    no_speech_prob=_number(result, "no_speech_prob"),
-                    language=_string(result, "language"),
+                    avg_logprob=number("avg_logprob"),
+                    no_speech_prob=number("no_speech_prob"),
+                    language=_string(outputs, "language"),
                 )
 
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
@@ -440,13 +407,11 @@ class TritonBackend:
         )
 
     @staticmethod
-    def _chat_inputs(
-        prompt: str, options: SamplingOptions, stream: bool
-    ) -> list[triton_grpc.InferInput]:
+    def _chat_inputs(prompt: str, options: SamplingOptions, stream: bool) -> list[streams.Input]:
         inputs = [
-            _text("text_input", prompt),
+            streams.text("text_input", prompt),
             _STREAM[stream],
-            _text("sampling_parameters", options.to_json()),
+            streams.text("sampling_parameters", options.to_json()),
             *_SWITCHES,
         ]
         if options.logprobs is not None:
@@ -454,26 +419,21 @@ class TritonBackend:
         return inputs
 
     @staticmethod
-    def _chunk(result: Any, logprobs: bool) -> GenerationChunk:
-        def first(name: str) -> Any:
-            array = result.as_numpy(name)
-            return None if array is None or array.size == 0 else array.reshape(-1)[0]
-
-        text = first("text_output")
-        reason = first("finish_reason")
-        if isinstance(reason, bytes):
-            reason = reason.decode("utf-8")
-        prompt_tokens = first("num_input_tokens")
-        output_tokens = first("num_output_tokens")
+    def _chunk(outputs: streams.Outputs, logprobs: bool) -> GenerationChunk:
+        text = outputs.first_bytes("text_output")
+        reason = outputs.first_bytes("finish_reason")
+        prompt_tokens = outputs.first_number("num_input_tokens")
+        output_tokens = outputs.first_number("num_output_tokens")
         return GenerationChunk(
-            text=text.decode("utf-8", errors="replace") if isinstance(text, bytes) else "",
+            text=text.decode("utf-8", errors="replace") if text else "",
             # vLLM sends the string "None" until the sequence finishes.
-            finish_reason=reason if reason not in (None, "", "None") else None,
+            finish_reason=reason.decode("utf-8") if reason and reason != b"None" else None,
             prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
             completion_tokens=int(output_tokens) if output_tokens is not None else 0,
             # Looked up only when asked for: this runs once per token.
-            logprobs=_logprobs(result) if logprobs else (),
+            logprobs=_logprobs(outputs) if logprobs else (),
         )
 
     async def close(self) -> None:
+        await self.streams.close()
         await self.client.close()

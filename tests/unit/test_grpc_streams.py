@@ -1,0 +1,156 @@
+"""The kept Triton streams (``gateway/backend/grpc_streams.py``) against an in-process gRPC
+server that speaks Triton's ``ModelStreamInfer``: calls are reused, and a request that is
+abandoned, fails, or meets a stream the server ended never harms another request."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from gateway.backend import grpc_streams as streams
+
+
+def _response(model: str, word: str | None, final: bool) -> Any:
+    reply = service_pb2.ModelStreamInferResponse()
+    infer = reply.infer_response
+    infer.model_name = model
+    if word is not None:
+        data = word.encode()
+        infer.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+        infer.raw_output_contents.append(struct.pack("<I", len(data)) + data)
+        infer.outputs.add(name="count", datatype="UINT32", shape=[1])
+        infer.raw_output_contents.append(struct.pack("<I", len(word)))
+    infer.parameters["triton_final_response"].bool_param = final
+    return reply
+
+
+class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """``echo`` answers each word of its text, then an empty final response; ``slow``
+    answers a word every 10 ms until cancelled; ``fail`` sends an error; ``end`` answers
+    and then ends the whole stream (as a server going away would)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled: list[str] = []
+        self.completed: list[str] = []
+
+    async def ModelStreamInfer(  # the gRPC method's name
+        self, request_iterator: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[Any]:
+        self.calls += 1
+        async for request in request_iterator:
+            assert request.parameters["triton_enable_empty_final_response"].bool_param
+            raw = request.raw_input_contents[0]
+            text = raw[4 : 4 + int.from_bytes(raw[:4], "little")].decode()
+            model = request.model_name
+            if model == "fail":
+                yield service_pb2.ModelStreamInferResponse(error_message=f"failed: {text}")
+                continue
+            words = text.split() if model != "slow" else [text] * 1000
+            try:
+                for word in words:
+                    if model == "slow":
+                        await asyncio.sleep(0.01)
+                    yield _response(model, word, final=False)
+                yield _response(model, None, final=True)
+            except asyncio.CancelledError:
+                self.cancelled.append(text)
+                raise
+            self.completed.append(text)
+            if model == "end":
+                return
+
+
+@pytest.fixture
+async def triton() -> AsyncIterator[tuple[FakeTriton, streams.StreamPool]]:
+    server = grpc.aio.server()
+    fake = FakeTriton()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    pool = streams.StreamPool(f"127.0.0.1:{port}")
+    try:
+        yield fake, pool
+    finally:
+        await pool.close()
+        await server.stop(None)
+
+
+async def words(pool: streams.StreamPool, model: str, text: str, take: int | None = None) -> list:
+    out = []
+    request = streams.request(model, [streams.text("text_input", text)])
+    async with aclosing(pool.infer(request)) as responses:
+        async for outputs in responses:
+            word = outputs.first_bytes("text_output")
+            if word is not None:
+                out.append((word.decode(), outputs.first_number("count")))
+            if take is not None and len(out) >= take:
+                break
+    return out
+
+
+async def test_requests_one_after_another_share_one_call(triton: Any) -> None:
+    fake, pool = triton
+    assert await words(pool, "echo", "a bb") == [("a", 1.0), ("bb", 2.0)]
+    assert await words(pool, "echo", "ccc") == [("ccc", 3.0)]
+    assert await words(pool, "echo", "d e f") == [("d", 1.0), ("e", 1.0), ("f", 1.0)]
+    assert fake.calls == 1
+
+
+async def test_concurrent_requests_get_their_own_answers(triton: Any) -> None:
+    fake, pool = triton
+    texts = [" ".join(f"w{i}x{j}" for j in range(i + 1)) for i in range(6)]
+    answers = await asyncio.gather(*(words(pool, "echo", t) for t in texts))
+    assert [" ".join(w for w, _ in a) for a in answers] == texts
+    assert fake.calls == 6
+    await asyncio.gather(*(words(pool, "echo", t) for t in texts))
+    assert fake.calls == 6  # the six kept calls served the second round
+
+
+async def test_leaving_early_cancels_only_that_request(triton: Any) -> None:
+    fake, pool = triton
+    other = asyncio.create_task(words(pool, "echo", "x " * 50))
+    assert len(await words(pool, "slow", "stop-me", take=2)) == 2
+    for _ in range(100):
+        if fake.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.cancelled == ["stop-me"]
+    assert len(await other) == 50
+    # The cancelled call is not kept: the next request still gets its answer.
+    assert await words(pool, "echo", "after") == [("after", 5.0)]
+
+
+async def test_an_error_response_raises_and_the_next_request_is_served(triton: Any) -> None:
+    fake, pool = triton
+    assert await words(pool, "echo", "warm") == [("warm", 4.0)]
+    with pytest.raises(streams.ModelError, match="failed: boom"):
+        await words(pool, "fail", "boom")
+    assert await words(pool, "echo", "fine") == [("fine", 4.0)]
+    assert fake.calls == 2  # the failed request's call was dropped, not reused
+
+
+async def test_a_stream_the_server_ended_is_replaced(triton: Any) -> None:
+    fake, pool = triton
+    assert await words(pool, "end", "last") == [("last", 4.0)]
+    # The server ended the call after that answer; the kept call is dead.
+    assert await words(pool, "echo", "next one") == [("next", 4.0), ("one", 3.0)]
+    assert fake.completed == ["last", "next one"]
+
+
+def test_tensors_are_encoded_as_triton_reads_them() -> None:
+    request = streams.request("m", [streams.text("t", "héllo"), streams.flag("f", True)])
+    assert [i.name for i in request.inputs] == ["t", "f"]
+    assert request.raw_input_contents[0] == struct.pack("<I", 6) + "héllo".encode()
+    assert request.raw_input_contents[1] == b"\x01"
+    name, raw = streams.array("a", np.array([1.5, -2.0]), "FP32")
+    assert list(name.shape) == [2] and name.datatype == "FP32"
+    assert np.frombuffer(raw, dtype=np.float32).tolist() == [1.5, -2.0]
