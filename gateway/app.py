@@ -82,6 +82,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         try:
             yield
         finally:
+            await app.state.limiter.close()
             await redis.aclose()
             if backend is None:  # we created it, we close it
                 await active.close()

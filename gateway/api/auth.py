@@ -55,9 +55,15 @@ async def metrics_access(
         await require_admin(await _caller(request, credentials))
 
 
-async def _admitted(request: Request, caller: CallerDep) -> Admission:
+async def _admitted(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Admission:
+    """The key check and the admission in one Redis round trip."""
     limiter: RateLimiter = request.app.state.limiter
-    admission = await limiter.admit(caller)
+    admission = await limiter.admit(
+        request.app.state.keys, credentials.credentials if credentials else None
+    )
     setattr(request.state, ADMISSION, admission)
     return admission
 

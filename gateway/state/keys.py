@@ -12,6 +12,7 @@ still see and load models while Redis is down.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -30,7 +31,7 @@ _INDEX = f"{PREFIX}keys"
 Role = Literal["user", "admin"]
 
 
-def _record_key(key_id: str) -> str:
+def record_key(key_id: str) -> str:
     return f"{PREFIX}key:{key_id}"
 
 
@@ -149,15 +150,21 @@ class KeyStore:
             secret_hash=hash_key(key),
         )
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(_record_key(key_id), stored.model_dump_json())
+            pipe.set(record_key(key_id), stored.model_dump_json())
             pipe.sadd(_INDEX, key_id)
             await pipe.execute()
         return CreatedKey(**_public(stored).model_dump(), key=key)
 
     @needs_store
     async def _load(self, key_id: str) -> _StoredKey | None:
-        raw = await self.redis.get(_record_key(key_id))
+        raw = await self.redis.get(record_key(key_id))
         return _StoredKey.model_validate_json(raw) if raw else None
+
+    def bootstrap(self, key: str) -> ApiKey | None:
+        """The principal of ``GATEWAY_ADMIN_KEY`` when ``key`` is it (no Redis needed)."""
+        if self._admin_hash is not None and hmac.compare_digest(hash_key(key), self._admin_hash):
+            return BOOTSTRAP_ADMIN
+        return None
 
     async def _existing(self, key_id: str) -> _StoredKey:
         stored = await self._load(key_id)
@@ -171,7 +178,7 @@ class KeyStore:
     @needs_store
     async def all(self) -> list[ApiKey]:
         ids = sorted(str(i) for i in await self.redis.smembers(_INDEX))
-        raws = await self.redis.mget([_record_key(i) for i in ids]) if ids else []
+        raws = await self.redis.mget([record_key(i) for i in ids]) if ids else []
         keys = [_public(_StoredKey.model_validate_json(r)) for r in raws if r]
         return sorted(keys, key=lambda k: (k.created_at, k.id))
 
@@ -181,30 +188,65 @@ class KeyStore:
         stored = await self._existing(key_id)
         if stored.revoked_at is None:
             stored.revoked_at = int(now or time.time())
-            await self.redis.set(_record_key(key_id), stored.model_dump_json())
+            await self.redis.set(record_key(key_id), stored.model_dump_json())
         return _public(stored)
 
     async def authenticate(self, key: str | None) -> ApiKey:
         """The key's metadata; 401 for a missing, unknown, revoked or expired key."""
         if not key:
-            raise AuthenticationError(
-                "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
-            )
-        presented = hash_key(key)
-        if self._admin_hash is not None and hmac.compare_digest(presented, self._admin_hash):
-            return BOOTSTRAP_ADMIN
-        key_id = _key_id(key)
-        stored = await self._load(key_id) if key_id else None
-        if stored is None or not hmac.compare_digest(presented, stored.secret_hash):
-            raise AuthenticationError("Incorrect API key provided.")
-        if stored.revoked:
-            raise AuthenticationError("This API key has been revoked.")
-        if stored.expired():
-            raise AuthenticationError("This API key has expired.")
-        return _public(stored)
+            raise no_key()
+        admin = self.bootstrap(key)
+        if admin is not None:
+            return admin
+        key_id = key_id_of(key)
+        raw = await self._raw(key_id) if key_id else None
+        return checked(key, raw)
+
+    @needs_store
+    async def _raw(self, key_id: str) -> str | None:
+        raw = await self.redis.get(record_key(key_id))
+        return str(raw) if raw is not None else None
 
 
-def _key_id(key: str) -> str | None:
+def no_key() -> AuthenticationError:
+    return AuthenticationError(
+        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+    )
+
+
+INCORRECT = "Incorrect API key provided."
+REVOKED = "This API key has been revoked."
+EXPIRED = "This API key has expired."
+
+
+def checked(key: str, raw: str | None) -> ApiKey:
+    """The key's metadata from its stored record; 401 for an unknown, wrong, revoked or
+    expired key."""
+    stored = _parse(raw) if raw else None
+    if stored is None or not hmac.compare_digest(hash_key(key), stored.secret_hash):
+        raise AuthenticationError(INCORRECT)
+    if stored.revoked:
+        raise AuthenticationError(REVOKED)
+    if stored.expired():
+        raise AuthenticationError(EXPIRED)
+    return _public_of(raw)
+
+
+# A record is read from Redis on every request (a revocation takes effect at once on every
+# replica); only the parsing of a record already seen is remembered. The parsed keys are
+# shared between requests and never modified.
+@functools.lru_cache(maxsize=4096)
+def _parse(raw: str) -> _StoredKey:
+    return _StoredKey.model_validate_json(raw)
+
+
+@functools.lru_cache(maxsize=4096)
+def _public_of(raw: str) -> ApiKey:
+    return _public(_parse(raw))
+
+
+def key_id_of(key: str) -> str | None:
+    """The public id in ``sk-gw-<id>-<secret>``, or ``None`` when ``key`` is not shaped so."""
     if not key.startswith(KEY_PREFIX):
         return None
     key_id, _, secret = key.removeprefix(KEY_PREFIX).partition("-")

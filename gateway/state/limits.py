@@ -30,22 +30,49 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.errors import RateLimitError
-from gateway.state.keys import ApiKey
+from gateway.errors import AuthenticationError, RateLimitError
+from gateway.state.keys import (
+    EXPIRED,
+    INCORRECT,
+    REVOKED,
+    ApiKey,
+    KeyStore,
+    checked,
+    hash_key,
+    key_id_of,
+    no_key,
+    record_key,
+)
 from gateway.state.store import PREFIX, needs_store
 
 logger = logging.getLogger("gateway.state.limits")
 
 _WINDOW_S = 60
 
-# KEYS: request buckets, token buckets, leases. ARGV: rpm, tpm, concurrency (0: no limit),
-# lease id, lease seconds. Returns {admitted (1/0), limit hit, seconds until it frees,
-# requests in the window (this one included), tokens in the window, seconds until the
-# windows are empty again}; numbers as strings (Lua numbers reach Redis as integers).
+# The key check and the admission in one round trip.
+# KEYS: key record, request buckets, token buckets, leases. ARGV: the presented key's hash,
+# lease id, lease seconds. Returns {record or '', refusal of the key ('' when valid)} when
+# the key is refused or has no limits; else {record, '', admitted (1/0), limit hit, seconds
+# until it frees, requests in the window (this one included), tokens in the window, seconds
+# until the windows are empty again}; numbers as strings (Lua numbers reach Redis as
+# integers). The hashes are compared in Lua: they are hashes of 256-bit secrets, so how long
+# a comparison takes tells an attacker nothing usable.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local sec = tonumber(t[1])
+local raw = redis.call('GET', KEYS[1])
+if not raw then return {'', 'unknown'} end
+local key = cjson.decode(raw)
+if key.secret_hash ~= ARGV[1] then return {'', 'unknown'} end
+if key.revoked_at ~= cjson.null then return {raw, 'revoked'} end
+if key.expires_at ~= cjson.null and sec >= key.expires_at then return {raw, 'expired'} end
+local function limit(value)
+  if value == nil or value == cjson.null then return 0 end
+  return value
+end
+local rpm, tpm, conc = limit(key.rpm), limit(key.tpm), limit(key.max_concurrency)
+if rpm == 0 and tpm == 0 and conc == 0 then return {raw, ''} end
 local function window(key)
   local total, oldest, newest = 0, sec, 0
   local all = redis.call('HGETALL', key)
@@ -61,25 +88,25 @@ local function window(key)
   end
   return total, oldest + 60 - now, newest + 60 - now
 end
-local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local requests, req_frees, req_empty = window(KEYS[1])
-local tokens, tok_frees, tok_empty = window(KEYS[2])
+local requests, req_frees, req_empty = window(KEYS[2])
+local tokens, tok_frees, tok_empty = window(KEYS[3])
 local function no(limit, wait)
-  return {0, limit, tostring(wait), tostring(requests), tostring(tokens),
+  return {raw, '', 0, limit, tostring(wait), tostring(requests), tostring(tokens),
           tostring(req_empty), tostring(tok_empty)}
 end
 if rpm > 0 and requests >= rpm then return no('requests', req_frees) end
 if tpm > 0 and tokens >= tpm then return no('tokens', tok_frees) end
 if conc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= conc then return no('concurrency', 1) end
-  local ttl = tonumber(ARGV[5])
-  redis.call('ZADD', KEYS[3], now + ttl, ARGV[4])
-  redis.call('EXPIRE', KEYS[3], math.ceil(ttl) + 1)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= conc then return no('concurrency', 1) end
+  local ttl = tonumber(ARGV[3])
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[2])
+  redis.call('EXPIRE', KEYS[4], math.ceil(ttl) + 1)
 end
-redis.call('HINCRBY', KEYS[1], sec, 1)
-redis.call('EXPIRE', KEYS[1], 61)
-return {1, '', '0', tostring(requests + 1), tostring(tokens), '60', tostring(tok_empty)}
+redis.call('HINCRBY', KEYS[2], sec, 1)
+redis.call('EXPIRE', KEYS[2], 61)
+return {raw, '', 1, '', '0', tostring(requests + 1), tostring(tokens), '60',
+        tostring(tok_empty)}
 """
 
 # KEYS: token buckets, leases, usage. ARGV: tokens, lease id, prompt tokens, completion
@@ -113,6 +140,9 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
 end
 return 1
 """
+
+
+_KEY_REFUSALS = {"unknown": INCORRECT, "revoked": REVOKED, "expired": EXPIRED}
 
 
 def _keys(key_id: str) -> tuple[str, str, str]:
@@ -154,7 +184,6 @@ class Admission:
     headers: dict[str, str]
     meter: Meter = field(default_factory=Meter)
     lease: str = ""
-    renewal: asyncio.Task[None] | None = None
     model: str = ""
     """The model the request uses (for metrics), once :meth:`use_model` allowed it."""
 
@@ -166,6 +195,7 @@ class Admission:
 
 
 def _headers(key: ApiKey, result: list[str]) -> dict[str, str]:
+    """The rate-limit headers from the admission script's counts (``result[3:]``)."""
     requests, tokens = int(result[3]), int(result[4])
     headers = {}
     if key.rpm is not None:
@@ -186,39 +216,68 @@ class RateLimiter:
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._renew = redis.register_script(_RENEW)
+        self._held: dict[str, str] = {}  # lease id -> its lease set, while the request runs
+        self._renewer: asyncio.Task[None] | None = None
 
     @needs_store
-    async def admit(self, key: ApiKey) -> Admission:
-        """Lets a request of ``key`` in, or raises 429 with ``Retry-After``."""
-        if key.rpm is None and key.tpm is None and key.max_concurrency is None:
-            return Admission(key=key, headers={})  # nothing to count before it runs
-        lease = uuid.uuid4().hex if key.max_concurrency else ""
+    async def admit(self, keys: KeyStore, presented: str | None) -> Admission:
+        """Checks the presented key and lets its request in, in one Redis round trip: 401
+        for a missing, unknown, revoked or expired key, 429 with ``Retry-After`` over a
+        limit."""
+        if not presented:
+            raise no_key()
+        admin = keys.bootstrap(presented)
+        if admin is not None:
+            return Admission(key=admin, headers={})
+        key_id = key_id_of(presented)
+        if key_id is None:
+            raise AuthenticationError(INCORRECT)
+        lease = uuid.uuid4().hex
+        requests, tokens, leases = _keys(key_id)
         result = await self._admit(
-            keys=_keys(key.id),
-            args=[key.rpm or 0, key.tpm or 0, key.max_concurrency or 0, lease, self.lease_s],
+            keys=[record_key(key_id), requests, tokens, leases],
+            args=[hash_key(presented), lease, self.lease_s],
         )
-        headers = _headers(key, result)
-        if int(result[0]) != 1:
-            limit, wait = str(result[1]), float(result[2])
+        refusal = result[1]
+        if refusal:
+            raise AuthenticationError(_KEY_REFUSALS[refusal])
+        key = checked(presented, result[0])
+        if len(result) == 2:
+            return Admission(key=key, headers={})  # nothing to count before it runs
+        counts = result[2:]
+        headers = _headers(key, counts)
+        if int(counts[0]) != 1:
+            limit, wait = str(counts[1]), float(counts[2])
             raise RateLimitError(_refusal(key, limit, wait), limit, wait, headers)
-        admission = Admission(key=key, headers=headers, lease=lease)
-        if lease:
-            admission.renewal = asyncio.create_task(self._keep(lease, _keys(key.id)[2]))
-        return admission
+        if not key.max_concurrency:
+            return Admission(key=key, headers=headers)
+        self._held[lease] = leases
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._keep())
+        return Admission(key=key, headers=headers, lease=lease)
 
-    async def _keep(self, lease: str, leases: str) -> None:
-        while True:
+    async def _keep(self) -> None:
+        """Renews every lease this process holds, all in one round trip, a few times per
+        lease length (one task for the process, not one per request)."""
+        while self._held:
             await asyncio.sleep(self.lease_s / 3)
+            held = list(self._held.items())
             try:
-                await self._renew(keys=[leases], args=[lease, self.lease_s])
-            except RedisError as exc:  # the lease expires on its own; the request goes on
-                logger.warning("could not renew a concurrency lease: %s", exc)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for lease, leases in held:
+                        await self._renew(keys=[leases], args=[lease, self.lease_s], client=pipe)
+                    await pipe.execute()
+            except RedisError as exc:  # the leases expire on their own; the requests go on
+                logger.warning("could not renew concurrency leases: %s", exc)
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
 
     async def finish(self, admission: Admission) -> None:
         """Releases the lease, counts the tokens in the window and records usage. Never
         raises: the response is already sent, and a lease not released expires."""
-        if admission.renewal is not None:
-            admission.renewal.cancel()
+        self._held.pop(admission.lease, None)
         meter = admission.meter
         _, tokens, leases = _keys(admission.key.id)
         try:

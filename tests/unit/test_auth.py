@@ -20,6 +20,7 @@ from tests.unit.conftest import (
     make_settings,
     new_key,
     sdk,
+    serve,
 )
 
 CHAT = "/v1/chat/completions"
@@ -156,3 +157,39 @@ def test_a_strong_admin_key_is_accepted() -> None:
     settings: Settings = make_settings()
     assert settings.admin_key is not None
     assert ADMIN_KEY not in repr(settings)  # a SecretStr: never printed
+
+
+async def test_inference_routes_refuse_bad_keys_without_counting_them(
+    http: httpx.AsyncClient,
+) -> None:
+    # On inference routes the key check and the admission are one Redis script: a refused
+    # key gets the same 401s as elsewhere, and nothing is counted against the real key.
+    created = await new_key(http, rpm=2)
+    wrong = created["key"][:-4] + ("AAAA" if not created["key"].endswith("AAAA") else "BBBB")
+    for _ in range(3):
+        refused = await http.post(CHAT, json=chat_body(), headers=bearer(wrong))
+        error = assert_openai_error(refused, 401, code="invalid_api_key")
+        assert "Incorrect API key" in error["message"]
+    served = await http.post(CHAT, json=chat_body(), headers=bearer(created["key"]))
+    assert served.status_code == 200
+    assert served.headers["x-ratelimit-remaining-requests"] == "1"
+    expired = await new_key(http, expires_at=int(time.time()) - 1, rpm=100)
+    refused = await http.post(CHAT, json=chat_body(), headers=bearer(expired["key"]))
+    assert "expired" in assert_openai_error(refused, 401)["message"]
+    await http.delete(f"/admin/keys/{created['id']}")
+    refused = await http.post(CHAT, json=chat_body(), headers=bearer(created["key"]))
+    assert "revoked" in assert_openai_error(refused, 401)["message"]
+    usage = (await http.get(f"/admin/keys/{created['id']}/usage")).json()
+    assert usage["requests"] == 1, usage
+
+
+async def test_a_key_revoked_on_one_replica_is_refused_on_the_other_at_once() -> None:
+    async with serve() as (_, first, _), serve() as (_, second, _):
+        created = await new_key(first)
+        user = sdk(second, created["key"])
+        for _ in range(3):  # the second replica has seen (and parsed) the key's record
+            await user.chat.completions.create(**chat_body())
+        assert (await first.delete(f"/admin/keys/{created['id']}")).status_code == 200
+        with pytest.raises(openai.AuthenticationError) as caught:
+            await user.chat.completions.create(**chat_body())
+        assert "revoked" in caught.value.message

@@ -14,7 +14,7 @@ from gateway.backend.fake import FakeBackend
 from gateway.errors import RateLimitError
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state import store
-from gateway.state.keys import ApiKey
+from gateway.state.keys import KeyCreate, KeyStore
 from gateway.state.limits import RateLimiter, duration
 from tests.redis_server import redis_server
 from tests.unit.conftest import (
@@ -195,13 +195,14 @@ async def test_a_long_request_keeps_its_concurrency_slot(redis_server: EmbeddedR
     # lease set itself (which expires a second after a lease) must outlive them too.
     redis = store.connect(redis_server.url, 1.0)
     limiter = RateLimiter(redis, lease_s=0.6)
-    key = ApiKey(id="longrunner", name="long", role="user", created_at=0, max_concurrency=1)
+    keys = KeyStore(redis)
+    key = (await keys.create(KeyCreate(name="long", max_concurrency=1))).key
     try:
-        running = await limiter.admit(key)
+        running = await limiter.admit(keys, key)
         await asyncio.sleep(2.5)
         with pytest.raises(RateLimitError):
-            await limiter.admit(key)
+            await limiter.admit(keys, key)
         await limiter.finish(running)
-        await limiter.finish(await limiter.admit(key))
+        await limiter.finish(await limiter.admit(keys, key))
     finally:
         await redis.aclose()
