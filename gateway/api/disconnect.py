@@ -17,23 +17,28 @@ from starlette.requests import ClientDisconnect, Request
 T = TypeVar("T")
 
 
-async def _disconnected(request: Request) -> None:
+async def _watch(request: Request, task: asyncio.Task[object], gone: list[bool]) -> None:
     # The body was read already; the next ASGI message can only be the disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    gone.append(True)
+    task.cancel()
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Awaits ``work``; cancels it (closing any backend stream) if the client disconnects,
-    and raises :class:`ClientDisconnect`."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    """Awaits ``work`` in this task; cancels it (closing any backend stream) if the client
+    disconnects, and raises :class:`ClientDisconnect`. One watcher task, not a task for the
+    work too: this runs on every non-streaming request."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone: list[bool] = []
+    watcher = asyncio.ensure_future(_watch(request, task, gone))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientDisconnect from None
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():
-        raise ClientDisconnect
-    return task.result()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -88,12 +88,20 @@ class SamplingOptions:
     def to_json(self) -> str:
         """The ``sampling_parameters`` tensor: only the fields that are set. The constraint
         is itself a JSON string there, as Triton's vLLM backend reads it."""
-        fields = asdict(self)
-        constraint, key = fields.pop("constraint"), fields.pop("constraint_key")
-        params = {k: v for k, v in fields.items() if v not in (None, [])}
-        if constraint is not None:
-            params[key] = json.dumps(constraint)
+        params = {
+            name: value
+            for name in _SAMPLING_FIELDS
+            if (value := getattr(self, name)) is not None and value != []
+        }
+        if self.constraint is not None:
+            params[self.constraint_key] = json.dumps(self.constraint)
         return json.dumps(params)
+
+
+# Read field by field: dataclasses.asdict deep-copies every value, on every request.
+_SAMPLING_FIELDS = tuple(
+    f.name for f in fields(SamplingOptions) if f.name not in ("constraint", "constraint_key")
+)
 
 
 @dataclass(frozen=True)

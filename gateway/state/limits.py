@@ -22,6 +22,7 @@ response of a key that has these limits.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import uuid
@@ -216,6 +217,9 @@ class RateLimiter:
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._renew = redis.register_script(_RENEW)
+        # Lease ids: this process's random prefix and a counter (unique across replicas).
+        self._lease_prefix = f"{uuid.uuid4().hex[:12]}-"
+        self._lease_numbers = itertools.count()
         self._held: dict[str, str] = {}  # lease id -> its lease set, while the request runs
         self._renewer: asyncio.Task[None] | None = None
 
@@ -232,7 +236,7 @@ class RateLimiter:
         key_id = key_id_of(presented)
         if key_id is None:
             raise AuthenticationError(INCORRECT)
-        lease = uuid.uuid4().hex
+        lease = f"{self._lease_prefix}{next(self._lease_numbers)}"
         requests, tokens, leases = _keys(key_id)
         result = await self._admit(
             keys=[record_key(key_id), requests, tokens, leases],
