@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.api.middleware import AdmissionMiddleware, MetricsMiddleware
+from gateway.api.middleware import GatewayMiddleware
 from gateway.api.routers import (
     admin,
     audio,
@@ -96,8 +96,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.settings = settings
     app.state.metrics = metrics
     install_handlers(app)
-    app.add_middleware(AdmissionMiddleware)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees every request
+    app.add_middleware(GatewayMiddleware, metrics=metrics)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(responses.router)

@@ -8,7 +8,7 @@
   :meth:`~gateway.state.limits.Admission.use_model` (403 if the key may not use it) and hands
   the returned meter to its service.
 
-An admitted request's lease, tokens and usage are settled by ``AdmissionMiddleware``
+An admitted request's lease, tokens and usage are settled by ``GatewayMiddleware``
 once the response has been sent, streamed bodies included, and the ``x-ratelimit-*``
 headers are added to its response there (:mod:`gateway.api.middleware`).
 """

@@ -1,9 +1,11 @@
-"""The gateway's pure ASGI middlewares (no ``BaseHTTPMiddleware``: they wrap ``send`` and
-leave streamed bodies untouched).
+"""The gateway's one pure ASGI middleware (no ``BaseHTTPMiddleware``: it wraps ``send`` and
+leaves streamed bodies untouched). One layer, not one per concern: its ``send`` wrapper runs
+for every streamed chunk.
 
-- :class:`MetricsMiddleware` (outermost): counts every request, its duration and what it used.
-- :class:`AdmissionMiddleware`: adds an admitted request's rate-limit headers to its response
-  and settles its admission (lease, tokens, usage) after the last byte of the body.
+It counts every request (route template, model, final status), its duration to the last
+byte, the requests in flight and what an admitted request used; adds an admitted request's
+rate-limit headers to its response; and settles its admission (lease, tokens, usage) after
+the last byte of the body, or when the client went away.
 """
 
 from __future__ import annotations
@@ -22,10 +24,7 @@ from gateway.state.limits import Admission, RateLimiter
 ADMISSION = "admission"
 
 
-class MetricsMiddleware:
-    """Counts every request (route template, model, final status), its duration to the last
-    byte, the requests in flight, and what an admitted request used."""
-
+class GatewayMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
@@ -35,27 +34,37 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
+        # request.state is this dict (Starlette keeps it in the scope).
         state: dict[str, Any] = scope.setdefault("state", {})
         status = 500
 
-        async def send_status(message: Message) -> None:
+        async def send_wrapped(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                admission: Admission | None = state.get(ADMISSION)
+                if admission is not None and admission.headers:
+                    headers = MutableHeaders(scope=message)
+                    for name, value in admission.headers.items():
+                        headers[name] = value
             await send(message)
 
         in_flight = self.metrics.in_flight.labels(_route_of(scope))
         in_flight.inc()
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, send_wrapped)
         finally:
             in_flight.dec()
+            admission = state.get(ADMISSION)
+            if admission is not None:
+                limiter: RateLimiter = scope["app"].state.limiter
+                # Shielded: a cancelled request still releases its slot and counts its usage.
+                await asyncio.shield(limiter.finish(admission))
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             if route != "/metrics":
-                self._record(route, state, status, time.monotonic() - started)
+                self._record(route, admission, status, time.monotonic() - started)
 
-    def _record(self, route: str, state: dict[str, Any], status: int, elapsed: float) -> None:
-        admission = state.get(ADMISSION)
+    def _record(self, route: str, admission: Admission | None, status: int, elapsed: float) -> None:
         model = admission.model if admission is not None else ""
         self.metrics.requests.labels(route, model, str(status)).inc()
         self.metrics.duration.labels(route, model).observe(elapsed)
@@ -94,37 +103,3 @@ def _route_of(scope: Scope) -> str:
         return path
     group = path.strip("/").split("/", 1)[0]
     return f"/{group}" if group in _GROUPS else "other"
-
-
-class AdmissionMiddleware:
-    """Adds an admitted request's rate-limit headers to its response and settles the
-    admission (lease, tokens, usage) after the last byte of the body, or when the client
-    went away."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        # request.state is this dict (Starlette keeps it in the scope).
-        state = scope.setdefault("state", {})
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                admission: Admission | None = state.get(ADMISSION)
-                if admission is not None and admission.headers:
-                    headers = MutableHeaders(scope=message)
-                    for name, value in admission.headers.items():
-                        headers[name] = value
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            admission = state.get(ADMISSION)
-            if admission is not None:
-                limiter: RateLimiter = scope["app"].state.limiter
-                # Shielded: a cancelled request still releases its slot and counts its usage.
-                await asyncio.shield(limiter.finish(admission))
