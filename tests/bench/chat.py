@@ -4,9 +4,10 @@ Run with ``make bench`` (or ``python -m tests.bench.chat``). It starts the real 
 free ports, then measures on the weightless ``mock_chat`` model, so the numbers are the
 gateway's own cost:
 
-- non-streaming latency (p50/p99) and the latency the gateway adds, at concurrency 1 and 32;
-- time to first token (streaming), same concurrencies;
-- streamed chunks per second, as a ratio to direct;
+- non-streaming latency (p50/p99) and the latency the gateway adds, at concurrency 1 and 32,
+  and requests per second at 32 as a ratio to direct;
+- time to first token and streamed chunks per second (as a ratio to direct) at concurrency
+  1 and 64;
 - SmolLM2 decode tokens/s through the gateway against llama-cpp-python called directly.
 
 Direct calls use ``tritonclient.grpc.aio`` with the same tensors the gateway sends; gateway
@@ -173,7 +174,7 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
             warm = max(50, concurrency * 4)
             await run_load(lambda: direct_call(client, False, 16), concurrency, warm)
             await run_load(lambda: gateway_call(http, False, 16), concurrency, warm)
-            direct, _, gateway, _ = await paired(
+            direct, d_wall, gateway, g_wall = await paired(
                 lambda: direct_call(client, False, 16),
                 lambda: gateway_call(http, False, 16),
                 concurrency,
@@ -195,27 +196,36 @@ async def mock_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:
                 f"added p50 **{pct(g, 50) - pct(d, 50):+.2f} ms**, "
                 f"p99 {pct(g, 99) - pct(d, 99):+.2f} ms |"
             )
+            if concurrency > 1:
+                d_rps, g_rps = len(direct) / d_wall, len(gateway) / g_wall
+                rows.append(
+                    f"| requests/s, 16 tokens | {concurrency} | {d_rps:,.0f} /s | "
+                    f"{g_rps:,.0f} /s | ratio **{g_rps / d_rps:.2f}** |"
+                )
+            # Streams at twice the concurrency: many long streams at once is where the
+            # per-chunk cost shows.
+            streams = concurrency if concurrency == 1 else 2 * concurrency
             n_stream = int((120 if concurrency == 1 else 384) * scale)
             direct, d_wall, gateway, g_wall = await paired(
                 lambda: direct_call(client, True, 256),
                 lambda: gateway_call(http, True, 256),
-                concurrency,
+                streams,
                 n_stream,
             )
             d_ttft = [s.ttft * 1000 for s in direct]
             g_ttft = [s.ttft * 1000 for s in gateway]
             rows.append(
-                f"| time to first token (stream) | {concurrency} | "
+                f"| time to first token (stream) | {streams} | "
                 f"p50 {pct(d_ttft, 50):.2f} ms | p50 {pct(g_ttft, 50):.2f} ms | "
                 f"added p50 {pct(g_ttft, 50) - pct(d_ttft, 50):+.2f} ms |"
             )
             d_rate = sum(s.chunks for s in direct) / d_wall
             g_rate = sum(s.chunks for s in gateway) / g_wall
             rows.append(
-                f"| streamed chunks/s, 256 tokens | {concurrency} | {d_rate:,.0f} /s | "
+                f"| streamed chunks/s, 256 tokens | {streams} | {d_rate:,.0f} /s | "
                 f"{g_rate:,.0f} /s | ratio **{g_rate / d_rate:.2f}** |"
             )
-            print(*rows[-3:], sep="\n", flush=True)
+            print(*rows[-4:], sep="\n", flush=True)
     await client.close()
     return rows
 

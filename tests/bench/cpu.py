@@ -12,8 +12,14 @@ Redis path: key lookup, admission, usage) and reads that replica's ``utime + sti
 - CPU per ``GET /health/live`` (no key, no Redis: the floor of any request);
 - the replica's resident memory before and after 10,000 chat requests.
 
+Beside each, measured in the same run, the floor it is compared with: the CPU this process
+spends on the same Triton request with ``tritonclient.grpc.aio`` (what a program calling
+Triton directly pays; read with ``getrusage``), and the CPU of a bare uvicorn ASGI app that
+answers every request with a constant (what any HTTP request costs here). The "before"
+column is the figure of issue #12, taken on this machine before the work on it.
+
 The client runs in this process on the same 2 cores, so what matters is CPU time, not wall
-time: the numbers hold however busy the machine is.
+time: the numbers hold however busy the machine is (within the noise of a shared host).
 """
 
 from __future__ import annotations
@@ -21,11 +27,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+import resource
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import tritonclient.grpc.aio as triton_grpc
 
+from gateway.stack.triton_server import free_port
+from tests.bench.chat import direct_call
 from tests.stack import GatewayProcess
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -35,6 +49,11 @@ MESSAGES = [{"role": "user", "content": "Tell me about the quick brown fox."}]
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rss_mb(pid: int) -> float:
@@ -68,10 +87,89 @@ async def measure(
     return cpu_seconds(pid) - before, counted
 
 
-async def run(stack: GatewayProcess, scale: float) -> list[str]:
+#: Issue #12's figures, measured on this machine with this benchmark before the work on it.
+BEFORE = {"chat": "3.65 ms", "chunk": "263 µs", "health": "0.56 ms", "rss": "124 / 124 MB"}
+
+BARE_APP = """
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
+"""
+
+
+async def direct_floors(triton: str, scale: float) -> tuple[float, float]:
+    """This process's CPU per direct non-streaming request and per directly streamed chunk
+    (``tritonclient.grpc.aio``, the gateway's tensors, the same request counts)."""
+    client = triton_grpc.InferenceServerClient(triton)
+
+    def call(stream: bool, tokens: int) -> Callable[[], Awaitable[int]]:
+        async def one() -> int:
+            sample = await direct_call(client, stream, tokens)
+            return sample.chunks if stream else 1
+
+        return one
+
+    await load(call(False, 16), 8, 200)
+    before = own_cpu_seconds()
+    count = await load(call(False, 16), 8, int(2000 * scale))
+    per_request = (own_cpu_seconds() - before) / count
+    streams = int(60 * scale)
+    before = own_cpu_seconds()
+    long_chunks = await load(call(True, 256), 4, streams)
+    middle = own_cpu_seconds()
+    short_chunks = await load(call(True, 1), 4, streams)
+    after = own_cpu_seconds()
+    per_chunk = ((middle - before) - (after - middle)) / (long_chunks - short_chunks)
+    await client.close()
+    return per_request, per_chunk
+
+
+@contextmanager
+def bare_uvicorn() -> Iterator[tuple[int, str]]:
+    """A bare uvicorn ASGI app (httptools, uvloop) answering a constant: its pid and URL."""
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "bare_app.py").write_text(BARE_APP)
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", folder, "bare_app:app",
+             "--port", str(port), "--log-level", "warning"],
+        )  # fmt: skip
+        try:
+            yield server.pid, f"http://127.0.0.1:{port}"
+        finally:
+            server.terminate()
+            server.wait()
+
+
+async def bare_floor(bare_app: tuple[int, str], scale: float) -> float:
+    """CPU per request of the bare app."""
+    pid, url = bare_app
+    async with httpx.AsyncClient(base_url=url) as http:
+        for _ in range(100):
+            try:
+                await http.get("/")
+                break
+            except httpx.TransportError:
+                await asyncio.sleep(0.1)
+
+        async def call() -> int:
+            assert (await http.get("/health/live")).status_code == 200
+            return 1
+
+        await load(call, 8, 300)
+        seconds, count = await measure(pid, call, 8, int(3000 * scale))
+        return seconds / count
+
+
+async def run(stack: GatewayProcess, bare_app: tuple[int, str], scale: float) -> list[str]:
     address = stack.replica_addresses()[0]
     pid = stack.replica_pid(address)
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+    direct_request, direct_chunk = await direct_floors(stack.triton_grpc, scale)
+    bare = await bare_floor(bare_app, scale)
     async with httpx.AsyncClient(
         base_url=f"http://{address}", timeout=60, limits=limits, headers=stack.user_headers()
     ) as http:
@@ -107,23 +205,33 @@ async def run(stack: GatewayProcess, scale: float) -> list[str]:
         n = int(2000 * scale)
         seconds, count = await measure(pid, chat, 8, n)
         rows.append(
-            f"| CPU per non-streaming chat request (user key) | {seconds / count * 1000:.2f} ms |"
+            f"| CPU per non-streaming chat request (user key) | {BEFORE['chat']} | "
+            f"**{seconds / count * 1000:.2f} ms** | {seconds / count / direct_request:.2f}x "
+            f"a direct tritonclient call ({direct_request * 1000:.2f} ms) | <= 1.0 ms |"
         )
         print(rows[-1], flush=True)
         streams = int(60 * scale)
         long_s, long_chunks = await measure(pid, stream(256), 4, streams)
         short_s, short_chunks = await measure(pid, stream(1), 4, streams)
         per_chunk = (long_s - short_s) / (long_chunks - short_chunks)
-        rows.append(f"| CPU per streamed chunk | {per_chunk * 1e6:.0f} µs |")
+        rows.append(
+            f"| CPU per streamed chunk | {BEFORE['chunk']} | **{per_chunk * 1e6:.0f} µs** | "
+            f"{per_chunk / direct_chunk:.2f}x a chunk read directly "
+            f"({direct_chunk * 1e6:.0f} µs) | <= 60 µs |"
+        )
         print(rows[-1], flush=True)
         seconds, count = await measure(pid, health, 8, int(3000 * scale))
-        rows.append(f"| CPU per GET /health/live | {seconds / count * 1000:.2f} ms |")
+        rows.append(
+            f"| CPU per GET /health/live | {BEFORE['health']} | "
+            f"**{seconds / count * 1000:.2f} ms** | {seconds / count / bare:.2f}x a bare "
+            f"uvicorn app ({bare * 1000:.2f} ms) | <= 0.2 ms |"
+        )
         print(rows[-1], flush=True)
         start_rss = rss_mb(pid)
         await load(chat, 8, int(10_000 * scale))
         rows.append(
             f"| replica RSS before / after {int(10_000 * scale):,} chat requests | "
-            f"{start_rss:.0f} MB / {rss_mb(pid):.0f} MB |"
+            f"{BEFORE['rss']} | **{start_rss:.0f} / {rss_mb(pid):.0f} MB** | - | flat |"
         )
         print(rows[-1], flush=True)
     return rows
@@ -134,12 +242,17 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
-    header = ["| measure (one replica of `make run`) | value |", "| --- | --- |"]
+    header = [
+        "| measure (one replica of `make run`) | before | now | against the floor, same run "
+        "| goal |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     print(*header, sep="\n", flush=True)
     stack = GatewayProcess(models=["mock_chat"]).start()
     try:
         stack.wait_ready()
-        rows = asyncio.run(run(stack, args.scale))
+        with bare_uvicorn() as bare_app:
+            rows = asyncio.run(run(stack, bare_app, args.scale))
     finally:
         stack.stop()
     if args.out:
