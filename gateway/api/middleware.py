@@ -6,6 +6,11 @@ It counts every request (route template, model, final status), its duration to t
 byte, the requests in flight and what an admitted request used; adds an admitted request's
 rate-limit headers to its response; and settles its admission (lease, tokens, usage) after
 the last byte of the body, or when the client went away.
+
+It also answers the liveness probe (``GET /health/live``) itself: a probe only asks whether
+the process serves HTTP, and orchestrators send many; routing it through FastAPI cost three
+times what uvicorn itself spends on a request (``tests/bench/cpu.py``). The route stays
+declared in the app, so it is documented in the OpenAPI schema like the others.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from gateway.state.limits import Admission, RateLimiter
 #: Where the admission dependency leaves the request's admission (``request.state``).
 ADMISSION = "admission"
 
+LIVE_PATH = "/health/live"
+_LIVE_START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"application/json"), (b"content-length", b"15")],
+}
+_LIVE_BODY = {"type": "http.response.body", "body": b'{"status":"ok"}'}
+
 
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
@@ -32,6 +45,9 @@ class GatewayMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["path"] == LIVE_PATH and scope["method"] in ("GET", "HEAD"):
+            await self._live(scope, send)
             return
         started = time.monotonic()
         # request.state is this dict (Starlette keeps it in the scope).
@@ -63,6 +79,13 @@ class GatewayMiddleware:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             if route != "/metrics":
                 self._record(route, admission, status, time.monotonic() - started)
+
+    async def _live(self, scope: Scope, send: Send) -> None:
+        started = time.monotonic()
+        await send(_LIVE_START)
+        await send(_LIVE_BODY if scope["method"] == "GET" else {"type": "http.response.body"})
+        self.metrics.requests.labels(LIVE_PATH, "", "200").inc()
+        self.metrics.duration.labels(LIVE_PATH, "").observe(time.monotonic() - started)
 
     def _record(self, route: str, admission: Admission | None, status: int, elapsed: float) -> None:
         model = admission.model if admission is not None else ""

@@ -12,6 +12,12 @@ async def test_live(http: httpx.AsyncClient) -> None:
     response = await http.get("/health/live")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
+    assert response.headers["content-type"] == "application/json"
+    head = await http.head("/health/live")
+    assert head.status_code == 200 and head.content == b""
+    # Probes are counted like any request.
+    metrics = (await http.get("/metrics")).text
+    assert 'gateway_requests_total{model="",route="/health/live",status="200"} 2.0' in metrics
 
 
 async def test_ready_when_backend_up_and_required_models_loaded(http: httpx.AsyncClient) -> None:
