@@ -14,8 +14,8 @@ alternating rounds:
   same text answered without tools;
 - what storing a ``/v1/responses`` response in Redis adds (``store`` true vs false);
 - ``n=4`` in one request against four requests one after another: on mock_chat with a
-  5 ms per-token delay (a model that decodes sequences side by side) and on smollm2 (one
-  sequence at a time today).
+  5 ms per-token delay (a model that decodes sequences side by side) and on smollm2 (its
+  sequences decode in one llama.cpp batch; ``tests/bench/batching.py`` measures that).
 """
 
 from __future__ import annotations

