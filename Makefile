@@ -31,7 +31,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.chat
+	$(BIN)/python -m tests.bench.batching
 	$(BIN)/python -m tests.bench.audio
+	$(BIN)/python -m tests.bench.audio_concurrency
 	$(BIN)/python -m tests.bench.edge
 	$(BIN)/python -m tests.bench.agents
 	$(BIN)/python -m tests.bench.embeddings
