@@ -139,8 +139,6 @@ def admin_key(settings: Settings) -> Settings:
     key = path.read_text().strip() if path.is_file() else ""
     if weak_key_problem(key):
         key = f"sk-gw-{secrets.token_urlsafe(32)}"
-        while weak_key_problem(key):  # a random key may, rarely, contain a placeholder word
-            key = f"sk-gw-{secrets.token_urlsafe(32)}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(key + "\n")
         os.chmod(path, 0o600)

@@ -6,11 +6,13 @@ Settings are passed into :func:`gateway.app.create_app`; nothing reads them at i
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from zxcvbn import zxcvbn
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,21 +26,27 @@ CHATML_TEMPLATE = (
 )
 
 
-#: Values people paste from examples; never accepted as the admin key.
-_PLACEHOLDERS = ("change", "example", "secret", "password", "admin", "default", "xxxx", "test")
 MIN_ADMIN_KEY_LENGTH = 32
+#: How hard the admin key must be to guess, in bits (zxcvbn's estimate): a random key of 32
+#: characters or more has far more; repeated, sequential or dictionary text has far less.
+MIN_ADMIN_KEY_BITS = 80
+_BITS_PER_DIGIT = math.log2(10)
 
 
 def weak_key_problem(key: str) -> str | None:
-    """Why ``key`` is too weak to be the admin key, or None."""
+    """Why ``key`` is too weak to be the admin key, or None. Strength is zxcvbn's estimate
+    of the guesses an attacker needs (repeats, sequences, keyboard walks and dictionary
+    words count for little), so a random key is accepted whatever words it happens to
+    contain."""
     if len(key) < MIN_ADMIN_KEY_LENGTH:
         return f"it has {len(key)} characters; at least {MIN_ADMIN_KEY_LENGTH} are required"
-    if len(set(key)) < 12:
-        return "it repeats too few distinct characters to be random"
-    lowered = key.lower()
-    for word in _PLACEHOLDERS:
-        if word in lowered:
-            return f"it contains the placeholder word '{word}'"
+    # zxcvbn refuses long input; the first 72 characters of a strong key are strong.
+    bits = zxcvbn(key[:72])["guesses_log10"] * _BITS_PER_DIGIT
+    if bits < MIN_ADMIN_KEY_BITS:
+        return (
+            f"it is too easy to guess (about {bits:.0f} bits; at least {MIN_ADMIN_KEY_BITS} "
+            "are required): use a random key, e.g. `openssl rand -hex 32`"
+        )
     return None
 
 

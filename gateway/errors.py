@@ -12,8 +12,8 @@
     ├── PayloadTooLargeError          413 invalid_request_error / file_too_large
     ├── RateLimitError                429 requests|tokens / rate_limit_exceeded (Retry-After)
     ├── BackendError                  500 server_error / model_error
-    ├── BackendUnavailableError       503 server_error / backend_unavailable
-    ├── StoreUnavailableError         503 server_error / store_unavailable
+    ├── BackendUnavailableError       503 server_error / backend_unavailable (Retry-After)
+    ├── StoreUnavailableError         503 server_error / store_unavailable (Retry-After)
     └── BackendTimeoutError           504 server_error / backend_timeout
 
 Routers never catch exceptions: the handlers installed by :func:`install_handlers` render
@@ -135,18 +135,36 @@ class BackendError(GatewayError):
     code = "model_error"
 
 
-class BackendUnavailableError(GatewayError):
-    """Triton cannot be reached, or the model is not ready."""
+class _RetryLater(GatewayError):
+    """A 503 for a part that is expected back (restarted by ``gateway up``, Kubernetes or a
+    failover): ``Retry-After`` tells clients (the OpenAI SDKs retry 503s) when to try again."""
 
     status_code = 503
+    retry_after_s = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        headers = {"Retry-After": str(self.retry_after_s), **(headers or {})}
+        super().__init__(message, param=param, code=code, headers=headers)
+
+
+class BackendUnavailableError(_RetryLater):
+    """Triton cannot be reached, or the model is not ready."""
+
     code = "backend_unavailable"
+    retry_after_s = 2
 
 
-class StoreUnavailableError(GatewayError):
+class StoreUnavailableError(_RetryLater):
     """Redis (keys, limits, sessions, usage) cannot be reached: nothing that needs it is let
     through."""
 
-    status_code = 503
     code = "store_unavailable"
 
 

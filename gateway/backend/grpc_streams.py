@@ -34,9 +34,16 @@ Input = tuple[Any, bytes]
 
 # The same as tritonclient's channel: Triton accepts messages up to 2 GB.
 _MAX_MESSAGE = 2**31 - 1
+#: Options of every channel to Triton (the kept streams' and tritonclient's).
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE),
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    # gRPC waits longer and longer between reconnection attempts (up to 120 s by default),
+    # so after a Triton restart the gateway could answer 503 for minutes while Triton is
+    # back. A restarted Triton is found within a second instead; reconnecting is cheap.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 

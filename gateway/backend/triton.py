@@ -217,7 +217,7 @@ class TritonBackend:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.on_error = on_error
-        self.client = triton_grpc.InferenceServerClient(url)
+        self.client = triton_grpc.InferenceServerClient(url, channel_args=streams.CHANNEL_OPTIONS)
         self.streams = streams.StreamPool(url)
 
     async def ready(self) -> bool:
