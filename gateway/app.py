@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.api.middleware import GatewayMiddleware
+from gateway.api.middleware import Drain, GatewayMiddleware
 from gateway.api.routers import (
     admin,
     audio,
@@ -95,8 +95,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.drain = Drain()
     install_handlers(app)
-    app.add_middleware(GatewayMiddleware, metrics=metrics)
+    app.add_middleware(GatewayMiddleware, metrics=metrics, drain=app.state.drain)
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(responses.router)

@@ -20,18 +20,22 @@ import threading
 import time
 import types
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
 
+from gateway.api.middleware import Drain
 from gateway.app import create_app
 from gateway.config import Settings, weak_key_problem
 from gateway.errors import GatewayError
+from gateway.stack import processes
 from gateway.stack.nginx import EmbeddedNginx, EmbeddedNginxError
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import Replica, ReplicaError, metrics_dir, settings_env
+from gateway.stack.supervisor import GiveUp, Supervisor
 from gateway.stack.triton_server import (
     EmbeddedTriton,
     EmbeddedTritonError,
@@ -118,11 +122,31 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 class _Terminated(Exception):
-    """SIGTERM arrived: stop everything in order."""
+    """SIGTERM or SIGINT arrived: stop everything in order."""
 
 
-def _stop_on_sigterm(_signum: int, _frame: types.FrameType | None) -> None:
-    raise _Terminated
+class _Signals:
+    """SIGTERM and SIGINT stop ``gateway up``. The first one raises :class:`_Terminated`
+    wherever the main thread is (a wait during start-up included); every later one only
+    says that the stop is under way, so it can never cut the cleanup short."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def install(self) -> _Signals:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def hold(self) -> None:
+        """From now on no signal raises (the cleanup has begun)."""
+        self.raised = True
+
+    def _handle(self, _signum: int, _frame: types.FrameType | None) -> None:
+        if not self.raised:
+            self.raised = True
+            raise _Terminated
+        print("Stopping: waiting for requests in flight and the servers...", flush=True)
 
 
 # uvicorn handles SIGINT/SIGTERM while it serves and re-raises the signal after its graceful
@@ -188,131 +212,193 @@ def _triton(settings: Settings) -> EmbeddedTriton | None:
     return triton
 
 
-def _triton_died(triton: EmbeddedTriton) -> int:
-    print(
-        f"error: Triton exited unexpectedly; the end of {triton.log_path}:\n{triton.log_tail()}",
-        file=sys.stderr,
-    )
-    return 1
+@dataclass
+class _Parts:
+    """What ``gateway up`` started, so that the cleanup stops exactly that."""
+
+    redis: EmbeddedRedis | None = None
+    triton: EmbeddedTriton | None = None
+    replicas: list[Replica] = field(default_factory=list)
+    nginx: EmbeddedNginx | None = None
+
+    def stop(self, drain_timeout_s: float) -> None:
+        """Stops everything, each part once (a second call goes on where the first was cut).
+        The replicas drain first, nginx still in front of them: streams go on, new requests
+        get 503."""
+        if self.replicas:
+            print(f"Stopping: draining the gateway replicas (up to {drain_timeout_s:.0f} s)")
+            processes.stop_all(
+                [r.process for r in self.replicas], signal.SIGTERM, drain_timeout_s + 15
+            )
+            for replica in self.replicas:
+                replica.forget()
+                replica.process = None
+            self.replicas = []
+        if self.nginx is not None:
+            self.nginx.stop()
+            self.nginx = None
+        if self.triton is not None:
+            if self.triton.process is not None:
+                print("Stopping Triton...", flush=True)
+            self.triton.stop()
+            self.triton = None
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
 
 
 def up(settings: Settings) -> int:
     """Runs the stack in the foreground until Ctrl-C or SIGTERM (exit 0), or until a part
-    of it fails (exit 1). Everything started is stopped in reverse order."""
-    triton: EmbeddedTriton | None = None
-    redis: EmbeddedRedis | None = None
-    replicas: list[Replica] = []
-    nginx: EmbeddedNginx | None = None
-    # SIGTERM unwinds through `finally` below, which stops what was started.
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    of it fails to start or keeps dying (exit 1). Parts that die are started again (see
+    :mod:`gateway.stack.supervisor`); at the end everything started is stopped in reverse
+    order, and nothing started outlives this process however it ends (see
+    :mod:`gateway.stack.processes`)."""
+    signals = _Signals().install()
+    parts = _Parts()
+    processes.start_reaper()
     try:
-        ensure_port_free(settings.host, settings.port, "OpenAI API", "--port or GATEWAY_PORT")
-        settings = admin_key(settings)
-        # Each part is known to `finally` before it starts, so a failed or interrupted start
-        # (Ctrl-C while the models load, say) still stops it.
-        if settings.embedded_redis:
-            redis = _redis(settings)
-            redis.start()
-        triton = _triton(settings)
-        if triton is not None:
-            triton.start()
-            triton.wait_ready(
-                settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
-            )
-        if not settings.embedded_nginx:
-            return _serve_here(settings, triton)
-        ensure_port_free(
-            "127.0.0.1",
-            settings.nginx_internal_port,
-            "nginx internal",
-            "GATEWAY_NGINX_INTERNAL_PORT",
-        )
-        env, metrics = settings_env(settings), metrics_dir(settings.run_dir)
-        replicas = [Replica(free_port(), env, metrics) for _ in range(settings.replicas)]
-        for replica in replicas:
-            replica.start()
-        for replica in replicas:
-            replica.wait_live(60)
-        nginx = EmbeddedNginx(
-            [r.address for r in replicas],
-            settings.host,
-            settings.port,
-            settings.nginx_internal_port,
-            settings.max_audio_upload_mb,
-        )
-        nginx.start()
-        print(
-            f"nginx on {settings.host}:{settings.port} -> gateway replicas on "
-            f"{', '.join(r.address for r in replicas)} (nginx logs: {nginx.prefix})",
-            flush=True,
-        )
-        print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
-        return _supervise(triton, replicas, nginx)
-    except (EmbeddedTritonError, EmbeddedRedisError, EmbeddedNginxError, ReplicaError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        try:
+            code = _up(settings, parts)
+        except (
+            EmbeddedTritonError,
+            EmbeddedRedisError,
+            EmbeddedNginxError,
+            ReplicaError,
+            GiveUp,
+        ) as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            code = 1
     except _STOP_REQUESTS:
-        return 0
-    finally:
-        # A second Ctrl-C or SIGTERM (a service manager's, say) must not cut the cleanup short.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if nginx is not None:
-            nginx.stop()
-        for replica in replicas:
-            replica.stop()
-        if triton is not None and triton.process is not None:
-            print("Stopping Triton...", flush=True)
-            triton.stop()
-        if redis is not None:
-            redis.stop()
-
-
-def _supervise(triton: EmbeddedTriton | None, replicas: list[Replica], nginx: EmbeddedNginx) -> int:
-    """Watches the stack: a replica that exits is started again (nginx serves from the
-    others meanwhile); Triton or nginx exiting ends ``gateway up`` with code 1."""
+        code = 0
     while True:
-        if triton is not None and triton.process is not None and triton.process.poll() is not None:
-            return _triton_died(triton)
-        if nginx.process is None or nginx.process.poll() is not None:
-            print(f"error: nginx exited unexpectedly:\n{nginx.log_tail()}", file=sys.stderr)
-            return 1
-        for replica in replicas:
-            code = replica.exited()
-            if code is None:
-                continue
-            where = f"the gateway replica on port {replica.port}"
-            if replica.restarts_within(60) >= 3:
-                print(f"error: {where} keeps exiting ({code})", file=sys.stderr)
-                return 1
-            print(f"{where.capitalize()} exited ({code}); restarting it", flush=True)
-            replica.forget()
-            replica.start()
-        time.sleep(0.5)
+        try:
+            signals.hold()
+            parts.stop(settings.drain_timeout_s)
+            break
+        except _STOP_REQUESTS:  # the first signal came during the cleanup: go on with it
+            continue
+    processes.stop_reaper()
+    return code
 
 
-def _server(settings: Settings) -> uvicorn.Server:
-    return uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level.lower(),
-            timeout_graceful_shutdown=10,
+def _up(settings: Settings, parts: _Parts) -> int:
+    ensure_port_free(settings.host, settings.port, "OpenAI API", "--port or GATEWAY_PORT")
+    settings = admin_key(settings)
+    # Each part is known to the cleanup before it starts, so a failed or interrupted start
+    # (Ctrl-C while the models load, say) still stops it.
+    if settings.embedded_redis:
+        parts.redis = _redis(settings)
+        parts.redis.start()
+    parts.triton = _triton(settings)
+    if parts.triton is not None:
+        parts.triton.start()
+        parts.triton.wait_ready(
+            settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
         )
+    if not settings.embedded_nginx:
+        return _serve_here(settings, Supervisor(parts.redis, parts.triton))
+    ensure_port_free(
+        "127.0.0.1",
+        settings.nginx_internal_port,
+        "nginx internal",
+        "GATEWAY_NGINX_INTERNAL_PORT",
     )
+    env, metrics = settings_env(settings), metrics_dir(settings.run_dir)
+    parts.replicas = [Replica(free_port(), env, metrics) for _ in range(settings.replicas)]
+    for replica in parts.replicas:
+        replica.start()
+    for replica in parts.replicas:
+        replica.wait_live(60)
+    parts.nginx = EmbeddedNginx(
+        [r.address for r in parts.replicas],
+        settings.host,
+        settings.port,
+        settings.nginx_internal_port,
+        settings.max_audio_upload_mb,
+    )
+    parts.nginx.start()
+    print(
+        f"nginx on {settings.host}:{settings.port} -> gateway replicas on "
+        f"{', '.join(r.address for r in parts.replicas)} (nginx logs: {parts.nginx.prefix})",
+        flush=True,
+    )
+    print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
+    supervisor = Supervisor(parts.redis, parts.triton, parts.nginx, parts.replicas)
+    try:
+        while True:
+            supervisor.tick()
+            time.sleep(0.5)
+    finally:
+        supervisor.close()
 
 
-def _serve_here(settings: Settings, triton: EmbeddedTriton | None) -> int:
-    """One gateway process serving ``host:port`` itself (no nginx)."""
+class _DrainingServer(uvicorn.Server):
+    """uvicorn with a drain before its graceful shutdown: on the first SIGTERM or SIGINT the
+    app answers new requests 503 (``/health/ready`` too) while the requests in flight run
+    to their end, for up to ``drain_timeout_s``; then uvicorn shuts down as usual. A second
+    signal skips the rest of the drain."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self.drain_timeout_s = drain_timeout_s
+        self._drain_until: float | None = None
+
+    def handle_exit(self, sig: int, frame: types.FrameType | None) -> None:
+        if self._drain_until is None and self.started and self.drain_timeout_s > 0:
+            self._captured_signals.append(sig)
+            self.drain.draining = True
+            self._drain_until = time.monotonic() + self.drain_timeout_s
+            logging.getLogger("gateway").warning(
+                "draining: %d request(s) in flight, new ones get 503 (up to %.0f s)",
+                self.drain.busy,
+                self.drain_timeout_s,
+            )
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        draining = self._drain_until is not None and not self.should_exit
+        if draining and (self.drain.busy == 0 or time.monotonic() >= (self._drain_until or 0)):
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def _server(settings: Settings) -> _DrainingServer:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=5,
+    )
+    return _DrainingServer(config, app.state.drain, settings.drain_timeout_s)
+
+
+def _serve_here(settings: Settings, supervisor: Supervisor) -> int:
+    """One gateway process serving ``host:port`` itself (no nginx); a thread restarts Redis
+    and Triton when they die (the children it starts die with that thread, which lives as
+    long as the server)."""
     server = _server(settings)
-    died = threading.Event()
-    if triton is not None:
-        _watch(triton, server, died)
+    failed: list[GiveUp] = []
+
+    def watch() -> None:
+        try:
+            while not server.should_exit:
+                supervisor.tick()
+                time.sleep(0.5)
+        except GiveUp as exc:
+            failed.append(exc)
+            server.should_exit = True
+        finally:
+            supervisor.close()
+
+    threading.Thread(target=watch, name="supervisor", daemon=True).start()
     print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
     server.run()
-    if died.is_set() and triton is not None:
-        return _triton_died(triton)
+    if failed:
+        raise failed[0]
     return 0 if server.started else 1
 
 
@@ -321,21 +407,6 @@ def serve(settings: Settings) -> int:
     server = _server(settings)
     server.run()
     return 0 if server.started else 1
-
-
-def _watch(triton: EmbeddedTriton, server: uvicorn.Server, died: threading.Event) -> None:
-    """Stops the API when Triton dies, so a broken stack never looks healthy."""
-
-    def watch() -> None:
-        assert triton.process is not None
-        while not server.should_exit:
-            if triton.process.poll() is not None:
-                died.set()
-                server.should_exit = True
-                return
-            threading.Event().wait(0.5)
-
-    threading.Thread(target=watch, name="triton-watchdog", daemon=True).start()
 
 
 def _print_key(key: ApiKey, as_json: bool) -> None:

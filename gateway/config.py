@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     triton_start_timeout_s: float = Field(300.0, gt=0)
     """How long ``gateway up`` waits for Triton and its models to become ready."""
 
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """On SIGTERM a gateway process answers new requests 503 (``/health/ready`` too) and lets
+    the ones in flight, streams included, run to their end for up to this long before it
+    stops. Kubernetes: keep ``terminationGracePeriodSeconds`` above it."""
+
     model_cache_ttl_s: float = Field(5.0, ge=0)
     """How long the model list read from Triton is reused before it is read again. An unknown
     model name always triggers a fresh read, so a newly loaded model is found at once."""

@@ -11,17 +11,24 @@ It also answers the liveness probe (``GET /health/live``) itself: a probe only a
 the process serves HTTP, and orchestrators send many; routing it through FastAPI cost three
 times what uvicorn itself spends on a request (``tests/bench/cpu.py``). The route stays
 declared in the app, so it is documented in the OpenAPI schema like the others.
+
+While the process drains before it stops (:class:`Drain`, started by SIGTERM), requests
+already running go on to their end and every new one but the liveness probe and
+``/metrics`` gets a 503 with ``Retry-After`` (the OpenAI SDKs retry it, and a load balancer
+or Kubernetes, seeing ``/health/ready`` fail, sends the retry elsewhere).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.errors import error_body
 from gateway.metrics import Metrics
 from gateway.state.limits import Admission, RateLimiter
 
@@ -37,10 +44,34 @@ _LIVE_START = {
 _LIVE_BODY = {"type": "http.response.body", "body": b'{"status":"ok"}'}
 
 
+_DRAINING_BODY = json.dumps(
+    error_body("The gateway is shutting down; retry shortly.", "server_error", code="shutting_down")
+).encode()
+_DRAINING_START = {
+    "type": "http.response.start",
+    "status": 503,
+    "headers": [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(_DRAINING_BODY)).encode()),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ],
+}
+
+
+class Drain:
+    """The process's requests in flight, and whether it drains (takes no new ones)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.busy = 0
+
+
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, drain: Drain) -> None:
         self.app = app
         self.metrics = metrics
+        self.drain = drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,6 +79,9 @@ class GatewayMiddleware:
             return
         if scope["path"] == LIVE_PATH and scope["method"] in ("GET", "HEAD"):
             await self._live(scope, send)
+            return
+        if self.drain.draining and scope["path"] != "/metrics":
+            await self._refuse(scope, send)
             return
         started = time.monotonic()
         # request.state is this dict (Starlette keeps it in the scope).
@@ -67,9 +101,11 @@ class GatewayMiddleware:
 
         in_flight = self.metrics.in_flight.labels(_route_of(scope))
         in_flight.inc()
+        self.drain.busy += 1
         try:
             await self.app(scope, receive, send_wrapped)
         finally:
+            self.drain.busy -= 1
             in_flight.dec()
             admission = state.get(ADMISSION)
             if admission is not None:
@@ -86,6 +122,11 @@ class GatewayMiddleware:
         await send(_LIVE_BODY if scope["method"] == "GET" else {"type": "http.response.body"})
         self.metrics.requests.labels(LIVE_PATH, "", "200").inc()
         self.metrics.duration.labels(LIVE_PATH, "").observe(time.monotonic() - started)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        await send(_DRAINING_START)
+        await send({"type": "http.response.body", "body": _DRAINING_BODY})
+        self.metrics.requests.labels(_route_of(scope), "", "503").inc()
 
     def _record(self, route: str, admission: Admission | None, status: int, elapsed: float) -> None:
         model = admission.model if admission is not None else ""

@@ -128,9 +128,7 @@ class EmbeddedNginx:
             raise EmbeddedNginxError(f"the nginx config does not load:\n{checked.stderr}")
         log = self.error_log.open("ab")
         try:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.process = processes.spawn(command, stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
         deadline = time.monotonic() + timeout_s

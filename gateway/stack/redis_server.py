@@ -46,7 +46,7 @@ class EmbeddedRedis:
             )
         self.directory.mkdir(parents=True, exist_ok=True)
         # Flags only (no config file): loopback, persistence by append-only file.
-        self.process = subprocess.Popen(
+        self.process = processes.spawn(
             [
                 binary,
                 "--port",
@@ -66,7 +66,6 @@ class EmbeddedRedis:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

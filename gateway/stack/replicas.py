@@ -68,10 +68,9 @@ class Replica:
     def start(self) -> None:
         # A session of its own: Ctrl-C reaches `gateway up`, which stops replicas in order.
         command = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1"]
-        self.process = subprocess.Popen(
+        self.process = processes.spawn(
             [*command, "--port", str(self.port)],
             env={**os.environ, **self.env, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics)},
-            start_new_session=True,
         )
         self.starts.append(time.monotonic())
 

@@ -182,14 +182,14 @@ class EmbeddedTriton:
         log = self.log_path.open("ab")
         try:
             # A session of its own: Ctrl-C in the terminal reaches the gateway, which then
-            # stops Triton in order, instead of both racing to exit.
-            self.process = subprocess.Popen(
+            # stops Triton in order, instead of both racing to exit. Its model processes
+            # are in its group: stopping the group stops them (see processes.spawn).
+            self.process = processes.spawn(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=install.environment(),
                 cwd=install.working_directory(),
-                start_new_session=True,
             )
         finally:
             log.close()

@@ -1,0 +1,241 @@
+"""``gateway up``'s watch over the servers it started: a part that dies is started again.
+
+- **Redis** comes back with its data (the append-only file in its directory).
+- **Triton**: its model processes are stopped with it (they are in its process group), and
+  it starts again loading every model that was ready before it died, the ones loaded
+  through the admin API included (the supervisor reads Triton's repository index every few
+  seconds while it runs).
+- **nginx** and the **gateway replicas** start again as they were.
+
+A part that died starts again after a back-off that doubles (0.5 s, 1 s, 2 s, ... 8 s); one
+that died ``limit`` times within ``window_s`` is a crash loop, and :class:`GiveUp` ends
+``gateway up`` with the reason. Meanwhile the replicas answer 503 with ``Retry-After`` and
+``/health/ready`` fails; they reconnect by themselves when the part is back.
+
+Why not supervisord: it would not know which models to load into a restarted Triton, nor
+stop Triton's model processes with it, nor tie the children's lives to its own when it is
+killed (see :mod:`gateway.stack.processes`); what is left to do here is this small loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from gateway.stack import processes
+from gateway.stack.nginx import EmbeddedNginx, EmbeddedNginxError
+from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
+from gateway.stack.replicas import Replica
+from gateway.stack.triton_server import EmbeddedTriton, EmbeddedTritonError
+
+#: How often the models Triton has ready are read (to load them again after a crash).
+MODELS_EVERY_S = 2.0
+
+
+class GiveUp(RuntimeError):
+    """A part keeps dying: ``gateway up`` stops, with this one-line reason."""
+
+
+@dataclass
+class Restarts:
+    """When a part that died starts again, and when to stop trying."""
+
+    what: str
+    limit: int = 5
+    window_s: float = 60.0
+    first_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+    deaths: list[float] = field(default_factory=list)
+    due_at: float | None = None
+    down_since: float | None = None
+
+    def died(self, now: float, detail: str = "") -> float:
+        """Notes a death; returns the delay before the next start. Raises :class:`GiveUp`
+        on a crash loop."""
+        self.deaths = [t for t in self.deaths if now - t < self.window_s] + [now]
+        if len(self.deaths) >= self.limit:
+            raise GiveUp(
+                f"{self.what} died {len(self.deaths)} times within {self.window_s:.0f} s; "
+                f"giving up{detail}"
+            )
+        delay = min(self.first_delay_s * 2.0 ** (len(self.deaths) - 1), self.max_delay_s)
+        self.due_at = now + delay
+        if self.down_since is None:
+            self.down_since = now
+        return delay
+
+    def due(self, now: float) -> bool:
+        return self.due_at is not None and now >= self.due_at
+
+    def started(self) -> None:
+        self.due_at = None
+
+
+class Supervisor:
+    """Call :meth:`tick` every half second from the thread that started the parts (the
+    children's death signal follows that thread; see :func:`processes.spawn`)."""
+
+    def __init__(
+        self,
+        redis: EmbeddedRedis | None,
+        triton: EmbeddedTriton | None,
+        nginx: EmbeddedNginx | None = None,
+        replicas: list[Replica] | None = None,
+        say: Callable[[str], None] = lambda line: print(line, flush=True),
+    ) -> None:
+        self.redis = redis
+        self.triton = triton
+        self.nginx = nginx
+        self.replicas = replicas or []
+        self.say = say
+        self.restarts: dict[object, Restarts] = {}
+        for part, what in (
+            (redis, "Redis"),
+            (triton, "Triton"),
+            (nginx, "nginx"),
+            *((r, f"the gateway replica on port {r.port}") for r in self.replicas),
+        ):
+            if part is not None:
+                self.restarts[part] = Restarts(what)
+        self.models = list(triton.models) if triton is not None else []
+        self._models_read = 0.0
+        self._triton_starting = False
+        self._http = httpx.Client(timeout=1.0)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.redis is not None:
+            self._redis(self.redis, now)
+        if self.triton is not None:
+            self._triton(self.triton, now)
+        if self.nginx is not None:
+            self._nginx(self.nginx, now)
+        for replica in self.replicas:
+            self._replica(replica, now)
+
+    # -- each part -----------------------------------------------------------------------
+
+    def _died(self, part: object, code: int | None, log: str, now: float) -> None:
+        restarts = self.restarts[part]
+        detail = f"; the end of its log:\n{log}" if log else ""
+        delay = restarts.died(now, detail)
+        how = "did not start" if code is None else f"exited ({code})"
+        self.say(f"{restarts.what} {how}; starting it again in {delay:.1f} s")
+
+    def _back(self, part: object, now: float, note: str = "") -> None:
+        restarts = self.restarts[part]
+        since = restarts.down_since
+        restarts.down_since = None
+        after = f" {now - since:.1f} s after it died" if since is not None else ""
+        self.say(f"{restarts.what} is back{after}{note}")
+
+    def _redis(self, redis: EmbeddedRedis, now: float) -> None:
+        restarts = self.restarts[redis]
+        if restarts.due_at is None:
+            code = redis.process.poll() if redis.process is not None else -1
+            if code is not None:
+                if redis.process is not None:
+                    processes.kill_group(redis.process)
+                self._died(redis, code, processes.log_tail(redis.log_path, 5), now)
+            return
+        if restarts.due(now):
+            restarts.started()
+            try:
+                redis.start()
+            except EmbeddedRedisError as exc:
+                self._died(redis, None, str(exc), time.monotonic())
+                return
+            self._back(redis, time.monotonic(), " (data from its append-only file)")
+
+    def _triton(self, triton: EmbeddedTriton, now: float) -> None:
+        restarts = self.restarts[triton]
+        process = triton.process
+        if restarts.due_at is None:
+            code = process.poll() if process is not None else -1
+            if code is None:
+                if self._triton_starting:
+                    self._check_triton_ready(triton, now)
+                elif now - self._models_read >= MODELS_EVERY_S:
+                    self._read_models(triton, now)
+                return
+            if process is not None:
+                processes.kill_group(process)  # its model processes
+            self._triton_starting = False
+            self._died(triton, code, triton.log_tail(5), now)
+            return
+        if restarts.due(now):
+            restarts.started()
+            triton.models = list(self.models)
+            names = ", ".join(self.models) or "none"
+            self.say(f"Starting Triton again with models {names} (log: {triton.log_path})")
+            try:
+                triton.start()
+            except EmbeddedTritonError as exc:
+                self._died(triton, None, str(exc), time.monotonic())
+                return
+            self._triton_starting = True
+
+    def _check_triton_ready(self, triton: EmbeddedTriton, now: float) -> None:
+        base = f"http://{triton.host}:{triton.http_port}/v2"
+        try:
+            if self._http.get(f"{base}/health/ready").status_code != 200:
+                return
+            for model in triton.models:
+                if self._http.get(f"{base}/models/{model}/ready").status_code != 200:
+                    return
+        except httpx.HTTPError:
+            return
+        self._triton_starting = False
+        self._models_read = now
+        self._back(triton, now, f", models ready: {', '.join(triton.models) or 'none'}")
+
+    def _read_models(self, triton: EmbeddedTriton, now: float) -> None:
+        """Remembers the models Triton has ready (those loaded through the admin API too)."""
+        self._models_read = now
+        url = f"http://{triton.host}:{triton.http_port}/v2/repository/index"
+        try:
+            answer = self._http.post(url, json={"ready": True})
+            if answer.status_code == 200:
+                ready = {m["name"] for m in answer.json() if m.get("state") == "READY"}
+                self.models = sorted(ready)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass  # unreachable for a moment: keep the last list
+
+    def _nginx(self, nginx: EmbeddedNginx, now: float) -> None:
+        restarts = self.restarts[nginx]
+        if restarts.due_at is None:
+            code = nginx.process.poll() if nginx.process is not None else -1
+            if code is not None:
+                if nginx.process is not None:
+                    processes.kill_group(nginx.process)
+                self._died(nginx, code, nginx.log_tail(5), now)
+            return
+        if restarts.due(now):
+            restarts.started()
+            try:
+                nginx.start()
+            except EmbeddedNginxError as exc:
+                self._died(nginx, None, str(exc), time.monotonic())
+                return
+            self._back(nginx, time.monotonic())
+
+    def _replica(self, replica: Replica, now: float) -> None:
+        restarts = self.restarts[replica]
+        if restarts.due_at is None:
+            code = replica.exited()
+            if code is not None:
+                if replica.process is not None:
+                    processes.kill_group(replica.process)
+                replica.forget()
+                self._died(replica, code, "", now)
+            return
+        if restarts.due(now):
+            restarts.started()
+            replica.start()
+            self._back(replica, now)

@@ -1,0 +1,278 @@
+"""Chaos on the stack ``gateway up`` runs (nginx, two replicas, Redis, Triton with
+``mock_chat``): parts killed during traffic come back by themselves, clients see clean
+OpenAI errors meanwhile, nothing it started outlives it, and SIGTERM drains."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.stack import ROOT, GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+CHAT = "/v1/chat/completions"
+
+
+def _children(root: int) -> dict[int, str]:
+    """Every process descending from ``root`` (not zombies), with its command line."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found: dict[int, str] = {}
+    todo = list(parents.get(root, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
+        except OSError:
+            continue
+        todo += parents.get(pid, [])
+    return found
+
+
+def _running(pids: dict[int, str]) -> dict[int, str]:
+    alive = {}
+    for pid, command in pids.items():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive[pid] = command
+    return alive
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"not within {timeout_s} s: {what}")
+
+
+def _pids_of(pattern: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def _chat(stack: GatewayProcess, key: str, content: str = "hi") -> httpx.Response:
+    return httpx.post(
+        stack.base_url + CHAT,
+        json={"model": "mock_chat", "messages": [{"role": "user", "content": content}]},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
+def _assert_retry_later(response: httpx.Response, code: str) -> None:
+    """A clean outage answer: 503, the OpenAI error body, and when to try again."""
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code, error
+    assert int(response.headers["retry-after"]) >= 1
+
+
+def _through_outage(stack: GatewayProcess, key: str, code: str) -> list[int]:
+    """Sends requests until one succeeds; every other answer must be a clean 503."""
+    statuses: list[int] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        response = _chat(stack, key)
+        statuses.append(response.status_code)
+        if response.status_code == 200:
+            return statuses
+        _assert_retry_later(response, code)
+        time.sleep(0.05)
+    pytest.fail(f"no recovery within 90 s: {statuses[-5:]}\n{stack.output()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[GatewayProcess]:
+    """Its own stack, Redis included (``gateway up`` starts and supervises it)."""
+    gateway = GatewayProcess(models=["mock_chat"]).start()
+    try:
+        gateway.wait_ready(120)
+        yield gateway
+    finally:
+        assert gateway.stop() == 0, gateway.output()[-3000:]
+
+
+def _ready(address: str) -> bool:
+    try:
+        return httpx.get(f"http://{address}/health/ready", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _new_key(stack: GatewayProcess, **limits: int) -> str:
+    created = httpx.post(
+        stack.base_url + "/admin/keys",
+        json={"name": "chaos", **limits},
+        headers=stack.headers,
+        timeout=10,
+    )
+    assert created.status_code == 201, created.text
+    return str(created.json()["key"])
+
+
+def test_redis_killed_comes_back_with_its_data_and_exact_limits(stack: GatewayProcess) -> None:
+    key = _new_key(stack, rpm=6)
+    assert [_chat(stack, key).status_code for _ in range(2)] == [200, 200]
+    [redis] = _pids_of(f"redis-server 127.0.0.1:{stack.redis_port}")
+    os.kill(redis, signal.SIGKILL)
+    started = time.monotonic()
+    # Until it is back: 503 store_unavailable with Retry-After, nothing let through.
+    statuses = _through_outage(stack, key, "store_unavailable")
+    recovered = time.monotonic() - started
+    _wait_until(lambda: "Redis is back" in stack.output(), 10, "the log says Redis is back")
+    assert "Redis exited" in stack.output()
+    assert _pids_of(f"redis-server 127.0.0.1:{stack.redis_port}") != [redis]
+    # The key and its window survived (append-only file): 2 before, 1 just now, 3 more.
+    admitted = statuses.count(200)
+    codes = [_chat(stack, key).status_code for _ in range(6 - 2 - admitted + 1)]
+    assert codes == [200] * (6 - 2 - admitted) + [429], (codes, recovered)
+    assert httpx.get(stack.base_url + "/health/ready", timeout=5).status_code == 200
+
+
+def test_triton_killed_mid_stream_comes_back_with_every_model(stack: GatewayProcess) -> None:
+    # A model loaded through the admin API, not named at start, must come back too.
+    loaded = httpx.post(
+        stack.base_url + "/admin/models/e5_small/load", headers=stack.headers, timeout=300
+    )
+    assert loaded.status_code == 200, loaded.text
+    [triton] = _pids_of(f"--grpc-port={stack.grpc_port}")
+    stubs = {p: c for p, c in _children(triton).items() if "triton_python_backend_stub" in c}
+    assert len(stubs) == 2, stubs  # mock_chat and e5_small
+    time.sleep(2.5)  # the supervisor reads the models Triton has ready every 2 s
+    key = _new_key(stack)
+    client = stack.client(key)
+    stream = client.chat.completions.create(
+        model="mock_chat",
+        messages=[{"role": "user", "content": "[mock:delay_ms=50] a long answer"}],
+        max_tokens=200,
+        stream=True,
+    )
+    received = 0
+    with pytest.raises(openai.APIError) as failed:
+        for _chunk in stream:
+            received += 1
+            if received == 5:
+                os.kill(triton, signal.SIGKILL)
+    assert received >= 5
+    # An error event in the stream, not a torn connection.
+    assert not isinstance(failed.value, openai.APIConnectionError), failed.value
+    # Its model processes die with it, SIGTERM-proof or not.
+    _wait_until(lambda: not _running(stubs), 10, f"the old model processes exit: {stubs}")
+    _through_outage(stack, key, "backend_unavailable")
+    # Recovered once every replica is ready again (each reconnects on its own, within a
+    # second); from then on no request fails.
+    _wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), 10, "replicas ready")
+    assert [_chat(stack, key).status_code for _ in range(10)] == [200] * 10
+    models = {m.id for m in client.models.list()}
+    assert {"mock_chat", "e5_small"} <= models
+    embedded = client.embeddings.create(model="e5_small", input="back again")
+    assert len(embedded.data[0].embedding) > 0
+    assert "Triton exited" in stack.output()
+    _wait_until(lambda: "Triton is back" in stack.output(), 30, "the log says Triton is back")
+    assert _pids_of(f"--grpc-port={stack.grpc_port}") != [triton]
+
+
+def _start(**env: str) -> GatewayProcess:
+    gateway = GatewayProcess(models=["mock_chat"], env=env).start()
+    gateway.wait_ready(120)
+    return gateway
+
+
+def test_nothing_outlives_gateway_up_killed_with_sigkill() -> None:
+    gateway = _start()
+    assert gateway.process is not None
+    started = _children(gateway.process.pid)
+    commands = " ".join(started.values())
+    for part in ("redis-server", "tritonserver", "triton_python_backend_stub", "nginx"):
+        assert part in commands, started
+    assert sum("gateway serve" in c for c in started.values()) == 2, started
+    gateway.process.kill()
+    gateway.process.wait()
+    _wait_until(lambda: not _running(started), 20, f"everything stops: {_running(started)}")
+    gateway.stop()
+
+
+def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signals() -> None:
+    gateway = _start(GATEWAY_DRAIN_TIMEOUT_S="30")
+    assert gateway.process is not None
+    started = _children(gateway.process.pid)
+    client = gateway.client()
+    results: list[tuple[int, bool]] = []
+
+    def stream() -> None:
+        pieces, finished = 0, False
+        for chunk in client.chat.completions.create(
+            model="mock_chat",
+            messages=[{"role": "user", "content": "[mock:delay_ms=40] tell me more"}],
+            max_tokens=60,
+            stream=True,
+        ):
+            pieces += bool(chunk.choices and chunk.choices[0].delta.content)
+            finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
+        results.append((pieces, finished))
+
+    streams = [threading.Thread(target=stream) for _ in range(3)]
+    for thread in streams:
+        thread.start()
+    time.sleep(0.8)  # the streams are under way
+    gateway.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    for _ in range(3):  # a service manager insisting must not cut the cleanup short
+        gateway.process.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+    refused = httpx.post(
+        gateway.base_url + CHAT,
+        json={"model": "mock_chat", "messages": [{"role": "user", "content": "late"}]},
+        headers=gateway.headers,
+        timeout=10,
+    )
+    _assert_retry_later(refused, "shutting_down")
+    for thread in streams:
+        thread.join(60)
+    assert results == [(60, True)] * 3, results
+    assert gateway.process.wait(timeout=60) == 0, gateway.output()[-3000:]
+    assert "Traceback" not in gateway.output(), gateway.output()[-3000:]
+    _wait_until(lambda: not _running(started), 10, f"everything stops: {_running(started)}")
+    gateway.stop()
+
+
+def test_gateway_up_gives_up_on_a_crash_loop() -> None:
+    # A Redis that cannot start again (its append-only manifest is broken): a few tries,
+    # then a one-line reason and exit 1, with nothing left running.
+    gateway = _start()
+    assert gateway.process is not None
+    started = _children(gateway.process.pid)
+    data = ROOT / ".run" / "tests" / f"gateway-{gateway.port}" / "redis"
+    [redis] = _pids_of(f"redis-server 127.0.0.1:{gateway.redis_port}")
+    os.kill(redis, signal.SIGKILL)
+    (data / "appendonlydir" / "appendonly.aof.manifest").write_text("broken manifest\n")
+    assert gateway.process.wait(timeout=90) == 1, gateway.output()[-3000:]
+    assert "Redis died 5 times within 60 s; giving up" in gateway.output()
+    assert "Traceback" not in gateway.output()
+    _wait_until(lambda: not _running(started), 20, f"everything stops: {_running(started)}")
+    gateway.stop()
