@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -30,17 +32,52 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+SENTINEL_SCHEME = "redis+sentinel"
+
+
 def connect(url: str, timeout_s: float) -> Redis:
     """A client with short timeouts and one immediate retry: the retry replaces a pooled
-    connection that died with a restarted Redis; a Redis that is really down fails at once."""
-    return Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_connect_timeout=timeout_s,
-        socket_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    connection that died with a restarted Redis; a Redis that is really down fails at once.
+
+    ``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]`` asks those
+    Sentinels for the master of ``service_name`` and follows it through a failover: while
+    there is no master (the old one is gone, no new one is elected yet) requests fail
+    with 503 like a Redis that is down, and none is let through unchecked.
+    """
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_connect_timeout": timeout_s,
+        "socket_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 1),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
+    if urlsplit(url).scheme != SENTINEL_SCHEME:
+        return Redis.from_url(url, **options)
+    nodes, service, db, password = parse_sentinel_url(url)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        nodes,
+        sentinel_kwargs={"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s},
     )
+    master: Redis = sentinels.master_for(service, db=db, password=password, **options)
+    return master
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
+    """``redis+sentinel://[:password@]h1:p1,h2:p2/service[/db]`` -> the Sentinels'
+    addresses, the service (master) name, the database and the masters' password."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    password = unquote(parts.password) if parts.password else None
+    nodes = []
+    for node in hosts.split(","):
+        host, _, port = node.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{url!r}: each Sentinel must be host:port, got {node!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"{url!r}: the path must be /service_name or /service_name/db")
+    return nodes, path[0], int(path[1]) if len(path) == 2 else 0, password
 
 
 def needs_store(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
