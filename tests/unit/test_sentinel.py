@@ -60,6 +60,8 @@ class SentinelSet:
                 str(data),
                 "--save",
                 "",
+                "--repl-diskless-sync-delay",
+                "0",
                 *extra,
             )
         for port in self.sentinels:
@@ -69,16 +71,28 @@ class SentinelSet:
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.master} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} 1000\n"
                 f"sentinel failover-timeout {SERVICE} 5000\n"
+                # What a Sentinel would learn from the master's INFO within 10 s.
+                f"sentinel known-replica {SERVICE} 127.0.0.1 {self.replica}\n"
             )
             self._run(port, str(conf), "--sentinel")
         self.wait(
             lambda: self._client(self.replica).info("replication")["master_link_status"] == "up"
         )
+        # A Sentinel fails over only to a replica it knows to be in sync (it learns of
+        # replicas from the master's INFO, every 10 s).
         for port in self.sentinels:
-            self.wait(
-                lambda p=port: self._client(p).sentinel_master(SERVICE)["num-other-sentinels"] == 2
-            )
+            self.wait(lambda p=port: self._sees_everyone(p))
         return self
+
+    def _sees_everyone(self, port: int) -> bool:
+        client = self._client(port)
+        replicas = client.execute_command("SENTINEL", "REPLICAS", SERVICE)
+        if client.sentinel_master(SERVICE)["num-other-sentinels"] != 2 or len(replicas) != 1:
+            return False
+        fields = replicas[0]
+        if isinstance(fields, list):  # RESP2: a flat list of names and values
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        return bool(fields["master-link-status"] == "ok" and fields["flags"] == "slave")
 
     def _client(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
