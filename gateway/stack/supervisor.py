@@ -103,7 +103,8 @@ class Supervisor:
         self.models = list(triton.models) if triton is not None else []
         self._models_read = 0.0
         self._triton_starting = False
-        self._http = httpx.Client(timeout=1.0)
+        # No kept connection: Triton waits for open HTTP connections when it stops.
+        self._http = httpx.Client(timeout=1.0, limits=httpx.Limits(max_keepalive_connections=0))
 
     def close(self) -> None:
         self._http.close()
