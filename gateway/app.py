@@ -3,11 +3,13 @@ lifespan that owns the backend client."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from redis.asyncio import Redis
 
 from gateway.api.middleware import Drain, GatewayMiddleware
 from gateway.api.routers import (
@@ -24,7 +26,7 @@ from gateway.api.routers import (
 from gateway.api.routers import metrics as metrics_router
 from gateway.backend import Backend
 from gateway.config import Settings
-from gateway.errors import install_handlers
+from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
 from gateway.serving.catalog import ModelCatalog
@@ -39,6 +41,33 @@ from gateway.state.keys import KeyStore
 from gateway.state.limits import RateLimiter
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
+
+logger = logging.getLogger("gateway")
+
+
+async def _migrate(redis: Redis) -> asyncio.Task[None] | None:
+    """Brings data written by an older gateway to the current key layout before serving;
+    with Redis unreachable, keeps trying in the background (nothing is served from Redis
+    meanwhile anyway). Returns that task, if any."""
+
+    async def migrate() -> bool:
+        try:
+            renamed = await store.migrate(redis)
+        except StoreUnavailableError:
+            return False
+        if renamed:
+            logger.warning("moved %d Redis keys to key layout %s", renamed, store.LAYOUT)
+        return True
+
+    async def keep_trying() -> None:
+        while True:
+            await asyncio.sleep(2)
+            if await migrate():
+                return
+
+    if await migrate():
+        return None
+    return asyncio.create_task(keep_trying())
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
@@ -61,6 +90,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                 on_error=metrics.triton_error,
             )
         redis = store.connect(settings.redis_url, settings.redis_timeout_s)
+        migration = await _migrate(redis)
         catalog = ModelCatalog(active, settings.model_cache_ttl_s)
         app.state.backend = active
         app.state.redis = redis
@@ -82,6 +112,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         try:
             yield
         finally:
+            if migration is not None:
+                migration.cancel()
             await app.state.limiter.close()
             await redis.aclose()
             if backend is None:  # we created it, we close it

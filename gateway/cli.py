@@ -436,6 +436,7 @@ async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
     redis = store.connect(settings.redis_url, settings.redis_timeout_s)
     keys = KeyStore(redis)
     try:
+        await store.migrate(redis)
         if args.action == "create":
             created = await keys.create(
                 KeyCreate(

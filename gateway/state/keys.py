@@ -2,7 +2,7 @@
 their metadata, compared in constant time.
 
 A key reads ``sk-gw-<id>-<secret>``. The public ``id`` (12 hex digits) names the record
-(``gw:key:<id>``) so a lookup is one ``GET``; the whole key's hash is then compared with
+(``gw:key:{<id>}``) so a lookup is one ``GET``; the whole key's hash is then compared with
 :func:`hmac.compare_digest`. Keys carry 256 random bits, so a fast hash is the right one (a
 slow password hash protects guessable secrets, which these are not).
 
@@ -32,7 +32,9 @@ Role = Literal["user", "admin"]
 
 
 def record_key(key_id: str) -> str:
-    return f"{PREFIX}key:{key_id}"
+    # The id in braces is the Redis Cluster hash tag: a key's record, rate-limit windows
+    # and usage live in one slot, so one Lua script may read and write them all.
+    return f"{PREFIX}key:{{{key_id}}}"
 
 
 def hash_key(key: str) -> str:
@@ -149,9 +151,12 @@ class KeyStore:
             redacted_value=f"{KEY_PREFIX}{key_id}-****",
             secret_hash=hash_key(key),
         )
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(record_key(key_id), stored.model_dump_json())
+        # Not a transaction: the index and the record are in different slots of a Redis
+        # Cluster. Indexed first, so a key that exists is always listed (an id whose
+        # record is missing is skipped by `all`).
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.sadd(_INDEX, key_id)
+            pipe.set(record_key(key_id), stored.model_dump_json())
             await pipe.execute()
         return CreatedKey(**_public(stored).model_dump(), key=key)
 
@@ -178,7 +183,11 @@ class KeyStore:
     @needs_store
     async def all(self) -> list[ApiKey]:
         ids = sorted(str(i) for i in await self.redis.smembers(_INDEX))
-        raws = await self.redis.mget([record_key(i) for i in ids]) if ids else []
+        # One GET per key in a pipeline (an MGET would span slots in a Redis Cluster).
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key_id in ids:
+                pipe.get(record_key(key_id))
+            raws = await pipe.execute() if ids else []
         keys = [_public(_StoredKey.model_validate_json(r)) for r in raws if r]
         return sorted(keys, key=lambda k: (k.created_at, k.id))
 

@@ -147,12 +147,12 @@ _KEY_REFUSALS = {"unknown": INCORRECT, "revoked": REVOKED, "expired": EXPIRED}
 
 
 def _keys(key_id: str) -> tuple[str, str, str]:
-    base = f"{PREFIX}rl:{key_id}"
+    base = f"{PREFIX}rl:{{{key_id}}}"  # the key record's hash tag: one Cluster slot
     return f"{base}:requests", f"{base}:tokens", f"{base}:leases"
 
 
 def usage_key(key_id: str) -> str:
-    return f"{PREFIX}usage:{key_id}"
+    return f"{PREFIX}usage:{{{key_id}}}"
 
 
 def duration(seconds: float) -> str:

@@ -12,6 +12,7 @@ when Redis returns.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -21,6 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnavailableError
@@ -99,3 +101,34 @@ def needs_store(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 @needs_store
 async def ping(redis: Redis) -> bool:
     return bool(await redis.ping())
+
+
+#: The layout of the keys in Redis. 2: everything of one API key carries the key id as a
+#: Redis Cluster hash tag (``gw:key:{id}``, ``gw:rl:{id}:requests``, ``gw:usage:{id}``).
+LAYOUT = "2"
+_LAYOUT_KEY = f"{PREFIX}layout"
+_LAYOUT_1 = re.compile(r"^gw:(key|usage|rl):([^{}:]+)(:.*)?$")
+
+
+@needs_store
+async def migrate(redis: Redis) -> int:
+    """Renames the data of an API key written before layout 2 (``gw:key:<id>`` and the
+    like) to layout 2, keeping expiries; returns how many keys it renamed. Safe to run from
+    several replicas at once; once done, it costs one ``GET``."""
+    if await redis.get(_LAYOUT_KEY) == LAYOUT:
+        return 0
+    renamed = 0
+    for kind in ("key", "usage", "rl"):
+        async for name in redis.scan_iter(match=f"{PREFIX}{kind}:[^{{]*", count=1000):
+            found = _LAYOUT_1.match(name)
+            if found is None:
+                continue
+            _, key_id, rest = found.groups()
+            try:
+                renamed += int(
+                    await redis.renamenx(name, f"{PREFIX}{kind}:{{{key_id}}}{rest or ''}")
+                )
+            except ResponseError:  # another replica renamed it meanwhile
+                continue
+    await redis.set(_LAYOUT_KEY, LAYOUT)
+    return renamed
