@@ -179,10 +179,10 @@ def admin_key(settings: Settings) -> Settings:
 
 def _redis(settings: Settings) -> EmbeddedRedis:
     url = urlsplit(settings.redis_url)
-    if url.scheme == store.SENTINEL_SCHEME:
+    if url.scheme in (store.SENTINEL_SCHEME, store.CLUSTER_SCHEME):
         raise EmbeddedRedisError(
-            "GATEWAY_REDIS_URL names Redis Sentinels: the gateway cannot start those itself; "
-            "set GATEWAY_EMBEDDED_REDIS=false (or pass --redis-url)"
+            "GATEWAY_REDIS_URL names Redis Sentinels or a Redis Cluster: the gateway cannot "
+            "start those itself; set GATEWAY_EMBEDDED_REDIS=false (or pass --redis-url)"
         )
     host, port = url.hostname or "127.0.0.1", url.port or 6379
     ensure_port_free(

@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import AuthenticationError, RateLimitError
+from gateway.state import store
 from gateway.state.keys import (
     EXPIRED,
     INCORRECT,
@@ -267,6 +268,11 @@ class RateLimiter:
             await asyncio.sleep(self.lease_s / 3)
             held = list(self._held.items())
             try:
+                if store.is_cluster(self.redis):  # no scripts in a Cluster's pipelines
+                    await asyncio.gather(
+                        *(self._renew(keys=[ls], args=[lease, self.lease_s]) for lease, ls in held)
+                    )
+                    continue
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for lease, leases in held:
                         await self._renew(keys=[leases], args=[lease, self.lease_s], client=pipe)

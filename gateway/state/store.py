@@ -14,15 +14,16 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, RedisClusterException, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnavailableError
@@ -35,6 +36,7 @@ T = TypeVar("T")
 
 
 SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
 
 
 def connect(url: str, timeout_s: float) -> Redis:
@@ -45,6 +47,11 @@ def connect(url: str, timeout_s: float) -> Redis:
     Sentinels for the master of ``service_name`` and follows it through a failover: while
     there is no master (the old one is gone, no new one is elected yet) requests fail
     with 503 like a Redis that is down, and none is let through unchecked.
+
+    ``redis+cluster://[:password@]host:port[,host:port...]`` is a Redis Cluster (redis-py's
+    ``RedisCluster``, which finds every node from these): every key of one API key shares
+    a hash tag, so each Lua script runs in one slot. It is returned as a ``Redis``: it
+    answers the same commands, and the gateway sends no cross-slot one.
     """
     options: dict[str, Any] = {
         "decode_responses": True,
@@ -53,7 +60,10 @@ def connect(url: str, timeout_s: float) -> Redis:
         "retry": Retry(NoBackoff(), 1),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
     }
-    if urlsplit(url).scheme != SENTINEL_SCHEME:
+    scheme = urlsplit(url).scheme
+    if scheme == CLUSTER_SCHEME:
+        return _cluster(url, timeout_s)
+    if scheme != SENTINEL_SCHEME:
         return Redis.from_url(url, **options)
     nodes, service, db, password = parse_sentinel_url(url)
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
@@ -64,9 +74,25 @@ def connect(url: str, timeout_s: float) -> Redis:
     return master
 
 
-def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
-    """``redis+sentinel://[:password@]h1:p1,h2:p2/service[/db]`` -> the Sentinels'
-    addresses, the service (master) name, the database and the masters' password."""
+def _cluster(url: str, timeout_s: float) -> Redis:
+    nodes, password = _nodes(url)
+    if urlsplit(url).path.strip("/"):
+        raise ValueError(f"{url!r}: a Redis Cluster has one database; give no path")
+    cluster = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+        password=password,
+        decode_responses=True,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+    )
+    return cast(Redis, cluster)
+
+
+def is_cluster(redis: Redis) -> bool:
+    return isinstance(redis, RedisCluster)
+
+
+def _nodes(url: str) -> tuple[list[tuple[str, int]], str | None]:
     parts = urlsplit(url)
     hosts = parts.netloc.rpartition("@")[2]
     password = unquote(parts.password) if parts.password else None
@@ -74,9 +100,16 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str |
     for node in hosts.split(","):
         host, _, port = node.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"{url!r}: each Sentinel must be host:port, got {node!r}")
+            raise ValueError(f"{url!r}: each node must be host:port, got {node!r}")
         nodes.append((host.strip("[]"), int(port)))
-    path = [p for p in parts.path.split("/") if p]
+    return nodes, password
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
+    """``redis+sentinel://[:password@]h1:p1,h2:p2/service[/db]`` -> the Sentinels'
+    addresses, the service (master) name, the database and the masters' password."""
+    nodes, password = _nodes(url)
+    path = [p for p in urlsplit(url).path.split("/") if p]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValueError(f"{url!r}: the path must be /service_name or /service_name/db")
     return nodes, path[0], int(path[1]) if len(path) == 2 else 0, password
@@ -90,7 +123,12 @@ def needs_store(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await fn(*args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
+        except (
+            RedisConnectionError,
+            RedisTimeoutError,
+            ClusterDownError,
+            RedisClusterException,
+        ) as exc:
             raise StoreUnavailableError(
                 "The gateway's store (Redis) is unreachable; try again shortly."
             ) from exc

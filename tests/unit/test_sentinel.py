@@ -142,7 +142,7 @@ def test_sentinel_urls_are_parsed() -> None:
         2,
         "p@ss",
     )
-    with pytest.raises(ValueError, match="host:port"):
+    with pytest.raises(ValueError, match="must be host:port"):
         parse_sentinel_url("redis+sentinel://a/mymaster")
     with pytest.raises(ValueError, match="service_name"):
         parse_sentinel_url("redis+sentinel://a:1/")
