@@ -70,6 +70,24 @@ async def _migrate(redis: Redis) -> asyncio.Task[None] | None:
     return asyncio.create_task(keep_trying())
 
 
+def _triton(settings: Settings, metrics: Metrics) -> Backend:
+    """The client of the Triton server, or of the pool of servers, ``triton_url`` names."""
+    from gateway.backend import pool
+    from gateway.backend.triton import TritonBackend
+
+    def client(url: str) -> Backend:
+        return TritonBackend(
+            url,
+            settings.triton_timeout_s,
+            settings.triton_start_timeout_s,
+            on_error=metrics.triton_error,
+        )
+
+    if not pool.is_pool(settings.triton_url):
+        return client(settings.triton_url)
+    return pool.BackendPool(settings.triton_url, client, settings.triton_check_interval_s)
+
+
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:
     """Builds the gateway. Without ``backend`` the lifespan connects to Triton at
     ``settings.triton_url``; tests pass a fake one instead. Redis is always the real one at
@@ -81,14 +99,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         active = backend
         if active is None:
-            from gateway.backend.triton import TritonBackend
-
-            active = TritonBackend(
-                settings.triton_url,
-                settings.triton_timeout_s,
-                settings.triton_start_timeout_s,
-                on_error=metrics.triton_error,
-            )
+            active = _triton(settings, metrics)
         redis = store.connect(settings.redis_url, settings.redis_timeout_s)
         migration = await _migrate(redis)
         catalog = ModelCatalog(active, settings.model_cache_ttl_s)

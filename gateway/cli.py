@@ -29,6 +29,7 @@ from pydantic import SecretStr, ValidationError
 
 from gateway.api.middleware import Drain
 from gateway.app import create_app
+from gateway.backend import pool
 from gateway.config import Settings, weak_key_problem
 from gateway.errors import GatewayError
 from gateway.stack import processes
@@ -198,8 +199,13 @@ def _redis(settings: Settings) -> EmbeddedRedis:
 
 def _triton(settings: Settings) -> EmbeddedTriton | None:
     if not settings.embedded_triton:
-        print(f"Using the Triton server at {settings.triton_url}", flush=True)
+        print(f"Using the Triton server(s) at {settings.triton_url}", flush=True)
         return None
+    if pool.is_pool(settings.triton_url):
+        raise EmbeddedTritonError(
+            "GATEWAY_TRITON_URL names several Triton servers: `gateway up` starts one "
+            "itself; set GATEWAY_EMBEDDED_TRITON=false (or pass --triton-url) to use those"
+        )
     host, _, port = settings.triton_url.rpartition(":")
     triton = EmbeddedTriton(
         repository=settings.model_repository,

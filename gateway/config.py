@@ -72,7 +72,12 @@ class Settings(BaseSettings):
 
     triton_url: str = "127.0.0.1:8001"
     """gRPC address (host:port) of Triton. With ``embedded_triton`` the server started by
-    ``gateway up`` listens here."""
+    ``gateway up`` listens here. Several servers: a comma-separated list, and
+    ``dns:///name:port`` for every address of a name (a Kubernetes headless Service); see
+    :mod:`gateway.backend.pool`."""
+    triton_check_interval_s: float = Field(1.0, gt=0)
+    """With several Triton servers: how often each is asked whether it is ready and which
+    models it has ready (and DNS names are resolved again)."""
     embedded_triton: bool = True
     """``gateway up`` starts Triton from the nvidia-pytriton wheel. False (or
     ``--triton-url``): use the Triton already running at ``triton_url``."""
