@@ -1,0 +1,113 @@
+"""One gateway in front of two real Triton servers (both serving ``mock_chat``):
+requests spread over both, keep succeeding when one is killed during traffic, and reach
+it again once it is back."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.stack import processes
+from gateway.stack.triton_server import EmbeddedTriton, free_port
+from tests.stack import ROOT, GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+REPOSITORY = ROOT / "triton_repo"
+
+
+def _triton(
+    run_dir: Path, grpc_port: int | None = None, http_port: int | None = None
+) -> EmbeddedTriton:
+    triton = EmbeddedTriton(
+        repository=REPOSITORY,
+        models=["mock_chat"],
+        run_dir=run_dir,
+        grpc_port=grpc_port or free_port(),
+        http_port=http_port or free_port(),
+        metrics_port=free_port(),
+    )
+    triton.start()
+    return triton
+
+
+def _served(triton: EmbeddedTriton) -> int:
+    """Requests ``mock_chat`` answered on this server (Triton's own counter)."""
+    text = httpx.get(f"http://127.0.0.1:{triton.metrics_port}/metrics", timeout=5).text
+    found = re.search(r'nv_inference_request_success\{model="mock_chat",version="1"\} (\d+)', text)
+    return int(found.group(1)) if found else 0
+
+
+@pytest.fixture
+def tritons(tmp_path: Path) -> Iterator[list[EmbeddedTriton]]:
+    servers = [_triton(tmp_path / "a"), _triton(tmp_path / "b")]
+    for server in servers:  # started side by side
+        server.wait_ready(120, progress=lambda _: None)
+    try:
+        yield servers
+    finally:  # no graceful stop needed here: quicker
+        processes.stop_all([s.process for s in servers], signal.SIGKILL, 10)
+
+
+def test_requests_survive_a_triton_killed_mid_traffic(
+    tritons: list[EmbeddedTriton], tmp_path: Path
+) -> None:
+    first, second = tritons
+    gateway = GatewayProcess(
+        triton_url=f"{first.grpc_url},{second.grpc_url}",
+        nginx=False,
+        env={"GATEWAY_MODELS": "mock_chat"},
+    ).start()
+    try:
+        gateway.wait_ready(60)
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def traffic() -> None:
+            with httpx.Client(
+                base_url=gateway.base_url, headers=gateway.headers, timeout=30
+            ) as http:
+                while not stop.is_set():
+                    response = http.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": "mock_chat",
+                            "messages": [{"role": "user", "content": "[mock:delay_ms=20] hi"}],
+                            "max_tokens": 5,
+                        },
+                    )
+                    statuses.append(response.status_code)
+
+        users = [threading.Thread(target=traffic) for _ in range(4)]
+        for user in users:
+            user.start()
+        time.sleep(1.0)
+        assert _served(first) > 0 and _served(second) > 0  # spread over both
+        assert first.process is not None
+        first.process.kill()  # mid-traffic: some of its requests are running
+        processes.kill_group(first.process)
+        time.sleep(1.0)
+        after_kill = len(statuses)
+        time.sleep(0.5)
+        assert len(statuses) > after_kill  # still serving
+        # Back on its ports: the gateway sends it requests again within a check or two.
+        again = _triton(tmp_path / "a2", first.grpc_port, first.http_port)
+        tritons.append(again)
+        again.wait_ready(120, progress=lambda _: None)
+        deadline = time.monotonic() + 20
+        while _served(again) == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        for user in users:
+            user.join(30)
+        assert _served(again) > 0, "the restarted server got no request"
+        assert statuses and set(statuses) == {200}, sorted(set(statuses))
+    finally:
+        gateway.stop()
