@@ -51,6 +51,7 @@ system-deps:
 	command -v docker-compose >/dev/null || missing="$$missing docker-compose"; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
