@@ -6,100 +6,15 @@ exact, and a node that dies makes its keys' requests fail closed with 503."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-import redis
 
 from gateway.backend.fake import FakeBackend
-from tests.stack import free_port
+from tests.redis_server import Cluster
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 CHAT = "/v1/chat/completions"
-
-
-def _wait(check: Callable[[], object], what: str, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return
-        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
-
-
-class Cluster:
-    def __init__(self, directory: Path) -> None:
-        self.ports = [free_port() for _ in range(3)]
-        self.processes: dict[int, subprocess.Popen[bytes]] = {}
-        for port in self.ports:
-            data = directory / str(port)
-            data.mkdir()
-            self.processes[port] = subprocess.Popen(
-                [
-                    REDIS_SERVER,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(data),
-                    "--cluster-enabled",
-                    "yes",
-                    # The bus port is port + 10000 unless set: past 65535 for a high port.
-                    "--cluster-port",
-                    str(free_port()),
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--logfile",
-                    str(data / "log"),
-                ],
-            )
-        for port in self.ports:
-            _wait(lambda p=port: redis.Redis(port=p, socket_timeout=1).ping(), f"{port} answers")
-        subprocess.run(
-            [
-                REDIS_CLI,
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{p}" for p in self.ports),
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        self.client = redis.RedisCluster(host="127.0.0.1", port=self.ports[0])
-        _wait(lambda: self.client.cluster_info()["cluster_state"] == "ok", "cluster state ok")
-
-    @property
-    def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
-
-    def node_of(self, name: str) -> int:
-        return int(self.client.get_node_from_key(name).port)
-
-    def stop(self) -> None:
-        self.client.close()
-        for process in self.processes.values():
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")
