@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.agents
 	$(BIN)/python -m tests.bench.embeddings
 	$(BIN)/python -m tests.bench.cpu
+	$(BIN)/python -m tests.bench.scale
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:
