@@ -36,6 +36,7 @@ from gateway.stack import processes
 from gateway.stack.nginx import EmbeddedNginx, EmbeddedNginxError
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import Replica, ReplicaError, metrics_dir, settings_env
+from gateway.stack.replicas import stop_all as stop_replicas
 from gateway.stack.supervisor import GiveUp, Supervisor
 from gateway.stack.triton_server import (
     EmbeddedTriton,
@@ -238,12 +239,7 @@ class _Parts:
         get 503."""
         if self.replicas:
             print(f"Stopping: draining the gateway replicas (up to {drain_timeout_s:.0f} s)")
-            processes.stop_all(
-                [r.process for r in self.replicas], signal.SIGTERM, drain_timeout_s + 15
-            )
-            for replica in self.replicas:
-                replica.forget()
-                replica.process = None
+            stop_replicas(self.replicas, drain_timeout_s + 15)
             self.replicas = []
         if self.nginx is not None:
             self.nginx.stop()
@@ -334,13 +330,8 @@ def _up(settings: Settings, parts: _Parts) -> int:
         flush=True,
     )
     print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
-    supervisor = Supervisor(parts.redis, parts.triton, parts.nginx, parts.replicas)
-    try:
-        while True:
-            supervisor.tick()
-            time.sleep(0.5)
-    finally:
-        supervisor.close()
+    Supervisor(parts.redis, parts.triton, parts.nginx, parts.replicas).run()
+    return 0  # not reached: the watch ends with a signal or GiveUp
 
 
 class _DrainingServer(uvicorn.Server):
@@ -396,14 +387,10 @@ def _serve_here(settings: Settings, supervisor: Supervisor) -> int:
 
     def watch() -> None:
         try:
-            while not server.should_exit:
-                supervisor.tick()
-                time.sleep(0.5)
+            supervisor.run(lambda: server.should_exit)
         except GiveUp as exc:
             failed.append(exc)
             server.should_exit = True
-        finally:
-            supervisor.close()
 
     threading.Thread(target=watch, name="supervisor", daemon=True).start()
     print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)

@@ -59,7 +59,6 @@ class Replica:
         self.env = env
         self.metrics = metrics
         self.process: subprocess.Popen[bytes] | None = None
-        self.starts: list[float] = []
 
     @property
     def address(self) -> str:
@@ -72,11 +71,6 @@ class Replica:
             [*command, "--port", str(self.port)],
             env={**os.environ, **self.env, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics)},
         )
-        self.starts.append(time.monotonic())
-
-    def restarts_within(self, seconds: float) -> int:
-        """How many times it was started again in the last ``seconds``."""
-        return len([t for t in self.starts[1:] if time.monotonic() - t < seconds])
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -103,8 +97,11 @@ class Replica:
                 self.process.pid, str(self.metrics)
             )
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM: uvicorn finishes the requests in flight (up to 10 s), then exits."""
-        processes.stop(self.process, signal.SIGTERM, timeout_s)
-        self.forget()
-        self.process = None
+
+def stop_all(replicas: list[Replica], timeout_s: float) -> None:
+    """SIGTERM to every replica at once: each drains (new requests 503, those in flight run
+    to their end), then exits; ``timeout_s`` later what is left is killed."""
+    processes.stop_all([r.process for r in replicas], signal.SIGTERM, timeout_s)
+    for replica in replicas:
+        replica.forget()
+        replica.process = None

@@ -19,20 +19,31 @@ killed (see :mod:`gateway.stack.processes`); what is left to do here is this sma
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
 from gateway.stack import processes
 from gateway.stack.nginx import EmbeddedNginx, EmbeddedNginxError
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
-from gateway.stack.replicas import Replica
+from gateway.stack.replicas import Replica, ReplicaError
 from gateway.stack.triton_server import EmbeddedTriton, EmbeddedTritonError
 
 #: How often the models Triton has ready are read (to load them again after a crash).
 MODELS_EVERY_S = 2.0
+
+
+_START_ERRORS = (EmbeddedRedisError, EmbeddedTritonError, EmbeddedNginxError, ReplicaError)
+
+
+class _Part(Protocol):
+    """What the supervisor watches: a server started as one child process."""
+
+    process: subprocess.Popen[bytes] | None
 
 
 class GiveUp(RuntimeError):
@@ -109,18 +120,78 @@ class Supervisor:
     def close(self) -> None:
         self._http.close()
 
+    def run(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Ticks every half second until ``stop()`` says so (or :class:`GiveUp`)."""
+        try:
+            while not stop():
+                self.tick()
+                time.sleep(0.5)
+        finally:
+            self.close()
+
     def tick(self) -> None:
         now = time.monotonic()
-        if self.redis is not None:
-            self._redis(self.redis, now)
-        if self.triton is not None:
-            self._triton(self.triton, now)
-        if self.nginx is not None:
-            self._nginx(self.nginx, now)
+        if (redis := self.redis) is not None:
+            self._keep(
+                redis,
+                now,
+                start=redis.start,
+                log=lambda: processes.log_tail(redis.log_path, 5),
+                note=" (data from its append-only file)",
+            )
+        if (triton := self.triton) is not None:
+            self._keep(
+                triton,
+                now,
+                start=lambda: self._start_triton(triton),
+                log=lambda: triton.log_tail(5),
+                note=None,  # back once it is ready, which _triton_running finds out
+                running=lambda: self._triton_running(triton, now),
+                died=self._triton_died,
+            )
+        if (nginx := self.nginx) is not None:
+            self._keep(nginx, now, start=nginx.start, log=lambda: nginx.log_tail(5))
         for replica in self.replicas:
-            self._replica(replica, now)
+            self._keep(replica, now, start=replica.start, log=lambda: "", died=replica.forget)
 
-    # -- each part -----------------------------------------------------------------------
+    # -- the watch over one part -------------------------------------------------------------
+
+    def _keep(
+        self,
+        part: _Part,
+        now: float,
+        *,
+        start: Callable[[], object],
+        log: Callable[[], str],
+        note: str | None = "",
+        running: Callable[[], None] | None = None,
+        died: Callable[[], None] | None = None,
+    ) -> None:
+        """A part that exited has its process group killed (``died`` is told) and starts
+        again once its back-off is due; ``running`` runs while it runs. ``note`` ends the
+        "is back" line said after a start (None: the part's own check says it)."""
+        restarts = self.restarts[part]
+        if restarts.due_at is None:
+            code = part.process.poll() if part.process is not None else -1
+            if code is None:
+                if running is not None:
+                    running()
+                return
+            if part.process is not None:
+                processes.kill_group(part.process)
+            if died is not None:
+                died()
+            self._died(part, code, log(), now)
+            return
+        if restarts.due(now):
+            restarts.started()
+            try:
+                start()
+            except _START_ERRORS as exc:
+                self._died(part, None, str(exc), time.monotonic())
+                return
+            if note is not None:
+                self._back(part, time.monotonic(), note)
 
     def _died(self, part: object, code: int | None, log: str, now: float) -> None:
         restarts = self.restarts[part]
@@ -136,51 +207,25 @@ class Supervisor:
         after = f" {now - since:.1f} s after it died" if since is not None else ""
         self.say(f"{restarts.what} is back{after}{note}")
 
-    def _redis(self, redis: EmbeddedRedis, now: float) -> None:
-        restarts = self.restarts[redis]
-        if restarts.due_at is None:
-            code = redis.process.poll() if redis.process is not None else -1
-            if code is not None:
-                if redis.process is not None:
-                    processes.kill_group(redis.process)
-                self._died(redis, code, processes.log_tail(redis.log_path, 5), now)
-            return
-        if restarts.due(now):
-            restarts.started()
-            try:
-                redis.start()
-            except EmbeddedRedisError as exc:
-                self._died(redis, None, str(exc), time.monotonic())
-                return
-            self._back(redis, time.monotonic(), " (data from its append-only file)")
+    # -- Triton --------------------------------------------------------------------------
 
-    def _triton(self, triton: EmbeddedTriton, now: float) -> None:
-        restarts = self.restarts[triton]
-        process = triton.process
-        if restarts.due_at is None:
-            code = process.poll() if process is not None else -1
-            if code is None:
-                if self._triton_starting:
-                    self._check_triton_ready(triton, now)
-                elif now - self._models_read >= MODELS_EVERY_S:
-                    self._read_models(triton, now)
-                return
-            if process is not None:
-                processes.kill_group(process)  # its model processes
-            self._triton_starting = False
-            self._died(triton, code, triton.log_tail(5), now)
-            return
-        if restarts.due(now):
-            restarts.started()
-            triton.models = list(self.models)
-            names = ", ".join(self.models) or "none"
-            self.say(f"Starting Triton again with models {names} (log: {triton.log_path})")
-            try:
-                triton.start()
-            except EmbeddedTritonError as exc:
-                self._died(triton, None, str(exc), time.monotonic())
-                return
-            self._triton_starting = True
+    def _triton_running(self, triton: EmbeddedTriton, now: float) -> None:
+        if self._triton_starting:
+            self._check_triton_ready(triton, now)
+        elif now - self._models_read >= MODELS_EVERY_S:
+            self._read_models(triton, now)
+
+    def _triton_died(self) -> None:
+        self._triton_starting = False
+
+    def _start_triton(self, triton: EmbeddedTriton) -> None:
+        """Starts Triton again with every model it had ready (the group kill stopped its
+        model processes)."""
+        triton.models = list(self.models)
+        names = ", ".join(self.models) or "none"
+        self.say(f"Starting Triton again with models {names} (log: {triton.log_path})")
+        triton.start()
+        self._triton_starting = True
 
     def _check_triton_ready(self, triton: EmbeddedTriton, now: float) -> None:
         base = f"http://{triton.host}:{triton.http_port}/v2"
@@ -207,36 +252,3 @@ class Supervisor:
                 self.models = sorted(ready)
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             pass  # unreachable for a moment: keep the last list
-
-    def _nginx(self, nginx: EmbeddedNginx, now: float) -> None:
-        restarts = self.restarts[nginx]
-        if restarts.due_at is None:
-            code = nginx.process.poll() if nginx.process is not None else -1
-            if code is not None:
-                if nginx.process is not None:
-                    processes.kill_group(nginx.process)
-                self._died(nginx, code, nginx.log_tail(5), now)
-            return
-        if restarts.due(now):
-            restarts.started()
-            try:
-                nginx.start()
-            except EmbeddedNginxError as exc:
-                self._died(nginx, None, str(exc), time.monotonic())
-                return
-            self._back(nginx, time.monotonic())
-
-    def _replica(self, replica: Replica, now: float) -> None:
-        restarts = self.restarts[replica]
-        if restarts.due_at is None:
-            code = replica.exited()
-            if code is not None:
-                if replica.process is not None:
-                    processes.kill_group(replica.process)
-                replica.forget()
-                self._died(replica, code, "", now)
-            return
-        if restarts.due(now):
-            restarts.started()
-            replica.start()
-            self._back(replica, now)
