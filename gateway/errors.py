@@ -43,6 +43,9 @@ class GatewayError(Exception):
     status_code = 500
     type = "server_error"
     code: str | None = None
+    #: Set for failures of a part expected back (restarted by ``gateway up``, Kubernetes or
+    #: a failover): ``Retry-After`` tells clients (the OpenAI SDKs retry 503s) when to try.
+    retry_after_s: int | None = None
 
     def __init__(
         self,
@@ -56,6 +59,8 @@ class GatewayError(Exception):
         self.message = message
         self.param = param
         self.headers = headers or {}
+        if self.retry_after_s is not None:
+            self.headers.setdefault("Retry-After", str(self.retry_after_s))
         if code is not None:
             self.code = code
 
@@ -135,37 +140,21 @@ class BackendError(GatewayError):
     code = "model_error"
 
 
-class _RetryLater(GatewayError):
-    """A 503 for a part that is expected back (restarted by ``gateway up``, Kubernetes or a
-    failover): ``Retry-After`` tells clients (the OpenAI SDKs retry 503s) when to try again."""
-
-    status_code = 503
-    retry_after_s = 1
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        headers = {"Retry-After": str(self.retry_after_s), **(headers or {})}
-        super().__init__(message, param=param, code=code, headers=headers)
-
-
-class BackendUnavailableError(_RetryLater):
+class BackendUnavailableError(GatewayError):
     """Triton cannot be reached, or the model is not ready."""
 
+    status_code = 503
     code = "backend_unavailable"
     retry_after_s = 2
 
 
-class StoreUnavailableError(_RetryLater):
+class StoreUnavailableError(GatewayError):
     """Redis (keys, limits, sessions, usage) cannot be reached: nothing that needs it is let
     through."""
 
+    status_code = 503
     code = "store_unavailable"
+    retry_after_s = 1
 
 
 class BackendTimeoutError(GatewayError):
