@@ -173,29 +173,11 @@ class BackendPool:
                 return chosen
         return None
 
-    async def _on_each(self, model: str, call: Callable[[Backend], Awaitable[T]]) -> T:
-        """``call`` on one server, and on the next while servers are unreachable or lack
-        the model."""
-        await self._started()
-        tried: set[str] = set()
-        last: GatewayError = BackendUnavailableError("No Triton server is reachable")
-        while (server := self._pick(model, tried)) is not None:
-            tried.add(server.address)
-            server.busy += 1
-            try:
-                return await call(server.backend)
-            except (BackendUnavailableError, ModelNotFoundError) as exc:
-                server.up = server.up and not isinstance(exc, BackendUnavailableError)
-                last = exc
-            finally:
-                server.busy -= 1
-        raise last
-
     async def _stream(
         self, model: str, call: Callable[[Backend], AsyncGenerator[T, None]]
     ) -> AsyncGenerator[T, None]:
-        """:meth:`_on_each` for a stream: it moves to the next server only while nothing
-        was received."""
+        """``call`` on one server, and on the next while servers are unreachable or lack the
+        model; only while nothing was received (a stream cannot move)."""
         await self._started()
         tried: set[str] = set()
         last: GatewayError = BackendUnavailableError("No Triton server is reachable")
@@ -212,7 +194,8 @@ class BackendPool:
             except (BackendUnavailableError, ModelNotFoundError) as exc:
                 if received:
                     raise
-                server.up = server.up and not isinstance(exc, BackendUnavailableError)
+                if isinstance(exc, BackendUnavailableError):
+                    server.up = False
                 last = exc
             finally:
                 server.busy -= 1
@@ -276,7 +259,13 @@ class BackendPool:
         return self._stream(model, lambda b: b.transcribe(model, audio, options))
 
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
-        return await self._on_each(model, lambda b: b.embed(model, texts, input_type))
+        async def one(backend: Backend) -> AsyncGenerator[Embeddings, None]:
+            yield await backend.embed(model, texts, input_type)
+
+        async with aclosing(self._stream(model, one)) as answers:
+            async for embeddings in answers:
+                return embeddings
+        raise AssertionError("the pool yields an answer or raises")
 
     async def close(self) -> None:
         if self._checker is not None:

@@ -272,11 +272,13 @@ class RateLimiter:
                     await asyncio.gather(
                         *(self._renew(keys=[ls], args=[lease, self.lease_s]) for lease, ls in held)
                     )
-                    continue
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for lease, leases in held:
-                        await self._renew(keys=[leases], args=[lease, self.lease_s], client=pipe)
-                    await pipe.execute()
+                else:
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        for lease, leases in held:
+                            await self._renew(
+                                keys=[leases], args=[lease, self.lease_s], client=pipe
+                            )
+                        await pipe.execute()
             except RedisError as exc:  # the leases expire on their own; the requests go on
                 logger.warning("could not renew concurrency leases: %s", exc)
 

@@ -142,3 +142,15 @@ async def test_the_api_serves_through_a_pool_with_one_server_down() -> None:
         assert (await http.get("/health/ready")).status_code == 200
         assert "fake-chat" in [m.id for m in (await sdk.models.list()).data]
     assert len(fakes["b:1"].calls) == 3
+
+
+async def test_an_embedding_goes_around_a_server_that_is_down() -> None:
+    pool, fakes = pool_of("a:1", "b:1")
+    fakes["a:1"].up = False
+    try:
+        for _ in range(2):
+            embedded = await pool.embed("fake-embed", ["hello"], "query")
+            assert embedded.vectors.shape[0] == 1
+        assert len(fakes["a:1"].embed_calls) == 0 and len(fakes["b:1"].embed_calls) == 2
+    finally:
+        await pool.close()
