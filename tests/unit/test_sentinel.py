@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import redis
 
 from gateway.state.store import parse_sentinel_url
+from tests.redis_server import wait_until
 from tests.stack import free_port
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
 
@@ -75,13 +75,15 @@ class SentinelSet:
                 f"sentinel known-replica {SERVICE} 127.0.0.1 {self.replica}\n"
             )
             self._run(port, str(conf), "--sentinel")
-        self.wait(
-            lambda: self._client(self.replica).info("replication")["master_link_status"] == "up"
+        wait_until(
+            lambda: self._client(self.replica).info("replication")["master_link_status"] == "up",
+            "the replica syncs",
+            30,
         )
         # A Sentinel fails over only to a replica it knows to be in sync (it learns of
         # replicas from the master's INFO, every 10 s).
         for port in self.sentinels:
-            self.wait(lambda p=port: self._sees_everyone(p))
+            wait_until(lambda p=port: self._sees_everyone(p), f"Sentinel {port} sees all", 30)
         return self
 
     def _sees_everyone(self, port: int) -> bool:
@@ -103,18 +105,6 @@ class SentinelSet:
 
     def master_port(self) -> int:
         return int(self._client(self.sentinels[0]).sentinel_get_master_addr_by_name(SERVICE)[1])
-
-    @staticmethod
-    def wait(check: object, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if check():  # type: ignore[operator]
-                    return
-            except (redis.RedisError, KeyError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"not within {timeout_s} s")
 
     def kill(self, port: int) -> None:
         self.processes[port].kill()
@@ -174,7 +164,7 @@ async def test_the_gateway_follows_a_failover_with_exact_limits(sentinels: Senti
         assert old == sentinels.master
         # Replication is asynchronous: once the replica has every write acknowledged so
         # far, the master is killed between two requests.
-        sentinels.wait(sentinels.replicated)
+        wait_until(sentinels.replicated, "the replica has every write", 30)
         sentinels.kill(old)
         for _ in range(600):  # about a minute at most
             if await ask() == 200:
