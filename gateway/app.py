@@ -20,6 +20,7 @@ from gateway.api.routers import (
     embeddings,
     health,
     models,
+    realtime,
     responses,
     sessions,
 )
@@ -29,13 +30,16 @@ from gateway.config import Settings
 from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
+from gateway.serving.audio_chat import AudioChat
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
 from gateway.serving.embeddings import EmbeddingService
+from gateway.serving.realtime import RealtimeServices
 from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
+from gateway.serving.voice import VoiceModels
 from gateway.state import store
 from gateway.state.keys import KeyStore
 from gateway.state.limits import RateLimiter
@@ -119,6 +123,25 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.embeddings = EmbeddingService(active, catalog)
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog)
+        app.state.voice_models = VoiceModels(catalog, settings)
+        app.state.audio_chat = AudioChat(
+            active,
+            catalog,
+            app.state.chat,
+            app.state.voice_models,
+            redis,
+            settings.audio_ttl_s,
+        )
+        app.state.realtime = RealtimeServices(
+            active,
+            catalog,
+            app.state.chat,
+            app.state.voice_models,
+            app.state.limiter,
+            app.state.keys,
+            settings,
+            metrics,
+        )
         app.state.admin = AdminService(active, catalog, app.state.keys, app.state.limiter)
         try:
             yield
@@ -146,6 +169,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(responses.router)
     app.include_router(embeddings.router)
     app.include_router(audio.router)
+    app.include_router(realtime.router)
     app.include_router(models.router)
     app.include_router(sessions.router)
     app.include_router(admin.router)

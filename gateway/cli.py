@@ -374,6 +374,7 @@ def _server(settings: Settings) -> _DrainingServer:
         port=settings.port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=5,
+        ws_max_size=int(settings.realtime_max_message_mb * 1024 * 1024),
     )
     return _DrainingServer(config, app.state.drain, settings.drain_timeout_s)
 

@@ -136,6 +136,29 @@ class Settings(BaseSettings):
     """A running request holds a concurrency slot for this long and renews it while it
     runs, so a gateway that dies frees its slots after at most this long."""
 
+    voice_chat_model: str | None = None
+    """The chat model of the Realtime API when the client names none of ours (an OpenAI
+    model name like ``gpt-realtime``). Unset: the first chat model of ``models`` that is
+    loaded, else the first one Triton has."""
+    voice_transcription_model: str | None = None
+    """The model that transcribes audio in chat messages and Realtime turns. Unset: chosen
+    as for ``voice_chat_model``."""
+    voice_speech_model: str | None = None
+    """The model that speaks audio answers (chat ``modalities: ["audio"]``, Realtime).
+    Unset: chosen as for ``voice_chat_model``."""
+    realtime_instructions: str = (
+        "You are a helpful voice assistant. Answer in one or two short spoken sentences, "
+        "in plain words."
+    )
+    """The instructions of a Realtime session until the client sets its own (OpenAI's
+    sessions have default instructions too). Short spoken answers suit a voice."""
+    realtime_temperature: float = Field(0.6, ge=0.0, le=2.0)
+    """Sampling temperature of Realtime answers."""
+    audio_ttl_s: int = Field(3600, gt=0)
+    """How long a chat answer's audio id can be referred to (its ``expires_at``)."""
+    realtime_max_message_mb: float = Field(16.0, gt=0)
+    """The largest Realtime client event (an ``input_audio_buffer.append`` of 16 MB holds
+    about 4 minutes of 24 kHz audio in base64)."""
     metrics_require_key: bool = False
     """``/metrics`` needs an admin key. Off by default: nginx keeps ``/metrics`` off the
     public listener, and Prometheus scrapes the replicas on the private network."""

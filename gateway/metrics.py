@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -36,6 +37,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
+
+if TYPE_CHECKING:
+    from gateway.state.limits import Admission
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -111,6 +115,39 @@ class Metrics:
         self.rate_limited = counter(
             "gateway_rate_limited_total", "Requests refused by a rate limit", ("limit",)
         )
+
+        self.realtime_sessions = Gauge(
+            "gateway_realtime_sessions",
+            "Realtime WebSocket sessions open",
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.realtime_responses = counter(
+            "gateway_realtime_responses_total",
+            "Realtime responses by chat model and final status",
+            ("model", "status"),
+        )
+        self.realtime_first_audio = histogram(
+            "gateway_realtime_first_audio_seconds",
+            "Realtime: from the end of the user's turn to the first audio of the answer",
+            (),
+            _LATENCY_BUCKETS,
+        )
+
+    def record_usage(self, admission: Admission) -> None:
+        """Counts what an admitted request used, under its model."""
+        model = admission.model
+        meter = admission.meter
+        if not model:
+            return
+        if meter.prompt_tokens:
+            self.prompt_tokens.labels(model).inc(meter.prompt_tokens)
+        if meter.completion_tokens:
+            self.completion_tokens.labels(model).inc(meter.completion_tokens)
+        if meter.audio_seconds_in:
+            self.audio_in.labels(model).inc(meter.audio_seconds_in)
+        if meter.audio_seconds_out:
+            self.audio_out.labels(model).inc(meter.audio_seconds_out)
 
     def triton_error(self, model: str, code: str | None) -> None:
         self.triton_errors.labels(model, code or "unknown").inc()

@@ -15,6 +15,7 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
+from gateway.serving.audio_chat import AudioChat
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
@@ -39,6 +40,10 @@ async def _catalog(request: Request) -> ModelCatalog:
 
 async def _chat(request: Request) -> ChatService:
     return request.app.state.chat  # type: ignore[no-any-return]
+
+
+async def _audio_chat(request: Request) -> AudioChat:
+    return request.app.state.audio_chat  # type: ignore[no-any-return]
 
 
 async def _completions(request: Request) -> CompletionService:
@@ -81,6 +86,7 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 BackendDep = Annotated[Backend, Depends(_backend)]
 CatalogDep = Annotated[ModelCatalog, Depends(_catalog)]
 ChatDep = Annotated[ChatService, Depends(_chat)]
+AudioChatDep = Annotated[AudioChat, Depends(_audio_chat)]
 CompletionsDep = Annotated[CompletionService, Depends(_completions)]
 ResponsesDep = Annotated[ResponsesService, Depends(_responses)]
 EmbeddingsDep = Annotated[EmbeddingService, Depends(_embeddings)]

@@ -132,17 +132,8 @@ class GatewayMiddleware:
         model = admission.model if admission is not None else ""
         self.metrics.requests.labels(route, model, str(status)).inc()
         self.metrics.duration.labels(route, model).observe(elapsed)
-        if admission is None or not model:
-            return
-        meter = admission.meter
-        if meter.prompt_tokens:
-            self.metrics.prompt_tokens.labels(model).inc(meter.prompt_tokens)
-        if meter.completion_tokens:
-            self.metrics.completion_tokens.labels(model).inc(meter.completion_tokens)
-        if meter.audio_seconds_in:
-            self.metrics.audio_in.labels(model).inc(meter.audio_seconds_in)
-        if meter.audio_seconds_out:
-            self.metrics.audio_out.labels(model).inc(meter.audio_seconds_out)
+        if admission is not None:
+            self.metrics.record_usage(admission)
 
 
 _INFERENCE_ROUTES = frozenset(

@@ -43,6 +43,10 @@ class ModelCatalog:
     def _stale(self) -> bool:
         return time.monotonic() - self._read_at > self.ttl_s
 
+    async def cached(self) -> dict[str, ModelInfo]:
+        """Every model, from the cached list while it is fresh."""
+        return await self.refresh() if self._stale() else self._models
+
     async def find(self, name: str) -> ModelInfo | None:
         """The loaded model called ``name``, or None. A name that is not loaded in the cached
         list forces a fresh read, so a model loaded a moment ago is found."""

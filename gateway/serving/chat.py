@@ -321,7 +321,7 @@ class ChatService:
             session=session,
         )
 
-    async def _remember(
+    async def remember(
         self, chat: PreparedChat, message: dict[str, Any], completion_tokens: int
     ) -> None:
         if chat.session is not None and self.sessions is not None:
@@ -355,7 +355,7 @@ class ChatService:
         results = await generation.collect(self.backend, chat.model, jobs, tally)
         choices = [self._choice(chat, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
-        await self._remember(chat, message, results[0].completion_tokens)
+        await self.remember(chat, message, results[0].completion_tokens)
         return ChatCompletion(
             id=chat.id,
             created=chat.created,
@@ -424,7 +424,7 @@ class ChatService:
             message["content"] = None
         if first.calls:
             message["tool_calls"] = first.calls
-        await self._remember(chat, message, first.completion_tokens)
+        await self.remember(chat, message, first.completion_tokens)
         if chat.include_usage:
             yield writer.usage(tally.usage())
 

@@ -13,12 +13,27 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+class InputAudio(BaseModel):
+    data: str = Field(min_length=1)
+    """The audio file, base64-encoded."""
+    format: str = "wav"
+    """``wav`` or ``mp3`` in OpenAI's API; any format FFmpeg decodes is taken."""
+
+
 class ContentPart(BaseModel):
-    """Any content part; only ``text`` parts are supported (checked by the chat service)."""
+    """Any content part: ``text``, or ``input_audio`` (transcribed into text before the chat
+    model sees it, see :mod:`gateway.serving.audio_chat`); others are refused."""
 
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+    input_audio: InputAudio | None = None
+
+
+class AudioRef(BaseModel):
+    """An earlier answer's audio, by its id (``message.audio.id``)."""
+
+    id: str = Field(min_length=1)
 
 
 class FunctionCall(BaseModel):
@@ -43,6 +58,8 @@ class ChatMessage(BaseModel):
     """Assistant messages: the calls the model made."""
     tool_call_id: str | None = None
     """Tool messages: the call this is the result of."""
+    audio: AudioRef | None = None
+    """Assistant messages: an earlier spoken answer, stood for by its transcript."""
 
 
 class StreamOptions(BaseModel):
@@ -135,6 +152,13 @@ class SamplingRequest(BaseModel):
         return None
 
 
+class AudioOutput(BaseModel):
+    """``audio`` of a chat request with ``modalities: ["text", "audio"]``."""
+
+    voice: str = Field(min_length=1)
+    format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"] = "wav"
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
@@ -144,8 +168,17 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[ChatTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+
+    def wants_audio(self) -> bool:
+        return "audio" in (self.modalities or [])
 
     def unsupported(self) -> tuple[str, str] | None:
+        if self.wants_audio() and self.audio is None:
+            return "audio", "The audio parameter is required when modalities includes 'audio'."
+        if self.wants_audio() and self.n > 1:
+            return "n", "Audio output is generated for one choice: n must be 1."
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs set to true."
         return super().unsupported()
@@ -207,11 +240,22 @@ class ChoiceLogprobs(BaseModel):
     refusal: None = None
 
 
+class AnswerAudio(BaseModel):
+    """A spoken answer: its id (refer to it in a later request), the audio in base64, when
+    the id expires, and what it says."""
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
     refusal: None = None
+    audio: AnswerAudio | None = None
 
 
 class Usage(BaseModel):

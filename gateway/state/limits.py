@@ -53,12 +53,12 @@ _WINDOW_S = 60
 
 # The key check and the admission in one round trip.
 # KEYS: key record, request buckets, token buckets, leases. ARGV: the presented key's hash,
-# lease id, lease seconds. Returns {record or '', refusal of the key ('' when valid)} when
-# the key is refused or has no limits; else {record, '', admitted (1/0), limit hit, seconds
-# until it frees, requests in the window (this one included), tokens in the window, seconds
-# until the windows are empty again}; numbers as strings (Lua numbers reach Redis as
-# integers). The hashes are compared in Lua: they are hashes of 256-bit secrets, so how long
-# a comparison takes tells an attacker nothing usable.
+# lease id ('' to take none), lease seconds. Returns {record or '', refusal of the key (''
+# when valid)} when the key is refused or has no limits; else {record, '', admitted (1/0),
+# limit hit, seconds until it frees, requests in the window (this one included), tokens in
+# the window, seconds until the windows are empty again}; numbers as strings (Lua numbers
+# reach Redis as integers). The hashes are compared in Lua: they are hashes of 256-bit
+# secrets, so how long a comparison takes tells an attacker nothing usable.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -98,7 +98,7 @@ local function no(limit, wait)
 end
 if rpm > 0 and requests >= rpm then return no('requests', req_frees) end
 if tpm > 0 and tokens >= tpm then return no('tokens', tok_frees) end
-if conc > 0 then
+if conc > 0 and ARGV[2] ~= '' then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   if redis.call('ZCARD', KEYS[4]) >= conc then return no('concurrency', 1) end
   local ttl = tonumber(ARGV[3])
@@ -225,10 +225,13 @@ class RateLimiter:
         self._renewer: asyncio.Task[None] | None = None
 
     @needs_store
-    async def admit(self, keys: KeyStore, presented: str | None) -> Admission:
+    async def admit(
+        self, keys: KeyStore, presented: str | None, hold_lease: bool = True
+    ) -> Admission:
         """Checks the presented key and lets its request in, in one Redis round trip: 401
         for a missing, unknown, revoked or expired key, 429 with ``Retry-After`` over a
-        limit."""
+        limit. ``hold_lease`` false: the request takes no concurrency slot (a response of a
+        Realtime session, whose connection already holds one)."""
         if not presented:
             raise no_key()
         admin = keys.bootstrap(presented)
@@ -237,7 +240,7 @@ class RateLimiter:
         key_id = key_id_of(presented)
         if key_id is None:
             raise AuthenticationError(INCORRECT)
-        lease = f"{self._lease_prefix}{next(self._lease_numbers)}"
+        lease = f"{self._lease_prefix}{next(self._lease_numbers)}" if hold_lease else ""
         requests, tokens, leases = _keys(key_id)
         result = await self._admit(
             keys=[record_key(key_id), requests, tokens, leases],
@@ -254,7 +257,7 @@ class RateLimiter:
         if int(counts[0]) != 1:
             limit, wait = str(counts[1]), float(counts[2])
             raise RateLimitError(_refusal(key, limit, wait), limit, wait, headers)
-        if not key.max_concurrency:
+        if not key.max_concurrency or not lease:
             return Admission(key=key, headers=headers)
         self._held[lease] = leases
         if self._renewer is None or self._renewer.done():

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.api.auth import AdmissionDep
-from gateway.api.dependencies import ChatDep
+from gateway.api.dependencies import AudioChatDep, ChatDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.serving.audio_chat import AudioChat
 from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.serving.sse import SSE_HEADERS
 
@@ -32,13 +33,27 @@ SessionHeader = Annotated[
 async def create_chat_completion(
     body: ChatCompletionRequest,
     chat: ChatDep,
+    audio_chat: AudioChatDep,
     request: Request,
     admission: AdmissionDep,
     session_id: SessionHeader = None,
 ) -> Response:
     meter = admission.use_model(body.model)
+    audio = AudioChat.involved(body)
+    if audio:
+        body = await audio_chat.resolve_inputs(body, admission.key.id, meter)
     prepared = await chat.prepare(body, session_id, owner=admission.key.id)
     headers = {"X-Session-ID": session_id} if session_id else {}
+    if audio and body.wants_audio():
+        if body.stream:
+            events = await audio_chat.stream(prepared, body, admission.key.id, meter)
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+            )
+        spoken = await cancel_on_disconnect(
+            request, audio_chat.complete(prepared, body, admission.key.id, meter)
+        )
+        return Response(spoken.model_dump_json(), media_type="application/json", headers=headers)
     if body.stream:
         events = await chat.stream(prepared, meter)
         return StreamingResponse(

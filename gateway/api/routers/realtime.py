@@ -1,0 +1,117 @@
+"""``/v1/realtime``: the OpenAI Realtime API over a WebSocket (see
+:mod:`gateway.serving.realtime` for the conversation itself).
+
+The key comes as ``Authorization: Bearer <key>`` (the SDKs) or, from a browser, which
+cannot set headers on a WebSocket, as the subprotocol ``openai-insecure-api-key.<key>``.
+It is checked, and the session admitted under the key's limits (a request, and a
+concurrency slot held while it is open), before the upgrade: a refused key or model gets
+the OpenAI error body with its HTTP status instead of a WebSocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketState
+
+from gateway.errors import GatewayError, error_body
+from gateway.metrics import Metrics
+from gateway.serving.realtime import RealtimeServices
+from gateway.state.limits import RateLimiter
+
+router = APIRouter(tags=["realtime"])
+logger = logging.getLogger("gateway.realtime")
+
+ROUTE = "/v1/realtime"
+_KEY_PROTOCOL = "openai-insecure-api-key."
+
+
+def presented_key(websocket: WebSocket) -> str | None:
+    authorization = websocket.headers.get("authorization", "")
+    scheme, _, credentials = authorization.partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    protocols: list[str] = websocket.scope.get("subprotocols", [])
+    for protocol in protocols:
+        if protocol.startswith(_KEY_PROTOCOL):
+            return protocol[len(_KEY_PROTOCOL) :]
+    return None
+
+
+async def _deny(websocket: WebSocket, status: int, body: dict[str, Any], headers: Any) -> None:
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(
+            JSONResponse(body, status_code=status, headers=headers)
+        )
+    else:  # a server without denial responses: a close before the upgrade is a 403
+        await websocket.close(code=1008, reason=body["error"]["message"][:120])
+
+
+@router.websocket(ROUTE)
+async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+    """A Realtime session (``client.realtime.connect(model=...)``)."""
+    app = websocket.app
+    metrics: Metrics = app.state.metrics
+    if app.state.drain.draining:
+        body = error_body(
+            "The gateway is shutting down; retry shortly.", "server_error", code="shutting_down"
+        )
+        await _deny(websocket, 503, body, {"Retry-After": "1"})
+        metrics.requests.labels(ROUTE, "", "503").inc()
+        return
+    limiter: RateLimiter = app.state.limiter
+    services: RealtimeServices = app.state.realtime
+    key = presented_key(websocket)
+    lock = asyncio.Lock()
+    open_ = True
+
+    async def send(event: dict[str, Any]) -> None:
+        nonlocal open_
+        if not open_:
+            return
+        async with lock:
+            try:
+                await websocket.send_text(json.dumps(event))
+            except Exception:  # the client is gone; the receive loop ends the session
+                open_ = False
+
+    try:
+        admission = await limiter.admit(app.state.keys, key)
+        session = await services.open(model, key or "", send)
+        admission.key.require_model(session.config.model)
+    except GatewayError as exc:
+        if "admission" in locals():
+            await limiter.finish(admission)
+        await _deny(websocket, exc.status_code, exc.body(), exc.headers)
+        metrics.requests.labels(ROUTE, model or "", str(exc.status_code)).inc()
+        return
+    admission.model = session.config.model
+    offered = websocket.scope.get("subprotocols", [])
+    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+    metrics.realtime_sessions.inc()
+    started = time.monotonic()
+    try:
+        await session.start()
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            data = message.get("text")
+            await session.handle(data if data is not None else message.get("bytes") or b"")
+    finally:
+        open_ = False
+        await session.close()
+        admission.meter.audio_seconds_in += session.meter.audio_seconds_in
+        await asyncio.shield(limiter.finish(admission))
+        metrics.realtime_sessions.dec()
+        metrics.requests.labels(ROUTE, admission.model, "101").inc()
+        metrics.duration.labels(ROUTE, admission.model).observe(time.monotonic() - started)
+        metrics.record_usage(admission)
+        if websocket.client_state == WebSocketState.CONNECTED:
+            await websocket.close()

@@ -1,0 +1,297 @@
+"""Audio in and out of chat completions, as OpenAI's audio models take and give it.
+
+- In: ``input_audio`` content parts (``{"data": base64, "format": "wav"}``) are transcribed
+  by the transcription model (all parts of a request at once) and given to the chat model
+  as text. An assistant message that carries only ``audio: {"id"}`` (an earlier spoken
+  answer) stands for that answer's transcript, kept in Redis for ``GATEWAY_AUDIO_TTL_S``
+  under the key that asked for it: one key cannot read another's.
+- Out: ``modalities: ["text", "audio"]`` with ``audio: {"voice", "format"}``. The answer's
+  text is spoken by the speech model and returned as ``message.audio`` (``id``, base64
+  ``data``, ``expires_at``, ``transcript``; ``content`` is null, as OpenAI sends it).
+  Streamed, the chunks carry ``delta.audio``: the transcript as it is generated and the
+  audio sentence by sentence (:func:`gateway.serving.voice.spoken`), so the first audio
+  comes after the first sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.backend import AudioChunk, Backend, TranscriptionOptions
+from gateway.errors import InvalidRequestError, StoreUnavailableError
+from gateway.serving import generation
+from gateway.serving.audio import STT_RATE, StreamEncoder, UndecodableAudioError, decode_to_pcm
+from gateway.serving.catalog import ModelCatalog
+from gateway.serving.chat import ChatService, PreparedChat
+from gateway.serving.protocol import (
+    AnswerAudio,
+    AudioOutput,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ContentPart,
+)
+from gateway.serving.speech import resolve_voice
+from gateway.serving.sse import with_done
+from gateway.serving.voice import SpokenAudio, TextDelta, Voice, VoiceModels, spoken
+from gateway.state.limits import Meter
+from gateway.state.store import PREFIX
+
+_FORMATS = {"pcm16": "pcm"}  # OpenAI's chat audio format names -> the speech encoder's
+
+
+def _encoding(output: AudioOutput) -> str:
+    return _FORMATS.get(output.format, output.format)
+
+
+def audio_key(owner: str, audio_id: str) -> str:
+    return f"{PREFIX}audio:{{{owner}}}:{audio_id}"
+
+
+class AudioChat:
+    def __init__(
+        self,
+        backend: Backend,
+        catalog: ModelCatalog,
+        chat: ChatService,
+        models: VoiceModels,
+        redis: Redis,
+        ttl_s: int,
+    ) -> None:
+        self.backend = backend
+        self.catalog = catalog
+        self.chat = chat
+        self.models = models
+        self.redis = redis
+        self.ttl_s = ttl_s
+
+    @staticmethod
+    def involved(request: ChatCompletionRequest) -> bool:
+        """Whether the request has audio in or asks for audio out."""
+        if request.wants_audio():
+            return True
+        for message in request.messages:
+            if message.audio is not None:
+                return True
+            content = message.content
+            if isinstance(content, list) and any(p.type == "input_audio" for p in content):
+                return True
+        return False
+
+    async def resolve_inputs(
+        self, request: ChatCompletionRequest, owner: str, meter: Meter
+    ) -> ChatCompletionRequest:
+        """The request with its audio parts replaced by their transcripts, and earlier
+        spoken answers by theirs."""
+        where: list[tuple[int, int]] = []
+        jobs = []
+        model: str | None = None
+        messages = [m.model_copy(deep=True) for m in request.messages]
+        for i, message in enumerate(messages):
+            if message.audio is not None and message.role == "assistant":
+                if not message.content:
+                    message.content = await self._transcript_of(message.audio.id, owner, i)
+                message.audio = None
+            if not isinstance(message.content, list):
+                continue
+            for j, part in enumerate(message.content):
+                if part.type != "input_audio":
+                    continue
+                param = f"messages.[{i}].content.[{j}].input_audio"
+                if part.input_audio is None:
+                    raise InvalidRequestError(
+                        "An input_audio part needs 'input_audio': {data, format}.",
+                        param=param,
+                    )
+                if model is None:
+                    model = await self.models.pick("transcription")
+                    await self.catalog.get(model, "transcription")
+                where.append((i, j))
+                jobs.append(self._transcribe(model, part.input_audio.data, param, meter))
+        for (i, j), text in zip(where, await asyncio.gather(*jobs), strict=True):
+            content = messages[i].content
+            assert isinstance(content, list)
+            content[j] = ContentPart(type="text", text=text)
+        return request.model_copy(update={"messages": messages})
+
+    async def _transcript_of(self, audio_id: str, owner: str, index: int) -> str:
+        try:
+            transcript = await self.redis.get(audio_key(owner, audio_id))
+        except RedisError as exc:
+            raise StoreUnavailableError(f"Redis is unavailable: {exc}") from exc
+        if transcript is None:
+            raise InvalidRequestError(
+                f"Audio '{audio_id}' is unknown or has expired.",
+                param=f"messages.[{index}].audio.id",
+                code="audio_not_found",
+            )
+        return str(transcript)
+
+    async def _transcribe(self, model: str, data: str, param: str, meter: Meter) -> str:
+        try:
+            raw = base64.b64decode(data, validate=True)
+            audio = await asyncio.to_thread(decode_to_pcm, raw)
+        except (binascii.Error, ValueError) as exc:
+            message = str(exc) if isinstance(exc, UndecodableAudioError) else "invalid base64"
+            raise InvalidRequestError(
+                f"Invalid input audio: {message}.", param=param, code="invalid_audio"
+            ) from exc
+        meter.audio_seconds_in += audio.size / STT_RATE
+        segments = self.backend.transcribe(model, audio, TranscriptionOptions())
+        async with aclosing(segments):
+            texts = [segment.text async for segment in segments]
+        return "".join(texts).strip()
+
+    async def voice(self, request: ChatCompletionRequest) -> tuple[Voice, AudioOutput]:
+        """The speech model and voice for the answer; 400 for an unknown voice."""
+        assert request.audio is not None
+        model = await self.models.pick("speech")
+        info = await self.catalog.get(model, "speech")
+        try:
+            name = resolve_voice(request.audio.voice, info.voices)
+        except InvalidRequestError as exc:
+            exc.param = "audio.voice"
+            raise
+        return Voice(model, name), request.audio
+
+    async def _remember(self, owner: str, audio_id: str, transcript: str) -> None:
+        try:
+            await self.redis.set(audio_key(owner, audio_id), transcript, ex=self.ttl_s)
+        except RedisError as exc:
+            raise StoreUnavailableError(f"Redis is unavailable: {exc}") from exc
+
+    async def complete(
+        self,
+        chat: PreparedChat,
+        request: ChatCompletionRequest,
+        owner: str,
+        meter: Meter,
+    ) -> ChatCompletion:
+        voice, output = await self.voice(request)
+        completion = await self.chat.complete(chat, meter)
+        message = completion.choices[0].message
+        text = message.content
+        if not text:
+            return completion  # a tool call: nothing to say
+        encoder: StreamEncoder | None = None
+        pieces: list[bytes] = []
+        chunks = self.backend.synthesize(voice.model, text, voice.voice, voice.speed)
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                if encoder is None:
+                    encoder = StreamEncoder(_encoding(output), chunk.sample_rate)
+                meter.audio_seconds_out += chunk.samples.size / chunk.sample_rate
+                pieces.append(await asyncio.to_thread(encoder.encode, chunk.samples))
+        if encoder is not None:
+            pieces.append(await asyncio.to_thread(encoder.finish))
+        audio_id = f"audio_{uuid.uuid4().hex}"
+        await self._remember(owner, audio_id, text)
+        message.audio = AnswerAudio(
+            id=audio_id,
+            data=base64.b64encode(b"".join(pieces)).decode(),
+            expires_at=int(time.time()) + self.ttl_s,
+            transcript=text,
+        )
+        message.content = None
+        return completion
+
+    async def stream(
+        self,
+        chat: PreparedChat,
+        request: ChatCompletionRequest,
+        owner: str,
+        meter: Meter,
+    ) -> AsyncIterator[str]:
+        """SSE chunks with ``delta.audio``; raises (for a real status) if generation fails
+        before its first token."""
+        if chat.tools is not None:
+            raise InvalidRequestError(
+                "Streamed audio output cannot be combined with tools.", param="tools"
+            )
+        voice, output = await self.voice(request)
+        jobs = chat.jobs()
+        pieces = await generation.stream(self.backend, chat.model, jobs)
+        tally = generation.Tally(meter, jobs)
+        events = self._events(chat, voice, output, pieces, tally, owner, meter)
+        return with_done(events, "chat")
+
+    async def _events(
+        self,
+        chat: PreparedChat,
+        voice: Voice,
+        output: AudioOutput,
+        pieces: AsyncGenerator[generation.Piece, None],
+        tally: generation.Tally,
+        owner: str,
+        meter: Meter,
+    ) -> AsyncGenerator[str, None]:
+        head = {
+            "id": chat.id,
+            "object": "chat.completion.chunk",
+            "created": chat.created,
+            "model": chat.model,
+            "system_fingerprint": None,
+        }
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
+
+        finish = "stop"
+
+        async def texts() -> AsyncGenerator[str, None]:
+            nonlocal finish
+            async with aclosing(pieces):
+                async for _, piece in pieces:
+                    if piece is None:
+                        continue
+                    tally.add(0, piece)
+                    finish = piece.finish_reason or finish
+                    if piece.text:
+                        yield piece.text
+
+        audio_id = f"audio_{uuid.uuid4().hex}"
+        expires_at = int(time.time()) + self.ttl_s
+        said: list[str] = []
+        encoder: StreamEncoder | None = None
+        yield chunk({"role": "assistant", "content": None})
+        async with aclosing(spoken(self.backend, voice, texts())) as stream:
+            async for item in stream:
+                if isinstance(item, TextDelta):
+                    said.append(item.text)
+                    yield chunk({"audio": {"id": audio_id, "transcript": item.text}})
+                    continue
+                assert isinstance(item, SpokenAudio)
+                if encoder is None:
+                    encoder = StreamEncoder(_encoding(output), item.audio.sample_rate)
+                data = await self._encode(encoder, item.audio, meter)
+                if data:
+                    yield chunk({"audio": {"id": audio_id, "data": data}})
+        if encoder is not None:
+            tail = await asyncio.to_thread(encoder.finish)
+            if tail:
+                yield chunk({"audio": {"id": audio_id, "data": base64.b64encode(tail).decode()}})
+        text = "".join(said)
+        await self._remember(owner, audio_id, text)
+        yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
+        message = {"role": "assistant", "content": text}
+        await self.chat.remember(chat, message, tally.completion_tokens)
+        if chat.include_usage:
+            usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
+            yield f"data: {json.dumps(usage)}\n\n"
+
+    @staticmethod
+    async def _encode(encoder: StreamEncoder, audio: AudioChunk, meter: Meter) -> str:
+        meter.audio_seconds_out += audio.samples.size / audio.sample_rate
+        data = await asyncio.to_thread(encoder.encode, audio.samples)
+        return base64.b64encode(data).decode() if data else ""

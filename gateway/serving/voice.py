@@ -1,0 +1,162 @@
+"""Spoken answers: a chat model's text, spoken sentence by sentence while it is generated.
+
+:func:`spoken` runs two things at once: the chat model's stream, whose text is handed on at
+once (a transcript or text delta) and cut into sentences, and the speech model, which speaks
+each sentence as soon as it is complete. So the first audio leaves after the first sentence,
+long before the answer is finished, and synthesis of one sentence overlaps the generation
+of the next. Closing the iterator cancels both Triton requests.
+
+This is the gateway-side voice pipeline (speech -> text -> answer -> speech); why it runs
+here and not as a Triton ensemble or BLS model is explained in the README ("How the voice
+pieces connect").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from gateway.backend import AudioChunk, Backend
+from gateway.config import Settings
+from gateway.errors import BackendUnavailableError
+from gateway.serving.catalog import ModelCatalog
+
+# A sentence ends at . ! ? … (and closing quotes or brackets) followed by white space, or
+# at a line break. Decimal points and "e.g." stay inside (no space after the dot).
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+|\n+")
+#: A long clause is spoken on its own at a comma, semicolon or colon: the first audio of a
+#: long first sentence then comes sooner.
+_CLAUSE_END = re.compile(r"[,;:]\s+")
+LONG_CLAUSE = 60
+
+
+class SentenceSplitter:
+    """Cuts streamed text into speakable pieces."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, text: str) -> list[str]:
+        self._pending += text
+        pieces: list[str] = []
+        while True:
+            match = _SENTENCE_END.search(self._pending)
+            if match is None and len(self._pending) > LONG_CLAUSE:
+                clauses = list(_CLAUSE_END.finditer(self._pending))
+                match = clauses[-1] if clauses else None
+            if match is None:
+                return pieces
+            piece, self._pending = self._pending[: match.end()], self._pending[match.end() :]
+            if piece.strip():
+                pieces.append(piece.strip())
+
+    def finish(self) -> list[str]:
+        piece, self._pending = self._pending.strip(), ""
+        return [piece] if piece else []
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Generated text, as it came."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class SpokenAudio:
+    """The audio of one sentence (several chunks per sentence are possible)."""
+
+    sentence: str
+    audio: AudioChunk
+
+
+@dataclass(frozen=True)
+class Voice:
+    """Which speech model speaks, and how."""
+
+    model: str
+    voice: str
+    speed: float = 1.0
+
+
+Spoken = TextDelta | SpokenAudio
+
+
+async def spoken(
+    backend: Backend, voice: Voice, texts: AsyncGenerator[str, None]
+) -> AsyncGenerator[Spoken, None]:
+    """Yields the text pieces of ``texts`` as they come and each sentence's audio as soon
+    as it is synthesized, in order of arrival. An error in either raises here."""
+    out: asyncio.Queue[Spoken | BaseException | None] = asyncio.Queue()
+    sentences: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def generate() -> None:
+        splitter = SentenceSplitter()
+        async with aclosing(texts):
+            async for text in texts:
+                if not text:
+                    continue
+                await out.put(TextDelta(text))
+                for sentence in splitter.feed(text):
+                    await sentences.put(sentence)
+        for sentence in splitter.finish():
+            await sentences.put(sentence)
+        await sentences.put(None)
+
+    async def speak() -> None:
+        while (sentence := await sentences.get()) is not None:
+            chunks = backend.synthesize(voice.model, sentence, voice.voice, voice.speed)
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    await out.put(SpokenAudio(sentence, chunk))
+
+    async def both() -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(generate())
+                group.create_task(speak())
+        except BaseExceptionGroup as failed:
+            await out.put(failed.exceptions[0])
+            return
+        await out.put(None)
+
+    runner = asyncio.create_task(both())
+    try:
+        while (item := await out.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+class VoiceModels:
+    """Which models serve audio: the configured one for each task, else the first loaded
+    model of that task in ``GATEWAY_MODELS`` order, else in the repository's order."""
+
+    def __init__(self, catalog: ModelCatalog, settings: Settings) -> None:
+        self.catalog = catalog
+        self.configured = {
+            "chat": settings.voice_chat_model,
+            "transcription": settings.voice_transcription_model,
+            "speech": settings.voice_speech_model,
+        }
+        self.order = {name: i for i, name in enumerate(settings.models)}
+
+    async def pick(self, task: str) -> str:
+        configured = self.configured[task]
+        if configured:
+            return configured
+        models = await self.catalog.cached()
+        ready = [m.name for m in models.values() if m.task == task and m.ready]
+        if not ready:
+            raise BackendUnavailableError(
+                f"No {task} model is loaded, and audio needs one: load one with the admin "
+                f"API or set GATEWAY_VOICE_{task.upper()}_MODEL.",
+                code="model_not_loaded",
+            )
+        return min(ready, key=lambda name: self.order.get(name, len(self.order)))
