@@ -1,0 +1,341 @@
+"""The Realtime API end to end: the official SDK's ``client.realtime.connect()`` through
+nginx to the gateway, Silero VAD, Whisper, SmolLM2 and Piper on the real Triton.
+
+The spoken questions are synthesized by ``piper_tts`` (``/v1/audio/speech``, pcm), so the
+audio is real speech; it is sent faster than real time (the VAD goes by the audio's own
+clock, not the wall clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import websockets
+from openai.resources.realtime.realtime import AsyncRealtimeConnection
+
+from tests.integration.conftest import generated_tokens
+from tests.stack import GatewayProcess
+
+pytestmark = pytest.mark.integration
+
+PCM_RATE = 24_000
+CHUNK = PCM_RATE * 2 // 10  # 100 ms of pcm16
+
+
+def silence(seconds: float) -> bytes:
+    return bytes(int(PCM_RATE * seconds) * 2)
+
+
+@pytest.fixture(scope="module")
+def question(client: openai.OpenAI) -> bytes:
+    """A spoken question, 24 kHz pcm16."""
+    speech = client.audio.speech.create(
+        model="piper_tts",
+        voice="alloy",
+        input="What is the capital of France?",
+        response_format="pcm",
+    )
+    return speech.content
+
+
+@asynccontextmanager
+async def connect(
+    stack: GatewayProcess, key: str | None = None, model: str = "smollm2"
+) -> AsyncIterator[AsyncRealtimeConnection]:
+    client = stack.async_client(key)
+    async with client.realtime.connect(model=model) as connection:
+        yield connection
+
+
+async def send_audio(connection: AsyncRealtimeConnection, pcm: bytes) -> None:
+    for start in range(0, len(pcm), CHUNK):
+        audio = base64.b64encode(pcm[start : start + CHUNK]).decode()
+        await connection.input_audio_buffer.append(audio=audio)
+
+
+async def events_until(
+    connection: AsyncRealtimeConnection, last: str, timeout_s: float = 60
+) -> list[Any]:
+    """Every server event up to and including the first of type ``last``."""
+    seen = []
+    async with asyncio.timeout(timeout_s):
+        async for event in connection:
+            seen.append(event)
+            if event.type == last:
+                return seen
+    raise AssertionError(f"the connection closed before {last}: {[e.type for e in seen]}")
+
+
+def types(events: list[Any]) -> list[str]:
+    return [e.type for e in events]
+
+
+def first(events: list[Any], kind: str) -> int:
+    return types(events).index(kind)
+
+
+def pcm_seconds(events: list[Any]) -> float:
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
+    assert len(audio) % 2 == 0
+    return len(audio) / 2 / PCM_RATE
+
+
+async def test_spoken_question_gets_a_spoken_answer_in_order(
+    stack: GatewayProcess, question: bytes
+) -> None:
+    async with connect(stack) as connection:
+        await connection.session.update(session={"type": "realtime", "max_output_tokens": 40})
+        await send_audio(connection, silence(0.5) + question + silence(1.2))
+        events = await events_until(connection, "response.done")
+    kinds = types(events)
+    assert kinds[0] == "session.created"
+    assert events[0].session.model == "smollm2"
+    order = [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.input_audio_transcription.completed",
+        "response.created",
+        "response.output_item.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.done",
+    ]
+    positions = [first(events, kind) for kind in order]
+    assert positions == sorted(positions), kinds
+    started = events[first(events, "input_audio_buffer.speech_started")]
+    stopped = events[first(events, "input_audio_buffer.speech_stopped")]
+    # The question starts after the 0.5 s of silence (less the VAD's 300 ms prefix
+    # padding) and ends before the silence after it.
+    assert 100 <= started.audio_start_ms <= 700
+    question_end_ms = 500 + len(question) * 1000 // (2 * PCM_RATE)
+    assert started.audio_start_ms < stopped.audio_end_ms <= question_end_ms + 100
+    transcript = events[first(events, "conversation.item.input_audio_transcription.completed")]
+    assert "capital" in transcript.transcript.lower()
+    assert "france" in transcript.transcript.lower()
+    assert transcript.item_id == stopped.item_id
+    deltas = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
+    done = events[first(events, "response.output_audio_transcript.done")]
+    assert done.transcript == deltas and deltas.strip()
+    assert pcm_seconds(events) > 0.3
+    response = events[-1].response
+    assert response.status == "completed"
+    assert response.usage.output_tokens > 0 and response.usage.input_tokens > 0
+    assert response.output[0].content[0].transcript == deltas
+    ids = [e.event_id for e in events]
+    assert len(set(ids)) == len(ids)
+
+
+async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
+    async with connect(stack) as connection:
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "audio": {"input": {"turn_detection": None}},
+            }
+        )
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Say hello."}],
+            }
+        )
+        await connection.response.create(response={"max_output_tokens": 12})
+        events = await events_until(connection, "response.done")
+        kinds = types(events)
+        assert "session.updated" in kinds and "response.output_text.delta" in kinds
+        assert "response.output_audio.delta" not in kinds
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert events[first(events, "response.output_text.done")].text == text
+        assert events[-1].response.status in ("completed", "incomplete")
+        # The conversation goes on: the answer is an item of it, and a second response
+        # reads the whole conversation (more input tokens than the first).
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Again."}],
+            }
+        )
+        await connection.response.create(response={"max_output_tokens": 4})
+        again = await events_until(connection, "response.done")
+        first_usage = events[-1].response.usage
+        assert again[-1].response.usage.input_tokens > first_usage.input_tokens
+
+
+async def test_response_cancel_stops_the_model(stack: GatewayProcess) -> None:
+    async with connect(stack) as connection:
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Tell me a very long story."}],
+            }
+        )
+        await connection.response.create(response={"max_output_tokens": 2000})
+        before = await events_until(connection, "response.output_audio_transcript.delta")
+        await connection.response.cancel()
+        events = await events_until(connection, "response.done")
+        response = events[-1].response
+        assert response.id == before[first(before, "response.created")].response.id
+        assert response.status == "cancelled"
+        assert response.status_details.reason == "client_cancelled"
+        # Triton stopped generating: its token counter stands still.
+        await asyncio.sleep(0.5)
+        stopped_at = generated_tokens(stack, "smollm2")
+        await asyncio.sleep(1.0)
+        assert generated_tokens(stack, "smollm2") == stopped_at
+        # Cancelling again: nothing to cancel, an error event, and the session goes on.
+        await connection.response.cancel()
+        error = await events_until(connection, "error")
+        assert error[-1].error.code == "response_cancel_not_active"
+
+
+async def test_speech_during_an_answer_cancels_it(stack: GatewayProcess, question: bytes) -> None:
+    # mock_chat, slowed down, answers for as long as it is let (a real model may finish
+    # before the user speaks).
+    async with connect(stack, model="mock_chat") as connection:
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "[mock:delay_ms=40] Talk."}],
+            }
+        )
+        await connection.response.create(response={"max_output_tokens": 400})
+        await events_until(connection, "response.output_audio.delta")
+        await send_audio(connection, silence(0.3) + question)
+        events = await events_until(connection, "response.done")
+        kinds = types(events)
+        assert "input_audio_buffer.speech_started" in kinds
+        assert events[-1].response.status == "cancelled"
+        assert events[-1].response.status_details.reason == "turn_detected"
+        # The user's turn is then heard and answered.
+        await send_audio(connection, silence(1.0))
+        after = await events_until(connection, "response.done")
+        transcript = after[first(after, "conversation.item.input_audio_transcription.completed")]
+        assert "france" in transcript.transcript.lower()
+        assert after[-1].response.status in ("completed", "incomplete")
+        # The cut-off answer keeps what was said; the new one follows the user's turn.
+        cut = events[-1].response.output[0]
+        assert cut.status == "incomplete"
+
+
+async def test_bad_events_get_error_events_and_the_session_goes_on(
+    stack: GatewayProcess,
+) -> None:
+    async with connect(stack) as connection:
+        await events_until(connection, "session.created")
+        sent: list[tuple[Any, str]] = [
+            ("{not json", "invalid_json"),
+            ({"type": "no.such.event", "event_id": "evt_1"}, "invalid_event"),
+            ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+            ({"type": "response.cancel"}, "response_cancel_not_active"),
+            ({"type": "input_audio_buffer.append", "audio": "%%%"}, "invalid_audio"),
+            (
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                },
+                "unsupported_parameter",
+            ),
+            (
+                {"type": "conversation.item.delete", "item_id": "item_missing"},
+                "item_not_found",
+            ),
+        ]
+        for event, code in sent:
+            await connection.send_raw(event if isinstance(event, str) else json.dumps(event))
+            errors = await events_until(connection, "error")
+            error = errors[-1].error
+            assert error.code == code, (event, error)
+            assert error.message and error.type == "invalid_request_error"
+        assert errors[-1].error.param  # the bad field is named
+        await connection.session.update(session={"type": "realtime", "instructions": "Be brief."})
+        updated = await events_until(connection, "session.updated")
+        assert updated[-1].session.instructions == "Be brief."
+
+
+def ws_url(stack: GatewayProcess) -> str:
+    return stack.base_url.replace("http://", "ws://") + "/v1/realtime?model=smollm2"
+
+
+async def test_a_wrong_key_is_refused_before_the_upgrade(stack: GatewayProcess) -> None:
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        async with websockets.connect(
+            ws_url(stack), additional_headers={"Authorization": "Bearer sk-gw-wrong"}
+        ):
+            pass
+    response = refused.value.response
+    assert response.status_code == 401
+    assert json.loads(response.body)["error"]["code"] == "invalid_api_key"
+    # The SDK surfaces the same refusal when it connects.
+    with pytest.raises(websockets.exceptions.InvalidStatus) as sdk_refused:
+        async with connect(stack, key="sk-gw-wrong") as connection:
+            await connection.recv()
+    assert sdk_refused.value.response.status_code == 401
+
+
+async def test_browser_form_of_the_key(stack: GatewayProcess) -> None:
+    protocols = ["realtime", f"openai-insecure-api-key.{stack.admin_key}"]
+    async with websockets.connect(ws_url(stack), subprotocols=protocols) as socket:  # type: ignore[arg-type]
+        assert socket.subprotocol == "realtime"
+        created = json.loads(await socket.recv())
+        assert created["type"] == "session.created"
+
+
+def new_key(stack: GatewayProcess, **limits: Any) -> tuple[str, str]:
+    created = httpx.post(
+        stack.base_url + "/admin/keys", json={"name": "rt", **limits}, headers=stack.headers
+    )
+    created.raise_for_status()
+    return created.json()["id"], created.json()["key"]
+
+
+async def test_limits_and_usage_count_sessions_and_responses(
+    stack: GatewayProcess, question: bytes
+) -> None:
+    key_id, key = new_key(stack, rpm=2, max_concurrency=1)
+    async with connect(stack, key) as connection:
+        # One session at a time for this key: a second is refused before the upgrade.
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            async with websockets.connect(
+                ws_url(stack), additional_headers={"Authorization": f"Bearer {key}"}
+            ):
+                pass
+        assert refused.value.response.status_code == 429
+        await connection.session.update(session={"type": "realtime", "max_output_tokens": 8})
+        await send_audio(connection, silence(0.3) + question + silence(1.0))
+        answered = await events_until(connection, "response.done")
+        assert answered[-1].response.status in ("completed", "incomplete")
+        # The session was one request and the response another: rpm=2 is spent.
+        await connection.response.create()
+        refusal = await events_until(connection, "error")
+        assert refusal[-1].error.code == "rate_limit_exceeded"
+    deadline = time.monotonic() + 10
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=stack.headers) as http:
+        while True:
+            usage = (await http.get(f"/admin/keys/{key_id}/usage")).json()
+            if usage["requests"] >= 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert usage["requests"] == 2
+    assert usage["completion_tokens"] > 0 and usage["prompt_tokens"] > 0
+    question_s = len(question) / 2 / PCM_RATE
+    assert question_s * 0.8 <= usage["audio_seconds_in"] <= question_s + 1.5
+    assert usage["audio_seconds_out"] > 0
