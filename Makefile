@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.embeddings
 	$(BIN)/python -m tests.bench.cpu
 	$(BIN)/python -m tests.bench.scale
+	$(BIN)/python -m tests.bench.voice
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:
