@@ -43,6 +43,7 @@ from gateway.serving.protocol import (
 )
 from gateway.serving.speech import resolve_voice
 from gateway.serving.sse import with_done
+from gateway.serving.transcription import transcript
 from gateway.serving.voice import SpokenAudio, TextDelta, Voice, VoiceModels, spoken
 from gateway.state.limits import Meter
 from gateway.state.store import PREFIX
@@ -147,10 +148,7 @@ class AudioChat:
                 f"Invalid input audio: {message}.", param=param, code="invalid_audio"
             ) from exc
         meter.audio_seconds_in += audio.size / STT_RATE
-        segments = self.backend.transcribe(model, audio, TranscriptionOptions())
-        async with aclosing(segments):
-            texts = [segment.text async for segment in segments]
-        return "".join(texts).strip()
+        return await transcript(self.backend, model, audio, TranscriptionOptions())
 
     async def voice(self, request: ChatCompletionRequest) -> tuple[Voice, AudioOutput]:
         """The speech model and voice for the answer; 400 for an unknown voice."""

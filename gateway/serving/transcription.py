@@ -69,6 +69,15 @@ def _text(segments: list[Segment]) -> str:
     return "".join(s.text for s in segments).strip()
 
 
+async def transcript(
+    backend: Backend, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
+) -> str:
+    """The whole text of ``audio`` (16 kHz mono float), as one string."""
+    segments = backend.transcribe(model, audio, options)
+    async with aclosing(segments):
+        return _text([segment async for segment in segments])
+
+
 def to_verbose_json(job: PreparedTranscription, segments: list[Segment]) -> dict[str, Any]:
     language = segments[0].language if segments else (job.options.language or "")
     body: dict[str, Any] = {
