@@ -128,6 +128,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             active,
             catalog,
             app.state.chat,
+            app.state.speech,
             app.state.voice_models,
             redis,
             settings.audio_ttl_s,

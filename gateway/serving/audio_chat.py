@@ -28,10 +28,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.backend import AudioChunk, Backend, TranscriptionOptions
+from gateway.backend import Backend, TranscriptionOptions
 from gateway.errors import InvalidRequestError, StoreUnavailableError
 from gateway.serving import generation
-from gateway.serving.audio import STT_RATE, StreamEncoder, UndecodableAudioError, decode_to_pcm
+from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import (
@@ -41,10 +41,10 @@ from gateway.serving.protocol import (
     ChatCompletionRequest,
     ContentPart,
 )
-from gateway.serving.speech import resolve_voice
+from gateway.serving.speech import PreparedSpeech, SpeechService, resolve_voice
 from gateway.serving.sse import with_done
 from gateway.serving.transcription import transcript
-from gateway.serving.voice import SpokenAudio, TextDelta, Voice, VoiceModels, spoken
+from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
 from gateway.state.limits import Meter
 from gateway.state.store import PREFIX
 
@@ -65,6 +65,7 @@ class AudioChat:
         backend: Backend,
         catalog: ModelCatalog,
         chat: ChatService,
+        speech: SpeechService,
         models: VoiceModels,
         redis: Redis,
         ttl_s: int,
@@ -72,6 +73,7 @@ class AudioChat:
         self.backend = backend
         self.catalog = catalog
         self.chat = chat
+        self.speech = speech
         self.models = models
         self.redis = redis
         self.ttl_s = ttl_s
@@ -181,22 +183,21 @@ class AudioChat:
         text = message.content
         if not text:
             return completion  # a tool call: nothing to say
-        encoder: StreamEncoder | None = None
-        pieces: list[bytes] = []
-        chunks = self.backend.synthesize(voice.model, text, voice.voice, voice.speed)
-        async with aclosing(chunks):
-            async for chunk in chunks:
-                if encoder is None:
-                    encoder = StreamEncoder(_encoding(output), chunk.sample_rate)
-                meter.audio_seconds_out += chunk.samples.size / chunk.sample_rate
-                pieces.append(await asyncio.to_thread(encoder.encode, chunk.samples))
-        if encoder is not None:
-            pieces.append(await asyncio.to_thread(encoder.finish))
+        speech = PreparedSpeech(
+            model=voice.model,
+            text=text,
+            voice=voice.voice,
+            speed=voice.speed,
+            response_format=_encoding(output),
+            sse=False,
+        )
+        body = await self.speech.stream(speech, meter)
+        audio = b"".join([piece async for piece in body if isinstance(piece, bytes)])
         audio_id = f"audio_{uuid.uuid4().hex}"
         await self._remember(owner, audio_id, text)
         message.audio = AnswerAudio(
             id=audio_id,
-            data=base64.b64encode(b"".join(pieces)).decode(),
+            data=base64.b64encode(audio).decode(),
             expires_at=int(time.time()) + self.ttl_s,
             transcript=text,
         )
@@ -245,51 +246,26 @@ class AudioChat:
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
 
-        finish = "stop"
-
-        async def texts() -> AsyncGenerator[str, None]:
-            nonlocal finish
-            async with aclosing(pieces):
-                async for _, piece in pieces:
-                    if piece is None:
-                        continue
-                    tally.add(0, piece)
-                    finish = piece.finish_reason or finish
-                    if piece.text:
-                        yield piece.text
-
         audio_id = f"audio_{uuid.uuid4().hex}"
         expires_at = int(time.time()) + self.ttl_s
         said: list[str] = []
-        encoder: StreamEncoder | None = None
         yield chunk({"role": "assistant", "content": None})
-        async with aclosing(spoken(self.backend, voice, texts())) as stream:
+        texts = generation.texts(pieces, tally)
+        stream = spoken(self.backend, voice, texts, _encoding(output), meter)
+        async with aclosing(stream):
             async for item in stream:
                 if isinstance(item, TextDelta):
                     said.append(item.text)
                     yield chunk({"audio": {"id": audio_id, "transcript": item.text}})
-                    continue
-                assert isinstance(item, SpokenAudio)
-                if encoder is None:
-                    encoder = StreamEncoder(_encoding(output), item.audio.sample_rate)
-                data = await self._encode(encoder, item.audio, meter)
-                if data:
+                elif item.data:
+                    data = base64.b64encode(item.data).decode()
                     yield chunk({"audio": {"id": audio_id, "data": data}})
-        if encoder is not None:
-            tail = await asyncio.to_thread(encoder.finish)
-            if tail:
-                yield chunk({"audio": {"id": audio_id, "data": base64.b64encode(tail).decode()}})
         text = "".join(said)
         await self._remember(owner, audio_id, text)
+        finish = tally.finish_reasons.get(0, "stop")
         yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
         message = {"role": "assistant", "content": text}
         await self.chat.remember(chat, message, tally.completion_tokens)
         if chat.include_usage:
             usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
             yield f"data: {json.dumps(usage)}\n\n"
-
-    @staticmethod
-    async def _encode(encoder: StreamEncoder, audio: AudioChunk, meter: Meter) -> str:
-        meter.audio_seconds_out += audio.samples.size / audio.sample_rate
-        data = await asyncio.to_thread(encoder.encode, audio.samples)
-        return base64.b64encode(data).decode() if data else ""

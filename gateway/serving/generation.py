@@ -60,6 +60,8 @@ class Tally:
         self.jobs = jobs
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.finish_reasons: dict[int, str] = {}
+        """Each choice's finish reason, once it has one."""
         self._prompts_seen: set[str] = set()
 
     def add(self, index: int, chunk: GenerationChunk) -> None:
@@ -71,6 +73,8 @@ class Tally:
         if chunk.completion_tokens:
             self.completion_tokens += chunk.completion_tokens
             self.meter.add_tokens(0, chunk.completion_tokens)
+        if chunk.finish_reason:
+            self.finish_reasons[index] = chunk.finish_reason
 
     def usage(self) -> Usage:
         return Usage(
@@ -123,6 +127,18 @@ async def stream(backend: Backend, model: str, jobs: list[Job]) -> AsyncGenerato
     if len(streams) == 1:
         return _single(streams[0], firsts[0])
     return _merged(streams, firsts)
+
+
+async def texts(pieces: AsyncGenerator[Piece, None], tally: Tally) -> AsyncGenerator[str, None]:
+    """The text of a one-choice stream, its tokens counted into ``tally`` (which also keeps
+    its finish reason)."""
+    async with aclosing(pieces):
+        async for _, chunk in pieces:
+            if chunk is None:
+                continue
+            tally.add(0, chunk)
+            if chunk.text:
+                yield chunk.text
 
 
 async def _single(

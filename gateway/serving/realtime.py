@@ -47,13 +47,13 @@ from gateway.config import Settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.metrics import Metrics
 from gateway.serving import generation
-from gateway.serving.audio import PCM_RATE, STT_RATE, StreamEncoder
+from gateway.serving.audio import PCM_RATE, STT_RATE
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.protocol import ChatCompletionRequest
 from gateway.serving.speech import resolve_voice
 from gateway.serving.vad import SpeechStarted, SpeechStopped, TurnDetector, VadSettings
-from gateway.serving.voice import SpokenAudio, TextDelta, Voice, VoiceModels, spoken
+from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Admission, Meter, RateLimiter
 
@@ -910,16 +910,25 @@ class _Responder:
             "conversation.item.added", item=self.item.to_json(), previous_item_id=previous
         )
         await session.emit("response.content_part.added", part=part, **self._where())
-        texts = self._texts(pieces)
+        texts = generation.texts(pieces, self.tally)
         if not self.audio:
             async with aclosing(texts):
                 async for text in texts:
                     self._add_text(text)
                     await session.emit("response.output_text.delta", delta=text, **self._where())
-            return
+        else:
+            await self._speak(texts, admission)
+        if self.tally.finish_reasons.get(0) == "length":
+            self.status = "incomplete"
+            self.details = {"type": "incomplete", "reason": "max_output_tokens"}
+
+    async def _speak(self, texts: AsyncGenerator[str, None], admission: Admission) -> None:
+        session = self.session
+        config = session.config
         voice = Voice(session.speech_model, config.voice, config.speed)
-        encoder: StreamEncoder | None = None
-        async with aclosing(spoken(session.services.backend, voice, texts)) as stream:
+        backend = session.services.backend
+        stream = spoken(backend, voice, texts, "pcm", admission.meter)
+        async with aclosing(stream):
             async for piece in stream:
                 if isinstance(piece, TextDelta):
                     self._add_text(piece.text)
@@ -927,30 +936,19 @@ class _Responder:
                         "response.output_audio_transcript.delta", delta=piece.text, **self._where()
                     )
                     continue
-                assert isinstance(piece, SpokenAudio)
-                if encoder is None:
-                    encoder = StreamEncoder("pcm", piece.audio.sample_rate)
+                if not self.item.spoken:
                     self._first_audio()
-                if not self.item.spoken or self.item.spoken[-1][1] != piece.sentence:
+                if piece.seconds and (
+                    not self.item.spoken or self.item.spoken[-1][1] != piece.sentence
+                ):
                     self.item.spoken.append((round(self.audio_ms), piece.sentence))
-                seconds = piece.audio.samples.size / piece.audio.sample_rate
-                self.audio_ms += seconds * 1000
-                admission.meter.audio_seconds_out += seconds
-                pcm = await asyncio.to_thread(encoder.encode, piece.audio.samples)
-                if pcm:
+                self.audio_ms += piece.seconds * 1000
+                if piece.data:
                     await session.emit(
                         "response.output_audio.delta",
-                        delta=base64.b64encode(pcm).decode(),
+                        delta=base64.b64encode(piece.data).decode(),
                         **self._where(),
                     )
-        if encoder is not None:
-            tail = await asyncio.to_thread(encoder.finish)
-            if tail:
-                await session.emit(
-                    "response.output_audio.delta",
-                    delta=base64.b64encode(tail).decode(),
-                    **self._where(),
-                )
 
     def _first_audio(self) -> None:
         metrics = self.session.services.metrics
@@ -961,21 +959,6 @@ class _Responder:
         self.text.append(text)
         key = "transcript" if self.audio else "text"
         self.item.content[0][key] = "".join(self.text)
-
-    async def _texts(
-        self, pieces: AsyncGenerator[generation.Piece, None]
-    ) -> AsyncGenerator[str, None]:
-        assert self.tally is not None
-        async with aclosing(pieces):
-            async for _, chunk in pieces:
-                if chunk is None:
-                    continue
-                self.tally.add(0, chunk)
-                if chunk.finish_reason == "length":
-                    self.status = "incomplete"
-                    self.details = {"type": "incomplete", "reason": "max_output_tokens"}
-                if chunk.text:
-                    yield chunk.text
 
     async def _finish(self, admission: Admission) -> None:
         session = self.session

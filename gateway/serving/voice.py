@@ -19,10 +19,12 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.backend import AudioChunk, Backend
+from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.errors import BackendUnavailableError
+from gateway.serving.audio import StreamEncoder
 from gateway.serving.catalog import ModelCatalog
+from gateway.state.limits import Meter
 
 # A sentence ends at . ! ? … (and closing quotes or brackets) followed by white space, or
 # at a line break. Decimal points and "e.g." stay inside (no space after the dot).
@@ -67,10 +69,13 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class SpokenAudio:
-    """The audio of one sentence (several chunks per sentence are possible)."""
+    """A piece of one sentence's audio, encoded (several per sentence are possible; an
+    encoder may hold a piece's bytes back, so ``data`` can be empty). The encoder's last
+    bytes come in a piece of their own, with no sentence and no seconds."""
 
     sentence: str
-    audio: AudioChunk
+    seconds: float
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -86,10 +91,15 @@ Spoken = TextDelta | SpokenAudio
 
 
 async def spoken(
-    backend: Backend, voice: Voice, texts: AsyncGenerator[str, None]
+    backend: Backend,
+    voice: Voice,
+    texts: AsyncGenerator[str, None],
+    fmt: str,
+    meter: Meter,
 ) -> AsyncGenerator[Spoken, None]:
-    """Yields the text pieces of ``texts`` as they come and each sentence's audio as soon
-    as it is synthesized, in order of arrival. An error in either raises here."""
+    """Yields the text pieces of ``texts`` as they come and each sentence's audio, encoded
+    in ``fmt`` (a speech ``response_format``), as soon as it is synthesized, in order of
+    arrival; the seconds spoken go to ``meter``. An error in either raises here."""
     out: asyncio.Queue[Spoken | BaseException | None] = asyncio.Queue()
     sentences: asyncio.Queue[str | None] = asyncio.Queue()
 
@@ -107,11 +117,21 @@ async def spoken(
         await sentences.put(None)
 
     async def speak() -> None:
+        encoder: StreamEncoder | None = None
         while (sentence := await sentences.get()) is not None:
             chunks = backend.synthesize(voice.model, sentence, voice.voice, voice.speed)
             async with aclosing(chunks):
                 async for chunk in chunks:
-                    await out.put(SpokenAudio(sentence, chunk))
+                    if encoder is None:
+                        encoder = StreamEncoder(fmt, chunk.sample_rate)
+                    seconds = chunk.samples.size / chunk.sample_rate
+                    meter.audio_seconds_out += seconds
+                    data = await asyncio.to_thread(encoder.encode, chunk.samples)
+                    await out.put(SpokenAudio(sentence, seconds, data))
+        if encoder is not None:
+            tail = await asyncio.to_thread(encoder.finish)
+            if tail:
+                await out.put(SpokenAudio("", 0.0, tail))
 
     async def both() -> None:
         try:

@@ -17,6 +17,7 @@ from starlette.websockets import WebSocketDisconnect
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.serving.voice import SentenceSplitter, SpokenAudio, TextDelta, Voice, spoken
+from gateway.state.limits import Meter
 from tests.unit.conftest import ADMIN_KEY, REPLY, make_settings
 
 
@@ -38,18 +39,25 @@ def test_a_long_clause_is_spoken_on_its_own() -> None:
 
 
 async def words(text: str) -> AsyncGenerator[str, None]:
+    """``text`` a word at a time, at a model's pace (10 ms a token)."""
     for word in text.split(" "):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
         yield word + " "
 
 
 async def test_text_streams_and_each_sentence_is_spoken() -> None:
     fake = FakeBackend()
-    pieces = [p async for p in spoken(fake, Voice("fake-tts", "joe"), words("One two. Three."))]
+    voice = Voice("fake-tts", "joe")
+    meter = Meter()
+    pieces = [p async for p in spoken(fake, voice, words("One two. Three."), "pcm", meter)]
     text = "".join(p.text for p in pieces if isinstance(p, TextDelta))
     assert text == "One two. Three. "
-    audio = [p for p in pieces if isinstance(p, SpokenAudio)]
+    audio = [p for p in pieces if isinstance(p, SpokenAudio) and p.seconds]
     assert [a.sentence for a in audio] == ["One two.", "Three."]
+    # FakeBackend speaks 0.5 s per sentence, encoded as 24 kHz pcm16.
+    assert meter.audio_seconds_out == pytest.approx(1.0)
+    pcm = b"".join(p.data for p in pieces if isinstance(p, SpokenAudio))
+    assert len(pcm) / 2 / 24_000 == pytest.approx(1.0, abs=0.01)
     assert [call[1] for call in fake.speech_calls] == ["One two.", "Three."]
     # The first sentence's audio comes before the last words of the text.
     first_audio = pieces.index(audio[0])
@@ -66,7 +74,7 @@ async def test_closing_a_spoken_answer_stops_generating() -> None:
             produced.append("x")
             yield "Word. "
 
-    stream = spoken(fake, Voice("fake-tts", "joe"), endless())
+    stream = spoken(fake, Voice("fake-tts", "joe"), endless(), "pcm", Meter())
     assert isinstance(await anext(stream), TextDelta)
     await stream.aclose()
     count = len(produced)
