@@ -134,6 +134,16 @@ class Metrics:
             _LATENCY_BUCKETS,
         )
 
+    def record_request(
+        self, route: str, admission: Admission | None, status: int, elapsed: float
+    ) -> None:
+        """Counts a finished request: its route, model, status, duration and usage."""
+        model = admission.model if admission is not None else ""
+        self.requests.labels(route, model, str(status)).inc()
+        self.duration.labels(route, model).observe(elapsed)
+        if admission is not None:
+            self.record_usage(admission)
+
     def record_usage(self, admission: Admission) -> None:
         """Counts what an admitted request used, under its model."""
         model = admission.model

@@ -44,9 +44,11 @@ _LIVE_START = {
 _LIVE_BODY = {"type": "http.response.body", "body": b'{"status":"ok"}'}
 
 
-_DRAINING_BODY = json.dumps(
-    error_body("The gateway is shutting down; retry shortly.", "server_error", code="shutting_down")
-).encode()
+#: What a request gets while the process drains (503, ``Retry-After: 1``).
+DRAINING_ERROR = error_body(
+    "The gateway is shutting down; retry shortly.", "server_error", code="shutting_down"
+)
+_DRAINING_BODY = json.dumps(DRAINING_ERROR).encode()
 _DRAINING_START = {
     "type": "http.response.start",
     "status": 503,
@@ -114,7 +116,7 @@ class GatewayMiddleware:
                 await asyncio.shield(limiter.finish(admission))
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             if route != "/metrics":
-                self._record(route, admission, status, time.monotonic() - started)
+                self.metrics.record_request(route, admission, status, time.monotonic() - started)
 
     async def _live(self, scope: Scope, send: Send) -> None:
         started = time.monotonic()
@@ -127,13 +129,6 @@ class GatewayMiddleware:
         await send(_DRAINING_START)
         await send({"type": "http.response.body", "body": _DRAINING_BODY})
         self.metrics.requests.labels(_route_of(scope), "", "503").inc()
-
-    def _record(self, route: str, admission: Admission | None, status: int, elapsed: float) -> None:
-        model = admission.model if admission is not None else ""
-        self.metrics.requests.labels(route, model, str(status)).inc()
-        self.metrics.duration.labels(route, model).observe(elapsed)
-        if admission is not None:
-            self.metrics.record_usage(admission)
 
 
 _INFERENCE_ROUTES = frozenset(

@@ -20,7 +20,8 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
-from gateway.errors import GatewayError, error_body
+from gateway.api.middleware import DRAINING_ERROR
+from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.serving.realtime import RealtimeServices
 from gateway.state.limits import RateLimiter
@@ -59,10 +60,7 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     app = websocket.app
     metrics: Metrics = app.state.metrics
     if app.state.drain.draining:
-        body = error_body(
-            "The gateway is shutting down; retry shortly.", "server_error", code="shutting_down"
-        )
-        await _deny(websocket, 503, body, {"Retry-After": "1"})
+        await _deny(websocket, 503, DRAINING_ERROR, {"Retry-After": "1"})
         metrics.requests.labels(ROUTE, "", "503").inc()
         return
     limiter: RateLimiter = app.state.limiter
@@ -81,12 +79,13 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
             except Exception:  # the client is gone; the receive loop ends the session
                 open_ = False
 
+    admission = None
     try:
         admission = await limiter.admit(app.state.keys, key)
         session = await services.open(model, key or "", send)
         admission.key.require_model(session.config.model)
     except GatewayError as exc:
-        if "admission" in locals():
+        if admission is not None:  # admitted, then refused: its slot is given back
             await limiter.finish(admission)
         await _deny(websocket, exc.status_code, exc.body(), exc.headers)
         metrics.requests.labels(ROUTE, model or "", str(exc.status_code)).inc()
@@ -110,8 +109,6 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
         admission.meter.audio_seconds_in += session.meter.audio_seconds_in
         await asyncio.shield(limiter.finish(admission))
         metrics.realtime_sessions.dec()
-        metrics.requests.labels(ROUTE, admission.model, "101").inc()
-        metrics.duration.labels(ROUTE, admission.model).observe(time.monotonic() - started)
-        metrics.record_usage(admission)
+        metrics.record_request(ROUTE, admission, 101, time.monotonic() - started)
         if websocket.client_state == WebSocketState.CONNECTED:
             await websocket.close()
