@@ -126,7 +126,6 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.voice_models = VoiceModels(catalog, settings)
         app.state.audio_chat = AudioChat(
             active,
-            catalog,
             app.state.chat,
             app.state.speech,
             app.state.voice_models,

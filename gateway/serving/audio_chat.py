@@ -32,7 +32,6 @@ from gateway.backend import Backend, TranscriptionOptions
 from gateway.errors import InvalidRequestError, StoreUnavailableError
 from gateway.serving import generation
 from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
-from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import (
     AnswerAudio,
@@ -63,7 +62,6 @@ class AudioChat:
     def __init__(
         self,
         backend: Backend,
-        catalog: ModelCatalog,
         chat: ChatService,
         speech: SpeechService,
         models: VoiceModels,
@@ -71,7 +69,6 @@ class AudioChat:
         ttl_s: int,
     ) -> None:
         self.backend = backend
-        self.catalog = catalog
         self.chat = chat
         self.speech = speech
         self.models = models
@@ -117,8 +114,7 @@ class AudioChat:
                         param=param,
                     )
                 if model is None:
-                    model = await self.models.pick("transcription")
-                    await self.catalog.get(model, "transcription")
+                    model = (await self.models.info("transcription")).name
                 where.append((i, j))
                 jobs.append(self._transcribe(model, part.input_audio.data, param, meter))
         for (i, j), text in zip(where, await asyncio.gather(*jobs), strict=True):
@@ -155,14 +151,13 @@ class AudioChat:
     async def voice(self, request: ChatCompletionRequest) -> tuple[Voice, AudioOutput]:
         """The speech model and voice for the answer; 400 for an unknown voice."""
         assert request.audio is not None
-        model = await self.models.pick("speech")
-        info = await self.catalog.get(model, "speech")
+        info = await self.models.info("speech")
         try:
             name = resolve_voice(request.audio.voice, info.voices)
         except InvalidRequestError as exc:
             exc.param = "audio.voice"
             raise
-        return Voice(model, name), request.audio
+        return Voice(info.name, name), request.audio
 
     async def _remember(self, owner: str, audio_id: str, transcript: str) -> None:
         try:

@@ -275,8 +275,8 @@ class RealtimeServices:
         self, requested_model: str | None, presented_key: str, send: Send
     ) -> RealtimeSession:
         model = await self.chat_model(requested_model)
-        speech = await self.models.pick("speech")
-        info = await self.catalog.get(speech, "speech")
+        info = await self.models.info("speech")
+        speech = info.name
         config = SessionConfig(
             model=model,
             voice=info.voices[0] if info.voices else "alloy",
@@ -402,13 +402,9 @@ class RealtimeSession:
         if "instructions" in session:
             config.instructions = str(session["instructions"] or "")
         if "output_modalities" in session:
-            modalities = session["output_modalities"]
-            if modalities not in (["audio"], ["text"]):
-                raise ClientEventError(
-                    "output_modalities must be ['audio'] or ['text'].",
-                    param="session.output_modalities",
-                )
-            config.output_modalities = list(modalities)
+            config.output_modalities = _modalities(
+                session["output_modalities"], "session.output_modalities"
+            )
         if "max_output_tokens" in session:
             config.max_output_tokens = _max_tokens(
                 session["max_output_tokens"], "session.max_output_tokens"
@@ -488,18 +484,7 @@ class RealtimeSession:
         data = event.get("audio")
         if not isinstance(data, str):
             raise ClientEventError("audio must be base64-encoded pcm16.", param="audio")
-        try:
-            pcm = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ClientEventError(
-                "audio is not valid base64.", param="audio", code="invalid_audio"
-            ) from exc
-        if len(pcm) % 2:
-            raise ClientEventError(
-                "audio must hold whole 16-bit samples (an even number of bytes).",
-                param="audio",
-                code="invalid_audio",
-            )
+        pcm = _b64(data, "audio")
         if not pcm:
             return
         audio = self.buffer.append(pcm)
@@ -712,19 +697,17 @@ class RealtimeSession:
     # --- responses ----------------------------------------------------------------------
 
     def _new_response(self, spec: dict[str, Any]) -> Response:
-        modalities = spec.get("output_modalities") or self.config.output_modalities
-        if modalities not in (["audio"], ["text"]):
-            raise ClientEventError(
-                "output_modalities must be ['audio'] or ['text'].",
-                param="response.output_modalities",
-            )
+        modalities = _modalities(
+            spec.get("output_modalities") or self.config.output_modalities,
+            "response.output_modalities",
+        )
         max_tokens = self.config.max_output_tokens
         if "max_output_tokens" in spec:
             max_tokens = _max_tokens(spec["max_output_tokens"], "response.max_output_tokens")
         instructions = spec.get("instructions")
         return Response(
             id=_id("resp"),
-            modalities=list(modalities),
+            modalities=modalities,
             instructions=self.config.instructions if instructions is None else str(instructions),
             max_output_tokens=max_tokens,
         )
@@ -1009,9 +992,18 @@ def _b64(value: object, param: str) -> bytes:
         ) from exc
     if len(data) % 2:
         raise ClientEventError(
-            f"{param} must hold whole 16-bit samples.", param=param, code="invalid_audio"
+            f"{param} must hold whole 16-bit samples (an even number of bytes).",
+            param=param,
+            code="invalid_audio",
         )
     return data
+
+
+def _modalities(value: object, param: str) -> list[str]:
+    if value not in (["audio"], ["text"]):
+        raise ClientEventError("output_modalities must be ['audio'] or ['text'].", param=param)
+    assert isinstance(value, list)
+    return list(value)
 
 
 def _pcm_to_stt(pcm: bytes) -> npt.NDArray[np.float32]:

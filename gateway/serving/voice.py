@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.backend import Backend
+from gateway.backend import Backend, ModelInfo
 from gateway.config import Settings
 from gateway.errors import BackendUnavailableError
 from gateway.serving.audio import StreamEncoder
@@ -166,6 +166,10 @@ class VoiceModels:
             "speech": settings.voice_speech_model,
         }
         self.order = {name: i for i, name in enumerate(settings.models)}
+
+    async def info(self, task: str) -> ModelInfo:
+        """The model of :meth:`pick`, loaded and serving ``task`` (404 or 400 if not)."""
+        return await self.catalog.get(await self.pick(task), task)
 
     async def pick(self, task: str) -> str:
         configured = self.configured[task]
