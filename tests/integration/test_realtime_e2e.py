@@ -61,6 +61,14 @@ async def send_audio(connection: AsyncRealtimeConnection, pcm: bytes) -> None:
         await connection.input_audio_buffer.append(audio=audio)
 
 
+async def ask(connection: AsyncRealtimeConnection, text: str, max_tokens: int) -> None:
+    """A user text message, then a response of at most ``max_tokens``."""
+    await connection.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+    await connection.response.create(response={"max_output_tokens": max_tokens})
+
+
 async def events_until(
     connection: AsyncRealtimeConnection, last: str, timeout_s: float = 60
 ) -> list[Any]:
@@ -148,14 +156,7 @@ async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
                 "audio": {"input": {"turn_detection": None}},
             }
         )
-        await connection.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Say hello."}],
-            }
-        )
-        await connection.response.create(response={"max_output_tokens": 12})
+        await ask(connection, "Say hello.", max_tokens=12)
         events = await events_until(connection, "response.done")
         kinds = types(events)
         assert "session.updated" in kinds and "response.output_text.delta" in kinds
@@ -165,14 +166,7 @@ async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
         assert events[-1].response.status in ("completed", "incomplete")
         # The conversation goes on: the answer is an item of it, and a second response
         # reads the whole conversation (more input tokens than the first).
-        await connection.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Again."}],
-            }
-        )
-        await connection.response.create(response={"max_output_tokens": 4})
+        await ask(connection, "Again.", max_tokens=4)
         again = await events_until(connection, "response.done")
         first_usage = events[-1].response.usage
         assert again[-1].response.usage.input_tokens > first_usage.input_tokens
@@ -180,14 +174,7 @@ async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
 
 async def test_response_cancel_stops_the_model(stack: GatewayProcess) -> None:
     async with connect(stack) as connection:
-        await connection.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Tell me a very long story."}],
-            }
-        )
-        await connection.response.create(response={"max_output_tokens": 2000})
+        await ask(connection, "Tell me a very long story.", max_tokens=2000)
         before = await events_until(connection, "response.output_audio_transcript.delta")
         await connection.response.cancel()
         events = await events_until(connection, "response.done")
@@ -210,14 +197,7 @@ async def test_speech_during_an_answer_cancels_it(stack: GatewayProcess, questio
     # mock_chat, slowed down, answers for as long as it is let (a real model may finish
     # before the user speaks).
     async with connect(stack, model="mock_chat") as connection:
-        await connection.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "[mock:delay_ms=40] Talk."}],
-            }
-        )
-        await connection.response.create(response={"max_output_tokens": 400})
+        await ask(connection, "[mock:delay_ms=40] Talk.", max_tokens=400)
         await events_until(connection, "response.output_audio.delta")
         await send_audio(connection, silence(0.3) + question)
         events = await events_until(connection, "response.done")
