@@ -20,6 +20,7 @@ from gateway.api.routers import (
     embeddings,
     health,
     models,
+    playground,
     realtime,
     responses,
     sessions,
@@ -175,4 +176,6 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.include_router(admin.router)
     app.include_router(health.router)
     app.include_router(metrics_router.router)
+    app.include_router(playground.router)
+    app.mount(playground.ASSETS_PATH, playground.assets, name="playground-assets")
     return app

@@ -332,6 +332,8 @@ class Model(BaseModel):
     """Chat models: tool calling, structured outputs, log probabilities."""
     dimensions: int | None = None
     """Embedding models: the length of their vectors."""
+    voices: list[str] | None = None
+    """Speech models: their own voice names (OpenAI's names map onto the first)."""
 
 
 class ModelList(BaseModel):

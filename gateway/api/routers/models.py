@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{id}: the loaded models that serve an OpenAI task."""
+"""GET /v1/models and /v1/models/{id}: the loaded models that serve an OpenAI task; and
+GET /v1/me: the caller's own key."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from gateway.api.dependencies import CatalogDep
 from gateway.backend import ModelInfo
 from gateway.errors import ModelNotFoundError
 from gateway.serving.protocol import Model, ModelCapabilities, ModelList
+from gateway.state.keys import ApiKey
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -38,6 +40,7 @@ def _public(info: ModelInfo, created: int) -> Model:
         context_length=info.context_length or info.max_input_tokens,
         capabilities=_capabilities(info),
         dimensions=info.dimensions if info.task == "embeddings" else None,
+        voices=list(info.voices) if info.task == "speech" else None,
     )
 
 
@@ -51,6 +54,13 @@ async def list_models(catalog: CatalogDep, caller: CallerDep) -> ModelList:
         if m.ready and m.task is not None and caller.may_use(m.name)
     ]
     return ModelList(data=[_public(m, catalog.created) for m in models])
+
+
+@router.get("/me")
+async def me(caller: CallerDep) -> ApiKey:
+    """The caller's own key: its id, name, role, allowed models and limits (never the key).
+    The playground asks it to know whether to show its admin console."""
+    return caller
 
 
 @router.get("/models/{model_id:path}")

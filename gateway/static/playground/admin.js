@@ -1,0 +1,141 @@
+// Admin tab (admin keys only): Triton's models with load / unload, API keys (create, with the
+// secret shown once; revoke) and what each key used, all from the /admin API.
+
+import { call, callJson } from "./api.js";
+import { $, busy, clearError, el, showError } from "./ui.js";
+
+let afterModelChange = async () => {};
+
+function fail(failure) {
+  showError($("admin-error"), failure);
+}
+
+function button(text, testid, action) {
+  const b = el("button", text, { type: "button", "data-testid": testid });
+  b.addEventListener("click", () => busy(b, async () => {
+    clearError($("admin-error"));
+    try {
+      await action();
+    } catch (failure) {
+      fail(failure);
+    }
+  }));
+  return b;
+}
+
+async function showModels() {
+  const { data } = await callJson("/admin/models");
+  const rows = data.map((model) => {
+    const ready = model.state === "READY";
+    const row = el("tr", "", { "data-model": model.id, "data-state": model.state || "" });
+    const state = el("td", model.state || "not loaded", { "data-testid": `admin-state-${model.id}` });
+    if (model.reason) state.title = model.reason;
+    const action = ready ? "unload" : "load";
+    const control = button(ready ? "Unload" : "Load", `admin-${action}-${model.id}`, async () => {
+      state.textContent = ready ? "unloading…" : "loading…";
+      try {
+        await call(`/admin/models/${encodeURIComponent(model.id)}/${action}`, { method: "POST" });
+      } finally {
+        await showModels();
+      }
+      await afterModelChange();
+    });
+    row.append(el("th", model.id, { scope: "row" }), el("td", model.task || ""), state, el("td"));
+    row.lastChild.append(control);
+    return row;
+  });
+  $("admin-models").tBodies[0].replaceChildren(...rows);
+}
+
+function limits(key) {
+  const parts = [["rpm", key.rpm], ["tpm", key.tpm], ["concurrency", key.max_concurrency]];
+  return parts.filter(([, v]) => v != null).map(([n, v]) => `${v} ${n}`).join(", ") || "none";
+}
+
+async function showKeys() {
+  const { data } = await callJson("/admin/keys");
+  data.sort((a, b) => b.created_at - a.created_at);
+  const usages = await Promise.all(data.map((key) => callJson(`/admin/keys/${key.id}/usage`)));
+  const rows = data.map((key, i) => {
+    const u = usages[i];
+    const revoked = key.revoked_at != null;
+    const expired = key.expires_at != null && key.expires_at * 1000 <= Date.now();
+    const row = el("tr", "", { "data-key": key.id, "data-name": key.name });
+    row.append(
+      el("th", key.name, { scope: "row" }),
+      el("td", key.id),
+      el("td", key.role),
+      el("td", key.models ? key.models.join(", ") : "all"),
+      el("td", limits(key)),
+      el("td", String(u.requests), { "data-testid": `admin-requests-${key.id}` }),
+      el("td", `${u.prompt_tokens} / ${u.completion_tokens}`),
+      el("td", `${u.audio_seconds_in.toFixed(1)} / ${u.audio_seconds_out.toFixed(1)}`),
+      el("td", revoked ? "revoked" : expired ? "expired" : "active", { "data-testid": `admin-key-state-${key.id}` }),
+      el("td"),
+    );
+    if (!revoked) {
+      row.lastChild.append(button("Revoke", `admin-revoke-${key.id}`, async () => {
+        if (!confirm(`Revoke the key "${key.name}" (${key.id})? Apps using it stop at once.`)) return;
+        await call(`/admin/keys/${key.id}`, { method: "DELETE" });
+        await showKeys();
+      }));
+    }
+    return row;
+  });
+  $("admin-keys").tBodies[0].replaceChildren(...rows);
+}
+
+function optionalNumber(id) {
+  const value = $(id).value.trim();
+  return value === "" ? null : Number(value);
+}
+
+async function createKey() {
+  const models = $("admin-key-models").value.split(",").map((m) => m.trim()).filter(Boolean);
+  const spec = {
+    name: $("admin-key-name").value.trim(),
+    role: $("admin-key-role").value,
+    rpm: optionalNumber("admin-key-rpm"),
+    tpm: optionalNumber("admin-key-tpm"),
+    max_concurrency: optionalNumber("admin-key-concurrency"),
+    models: models.length ? models : null,
+  };
+  const days = optionalNumber("admin-key-days");
+  if (days != null) spec.expires_in_days = days;
+  const created = await callJson("/admin/keys", { method: "POST", json: spec });
+  $("admin-new-key-value").textContent = created.key;
+  $("admin-new-key").hidden = false;
+  $("admin-key-form").reset();
+  await showKeys();
+}
+
+/** Shows the tab's tables, fresh (called whenever the tab is opened). */
+export async function showAdmin() {
+  clearError($("admin-error"));
+  $("admin-new-key").hidden = true;
+  $("admin-new-key-value").textContent = "";
+  try {
+    await Promise.all([showModels(), showKeys()]);
+  } catch (failure) {
+    fail(failure);
+  }
+}
+
+export function setupAdmin(onModelChange) {
+  afterModelChange = onModelChange;
+  $("admin-refresh").addEventListener("click", showAdmin);
+  $("admin-key-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const submit = event.submitter || $("admin-key-form").querySelector("button");
+    await busy(submit, async () => {
+      clearError($("admin-error"));
+      try {
+        await createKey();
+      } catch (failure) {
+        fail(failure);
+      }
+    });
+  });
+  $("admin-new-key-copy").addEventListener("click", () =>
+    navigator.clipboard.writeText($("admin-new-key-value").textContent).catch(() => {}));
+}

@@ -1,0 +1,113 @@
+// Chat tab: /v1/chat/completions streamed token by token; Stop aborts the request, which
+// cancels the generation in Triton.
+
+import { call, events } from "./api.js";
+import { $, clearError, el, showError } from "./ui.js";
+
+let history = []; // the conversation this page keeps when no session id is given
+let controller = null;
+
+function bubble(role, text) {
+  const entry = el("div", "", { class: `message ${role}`, "data-role": role });
+  entry.append(el("span", role, { class: "who" }), el("span", text, { class: "text" }));
+  $("chat-output").append(entry);
+  entry.scrollIntoView({ block: "end" });
+  return entry.querySelector(".text");
+}
+
+function number(id) {
+  const value = $(id).value.trim();
+  return value === "" ? undefined : Number(value);
+}
+
+async function send() {
+  const input = $("chat-input");
+  const text = input.value.trim();
+  if (!text || controller) return;
+  const error = $("chat-error");
+  const status = $("chat-status");
+  clearError(error);
+  const session = $("chat-session").value.trim();
+  const system = $("chat-system").value.trim();
+  const user = { role: "user", content: text };
+  // With a session the gateway remembers the conversation: send the new message only.
+  const messages = session ? [user] : [...history, user];
+  if (system && (session ? true : history.length === 0)) messages.unshift({ role: "system", content: system });
+  const body = {
+    model: $("chat-model").value,
+    messages,
+    stream: true,
+    stream_options: { include_usage: true },
+    temperature: number("chat-temperature"),
+    max_tokens: number("chat-max-tokens"),
+  };
+  bubble("user", text);
+  input.value = "";
+  const output = bubble("assistant", "");
+  output.parentElement.classList.add("streaming");
+  controller = new AbortController();
+  $("chat-send").disabled = true;
+  $("chat-stop").disabled = false;
+  status.textContent = "…";
+  let reply = "";
+  try {
+    const response = await call("/v1/chat/completions", {
+      method: "POST",
+      json: body,
+      headers: session ? { "X-Session-ID": session } : {},
+      signal: controller.signal,
+    });
+    let finish = null;
+    for await (const chunk of events(response)) {
+      for (const choice of chunk.choices || []) {
+        if (choice.delta && choice.delta.content) {
+          reply += choice.delta.content;
+          output.textContent = reply;
+        }
+        finish = choice.finish_reason || finish;
+      }
+      if (chunk.usage) {
+        const u = chunk.usage;
+        status.textContent = `${u.prompt_tokens} prompt + ${u.completion_tokens} completion tokens` +
+          (finish && finish !== "stop" ? ` · finish: ${finish}` : "");
+      }
+    }
+    if (!session) history.push(user, { role: "assistant", content: reply });
+  } catch (failure) {
+    if (failure.name === "AbortError") {
+      status.textContent = "stopped";
+      output.parentElement.classList.add("stopped");
+      if (!session && reply) history.push(user, { role: "assistant", content: reply });
+    } else {
+      status.textContent = "";
+      showError(error, failure);
+      if (!reply) output.parentElement.remove();
+    }
+  } finally {
+    output.parentElement.classList.remove("streaming");
+    controller = null;
+    $("chat-send").disabled = false;
+    $("chat-stop").disabled = true;
+  }
+}
+
+export function setupChat() {
+  $("chat-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  $("chat-input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  });
+  $("chat-stop").addEventListener("click", () => controller && controller.abort());
+  $("chat-clear").addEventListener("click", () => {
+    if (controller) controller.abort();
+    history = [];
+    $("chat-output").replaceChildren();
+    $("chat-status").textContent = "";
+    clearError($("chat-error"));
+  });
+}
