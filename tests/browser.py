@@ -71,9 +71,7 @@ def playground(
 ) -> Iterator[tuple[Page, Console]]:
     """A fresh page (own sessionStorage) on the playground, with ``key`` typed in and taken
     (its name shown) when given. Fails if the page logged an unexpected console error."""
-    context = browser.new_context(
-        base_url=base_url, viewport={"width": width, "height": height}
-    )
+    context = browser.new_context(base_url=base_url, viewport={"width": width, "height": height})
     page = context.new_page()
     console = Console(page)
     try:

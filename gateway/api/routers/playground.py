@@ -58,7 +58,11 @@ class Assets(StaticFiles):
     """The page's scripts, styles and icon, with the page's security headers."""
 
     def file_response(
-        self, full_path: PathLike[str], stat_result: os.stat_result, scope: Scope, status_code: int = 200
+        self,
+        full_path: str | PathLike[str],
+        stat_result: os.stat_result,
+        scope: Scope,
+        status_code: int = 200,
     ) -> Response:
         response = super().file_response(full_path, stat_result, scope, status_code)
         response.headers.update(HEADERS)

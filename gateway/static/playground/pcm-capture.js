@@ -8,7 +8,8 @@ class PcmCapture extends AudioWorkletProcessor {
     this.step = sampleRate / this.target; // input samples per output sample
     this.position = 0; // where the next output sample lies, in input samples
     this.last = 0; // the previous block's last input sample
-    this.out = new Int16Array(Math.round(this.target * 0.04));
+    this.size = Math.round(this.target * 0.04);
+    this.out = new Int16Array(this.size);
     this.filled = 0;
   }
 
@@ -22,9 +23,9 @@ class PcmCapture extends AudioWorkletProcessor {
       const before = at === 0 ? this.last : channel[at - 1];
       const sample = before + (channel[at] - before) * fraction;
       this.out[this.filled++] = Math.max(-1, Math.min(1, sample)) * 0x7fff;
-      if (this.filled === this.out.length) {
+      if (this.filled === this.size) {
         this.port.postMessage(this.out.buffer, [this.out.buffer]);
-        this.out = new Int16Array(this.out.length);
+        this.out = new Int16Array(this.size); // the posted one now belongs to the page
         this.filled = 0;
       }
       this.position += this.step;

@@ -29,9 +29,10 @@ class Player {
     this.sources = new Set();
   }
 
+  /** Queues the chunk; returns its length in seconds. */
   play(bytes) {
     const samples = new Int16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength >> 1);
-    if (!samples.length) return;
+    if (!samples.length) return 0;
     const buffer = this.context.createBuffer(1, samples.length, RATE);
     const channel = buffer.getChannelData(0);
     for (let i = 0; i < samples.length; i++) channel[i] = samples[i] / 0x8000;
@@ -43,6 +44,7 @@ class Player {
     this.next += buffer.duration;
     this.sources.add(source);
     source.addEventListener("ended", () => this.sources.delete(source));
+    return buffer.duration;
   }
 
   stop() {
@@ -56,6 +58,7 @@ class Session {
   constructor(model) {
     this.model = model;
     this.reply = null; // the log entry of the answer being spoken
+    this.spoken = 0; // seconds of its audio received
     this.closed = false;
   }
 
@@ -78,10 +81,9 @@ class Session {
         "The gateway refused the Realtime connection: check the key, its limits and the model.")), { once: true });
     });
     const microphone = this.context.createMediaStreamSource(this.stream);
-    this.capture = new AudioWorkletNode(this.context, "pcm-capture", {
-      numberOfOutputs: 0,
-      processorOptions: { rate: RATE },
-    });
+    // Its output is silence; connected so that the graph pulls it in every browser.
+    this.capture = new AudioWorkletNode(this.context, "pcm-capture", { processorOptions: { rate: RATE } });
+    this.capture.connect(this.context.destination);
     this.capture.port.onmessage = (message) => {
       if (this.socket.readyState !== WebSocket.OPEN) return;
       const audio = toBase64(new Uint8Array(message.data));
@@ -107,20 +109,25 @@ class Session {
         break;
       case "response.output_audio_transcript.delta":
       case "response.output_text.delta":
-        if (!this.reply) this.reply = log("assistant", "");
-        this.reply.textContent += event.delta;
+        this.answer().textContent += event.delta;
         break;
-      case "response.output_audio.delta":
+      case "response.output_audio.delta": {
         status("answering…");
-        this.player.play(fromBase64(event.delta));
+        this.spoken += this.player.play(fromBase64(event.delta));
+        const entry = this.answer().parentElement;
+        entry.dataset.audioSeconds = this.spoken.toFixed(2);
+        entry.querySelector(".who").textContent = `assistant · ${this.spoken.toFixed(1)} s of audio`;
         break;
+      }
       case "response.done": {
         const done = event.response;
-        if (this.reply && done.status !== "completed") {
-          this.reply.parentElement.classList.add("stopped");
-          this.reply.parentElement.dataset.status = done.status;
+        if (this.reply) {
+          const entry = this.reply.parentElement;
+          entry.dataset.status = done.status;
+          entry.classList.toggle("stopped", done.status !== "completed");
         }
         this.reply = null;
+        this.spoken = 0;
         status("listening: speak, then pause");
         break;
       }
@@ -130,6 +137,12 @@ class Session {
       default:
         break;
     }
+  }
+
+  /** The log entry's text of the answer being given, made on its first piece. */
+  answer() {
+    if (!this.reply) this.reply = log("assistant", "");
+    return this.reply;
   }
 
   onClose(event) {

@@ -1,0 +1,302 @@
+"""The playground in a real browser: headless Chromium (Debian's package) driven by
+Playwright, on the page nginx serves, against the real stack (Triton with SmolLM2, mock_chat,
+Piper and Whisper; Redis). Every test fails on any console error the page did not cause on
+purpose (see :func:`tests.browser.playground`)."""
+
+from __future__ import annotations
+
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+from tests.browser import launch, playground
+from tests.integration.conftest import generated_tokens
+from tests.stack import GatewayProcess
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    chromium = launch(playwright)
+    yield chromium
+    chromium.close()
+
+
+@pytest.fixture(scope="module")
+def question_wav(stack: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """QUESTION spoken by Piper, as a WAV file: half a second of silence, the question, then
+    three seconds of silence (so that the server VAD hears the turn end)."""
+    spoken = httpx.post(
+        stack.base_url + "/v1/audio/speech",
+        headers=stack.headers,
+        json={"model": "piper_tts", "input": QUESTION, "voice": "joe", "response_format": "pcm"},
+        timeout=60,
+    )
+    assert spoken.status_code == 200, spoken.text
+    rate = 24000  # OpenAI's pcm
+    path = tmp_path_factory.mktemp("audio") / "question.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(bytes(rate) + spoken.content + bytes(2 * rate * 3))
+    return path
+
+
+@pytest.fixture(scope="module")
+def microphone_browser(playwright: Playwright, question_wav: Path) -> Iterator[Browser]:
+    """Chromium whose microphone says the question once, then is silent."""
+    chromium = launch(playwright, microphone=question_wav)
+    yield chromium
+    chromium.close()
+
+
+def user_key(stack: GatewayProcess, **spec: object) -> str:
+    created = httpx.post(
+        stack.base_url + "/admin/keys",
+        headers=stack.headers,
+        json={"name": "playground-user", **spec},
+        timeout=10,
+    )
+    assert created.status_code == 201, created.text
+    return str(created.json()["key"])
+
+
+def chat(page: Page, model: str, message: str, *, max_tokens: int | None = None) -> None:
+    page.get_by_test_id("chat-model").select_option(model)
+    page.get_by_test_id("chat-max-tokens").fill("" if max_tokens is None else str(max_tokens))
+    page.get_by_test_id("chat-input").fill(message)
+    page.get_by_test_id("chat-input").press("Enter")  # Enter sends
+
+
+def last_reply(page: Page) -> str:
+    return page.locator('[data-testid="chat-output"] .assistant .text').last.inner_text()
+
+
+def test_page_and_its_files_come_through_nginx_under_a_strict_policy(
+    stack: GatewayProcess,
+) -> None:
+    for path in ("/", "/playground"):
+        page = httpx.get(stack.base_url + path, timeout=10)
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'none'" in policy and "script-src 'self'" in policy
+        assert "connect-src 'self'" in policy
+        assert 'data-testid="api-key"' in page.text
+    script = httpx.get(stack.base_url + "/playground/assets/main.js", timeout=10)
+    assert script.status_code == 200
+    assert "javascript" in script.headers["content-type"]
+
+
+def test_chat_streams_the_reply_and_stop_cancels_the_generation(
+    stack: GatewayProcess, browser: Browser
+) -> None:
+    with playground(browser, stack.base_url, stack.admin_key) as (page, _):
+        expect(page.get_by_test_id("whoami")).to_contain_text("admin")
+        # A real answer from SmolLM2, streamed: the reply changes many times as it arrives.
+        page.evaluate(
+            """() => {
+              window.updates = 0;
+              new MutationObserver(() => window.updates++).observe(
+                document.querySelector('[data-testid="chat-output"]'),
+                {subtree: true, characterData: true, childList: true});
+            }"""
+        )
+        chat(page, "smollm2", QUESTION, max_tokens=24)
+        expect(page.get_by_test_id("chat-status")).to_contain_text(
+            "completion tokens", timeout=60_000
+        )
+        assert "paris" in last_reply(page).lower()
+        assert page.evaluate("window.updates") > 5, "the reply did not arrive token by token"
+
+        # A generation of 2000 tokens at 20 ms each, stopped after a few words.
+        before = generated_tokens(stack, "mock_chat")
+        chat(page, "mock_chat", "[mock:delay_ms=20] go on", max_tokens=2000)
+        expect(page.locator('[data-testid="chat-output"] .assistant').last).to_contain_text("brown")
+        page.get_by_test_id("chat-stop").click()
+        expect(page.get_by_test_id("chat-status")).to_have_text("stopped")
+        expect(page.get_by_test_id("chat-send")).to_be_enabled()
+        time.sleep(0.5)  # the cancellation reaches the model
+        settled = generated_tokens(stack, "mock_chat")
+        time.sleep(1.0)
+        assert generated_tokens(stack, "mock_chat") - settled <= 2, "the model kept generating"
+        assert settled - before < 200
+
+        # The conversation goes on after a stop; an error after the stream began shows the
+        # API's message.
+        chat(page, "mock_chat", "[mock:fail_after=3]")
+        expect(page.get_by_test_id("chat-error")).to_be_visible()
+        assert page.get_by_test_id("chat-error").inner_text().strip()
+
+
+def test_speech_plays_as_it_streams(stack: GatewayProcess, browser: Browser) -> None:
+    with playground(browser, stack.base_url, stack.admin_key) as (page, _):
+        page.get_by_test_id("tab-speech").click()
+        page.get_by_test_id("speech-model").select_option("piper_tts")
+        for audio_format in ("mp3", "pcm"):  # streamed into Media Source; complete, as WAV
+            page.get_by_test_id("speech-format").select_option(audio_format)
+            page.get_by_test_id("speech-input").fill("The playground speaks this sentence aloud.")
+            page.get_by_test_id("speech-go").click()
+            expect(page.get_by_test_id("speech-status")).to_contain_text(f"of {audio_format}")
+            audio = page.get_by_test_id("speech-audio")
+            page.wait_for_function(
+                "a => a.duration > 1 && isFinite(a.duration) && a.currentTime > 0",
+                arg=audio.element_handle(),
+                timeout=15_000,
+            )
+            assert audio.evaluate("a => a.error") is None
+
+
+def test_transcribes_a_file_and_a_recording(
+    stack: GatewayProcess, microphone_browser: Browser, question_wav: Path
+) -> None:
+    with playground(microphone_browser, stack.base_url, stack.admin_key) as (page, _):
+        page.get_by_test_id("tab-transcribe").click()
+        page.get_by_test_id("transcribe-model").select_option("whisper_stt")
+        page.get_by_test_id("transcribe-file").set_input_files(question_wav)
+        page.get_by_test_id("transcribe-go").click()
+        output = page.get_by_test_id("transcribe-output")
+        expect(output).to_contain_text("capital of France", timeout=30_000)
+
+        page.get_by_test_id("transcribe-format").select_option("srt")
+        page.get_by_test_id("transcribe-go").click()
+        expect(output).to_contain_text("00:00:0", timeout=30_000)
+        assert "capital of France" in output.inner_text()
+
+        # The fake microphone says the question: record it (WebM/Opus) and transcribe that.
+        page.get_by_test_id("transcribe-format").select_option("text")
+        page.get_by_test_id("transcribe-record").click()
+        expect(page.get_by_test_id("transcribe-status")).to_have_text("recording…")
+        page.wait_for_timeout(2800)
+        page.get_by_test_id("transcribe-record").click()
+        expect(page.get_by_test_id("transcribe-recording")).to_be_visible()
+        page.get_by_test_id("transcribe-go").click()
+        expect(page.get_by_test_id("transcribe-status")).to_contain_text("recording.webm")
+        assert "capital of france" in output.inner_text().lower()
+
+
+def test_voice_tab_hears_the_microphone_and_speaks_the_answer(
+    stack: GatewayProcess, microphone_browser: Browser
+) -> None:
+    with playground(microphone_browser, stack.base_url, stack.admin_key) as (page, _):
+        page.get_by_test_id("tab-voice").click()
+        page.get_by_test_id("voice-start").click()
+        log = page.get_by_test_id("voice-log")
+        expect(log.locator(".user")).to_contain_text("capital of France", timeout=30_000)
+        answer = log.locator(".assistant").first
+        expect(answer).to_have_attribute("data-status", "completed", timeout=60_000)
+        assert answer.locator(".text").inner_text().strip()
+        assert float(answer.get_attribute("data-audio-seconds") or 0) > 0.5
+        page.get_by_test_id("voice-stop").click()
+        expect(page.get_by_test_id("voice-status")).to_have_text("stopped")
+        expect(page.get_by_test_id("voice-start")).to_be_enabled()
+
+
+def test_admin_console_loads_models_and_manages_keys(
+    stack: GatewayProcess, browser: Browser
+) -> None:
+    sdk = stack.client()
+    with playground(browser, stack.base_url, stack.admin_key) as (page, _):
+        page.on("dialog", lambda dialog: dialog.accept())  # the revoke confirmation
+        page.get_by_test_id("tab-admin").click()
+        state = page.get_by_test_id("admin-state-mock_chat")
+        expect(state).to_have_text("READY")
+        try:
+            page.get_by_test_id("admin-unload-mock_chat").click()
+            expect(page.get_by_test_id("admin-load-mock_chat")).to_be_visible(timeout=60_000)
+            assert "mock_chat" not in [m.id for m in sdk.models.list()]
+            # The pickers follow: the chat tab no longer offers it.
+            expect(
+                page.locator('[data-testid="chat-model"] option[value="mock_chat"]')
+            ).to_have_count(0)
+        finally:
+            page.get_by_test_id("admin-load-mock_chat").click()
+            expect(state).to_have_text("READY", timeout=60_000)
+        assert "mock_chat" in [m.id for m in sdk.models.list()]
+        expect(page.locator('[data-testid="chat-model"] option[value="mock_chat"]')).to_have_count(
+            1
+        )
+
+        page.get_by_test_id("admin-key-name").fill("made-in-the-console")
+        page.get_by_test_id("admin-key-rpm").fill("7")
+        page.get_by_test_id("admin-key-models").fill("mock_chat")
+        page.get_by_test_id("admin-key-create").click()
+        secret = page.get_by_test_id("admin-new-key-value")
+        expect(secret).to_contain_text("sk-gw-")
+        row = page.locator('[data-testid="admin-keys"] tr[data-name="made-in-the-console"]')
+        expect(row).to_contain_text("7 rpm")
+        key_id = row.get_attribute("data-key")
+
+        # The secret shown is the real key: it works, sees only its model, and is counted.
+        made = stack.client(secret.inner_text())
+        assert [m.id for m in made.models.list()] == ["mock_chat"]
+        made.chat.completions.create(
+            model="mock_chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        page.get_by_test_id("admin-refresh").click()
+        expect(page.get_by_test_id(f"admin-requests-{key_id}")).to_have_text("1")
+        expect(page.get_by_test_id("admin-new-key")).to_be_hidden()  # shown once only
+
+        page.get_by_test_id(f"admin-revoke-{key_id}").click()
+        expect(page.get_by_test_id(f"admin-key-state-{key_id}")).to_have_text("revoked")
+        with pytest.raises(openai.AuthenticationError):
+            made.models.list()
+
+
+def test_a_wrong_key_and_a_refused_request_show_the_api_error(
+    stack: GatewayProcess, browser: Browser
+) -> None:
+    with playground(browser, stack.base_url, "sk-gw-not-a-key") as (page, console):
+        expect(page.get_by_test_id("key-error")).to_have_text("Incorrect API key provided.")
+        expect(page.get_by_test_id("tab-admin")).to_be_hidden()
+        console.expect("status of 401")
+
+    # A user key: no admin tab; over its rate limit, the chat shows the 429's message.
+    key = user_key(stack, rpm=1, models=["mock_chat"])
+    with playground(browser, stack.base_url, key) as (page, console):
+        expect(page.get_by_test_id("whoami")).to_have_text("playground-user (user)")
+        expect(page.get_by_test_id("tab-admin")).to_be_hidden()
+        chat(page, "mock_chat", "hi")
+        expect(page.get_by_test_id("chat-status")).to_contain_text("completion tokens")
+        chat(page, "mock_chat", "hi again")
+        expect(page.get_by_test_id("chat-error")).to_contain_text("Rate limit reached")
+        console.expect("status of 429")
+
+
+def test_keyboard_and_phone_width(stack: GatewayProcess, browser: Browser) -> None:
+    with playground(browser, stack.base_url, stack.admin_key, width=390, height=844) as (
+        page,
+        _,
+    ):
+        expect(page.get_by_test_id("whoami")).to_contain_text("admin")
+        for tab in ("chat", "speech", "transcribe", "voice", "admin"):
+            page.get_by_test_id(f"tab-{tab}").click()
+            overflow = page.evaluate(
+                "() => document.documentElement.scrollWidth - window.innerWidth"
+            )
+            assert overflow <= 0, f"the {tab} tab is wider than a phone ({overflow} px)"
+        # The tabs take arrow keys; the key form takes Enter.
+        page.get_by_test_id("tab-chat").click()
+        page.keyboard.press("ArrowRight")
+        expect(page.get_by_test_id("tab-speech")).to_have_attribute("aria-selected", "true")
+        expect(page.get_by_test_id("tab-speech")).to_be_focused()
+        page.keyboard.press("End")
+        expect(page.get_by_test_id("tab-admin")).to_be_focused()
+        page.keyboard.press("Home")
+        expect(page.get_by_test_id("tab-chat")).to_have_attribute("aria-selected", "true")
+        page.keyboard.press("Tab")
+        expect(page.get_by_test_id("chat-model")).to_be_focused()
