@@ -13,7 +13,7 @@ JS_STAMP := tests/js/node_modules/.installed
 # CPUs (see README), so build a portable one. pip caches the wheel after the first build.
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 
-.PHONY: run test test-unit lint bench system-deps
+.PHONY: run test test-unit lint bench screenshots system-deps
 
 run: $(STAMP) system-deps
 	$(BIN)/gateway up
@@ -40,6 +40,10 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.cpu
 	$(BIN)/python -m tests.bench.scale
 	$(BIN)/python -m tests.bench.voice
+
+# The README's playground screenshots (docs/playground/*.png), from a stack it starts.
+screenshots: $(STAMP) system-deps
+	$(BIN)/python -m tests.screenshots
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
 system-deps:

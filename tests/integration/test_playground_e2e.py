@@ -6,7 +6,6 @@ purpose (see :func:`tests.browser.playground`)."""
 from __future__ import annotations
 
 import time
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from tests.browser import launch, playground
+from tests.browser import launch, playground, spoken_wav
 from tests.integration.conftest import generated_tokens
 from tests.stack import GatewayProcess
 
@@ -37,23 +36,7 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 
 @pytest.fixture(scope="module")
 def question_wav(stack: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """QUESTION spoken by Piper, as a WAV file: half a second of silence, the question, then
-    three seconds of silence (so that the server VAD hears the turn end)."""
-    spoken = httpx.post(
-        stack.base_url + "/v1/audio/speech",
-        headers=stack.headers,
-        json={"model": "piper_tts", "input": QUESTION, "voice": "joe", "response_format": "pcm"},
-        timeout=60,
-    )
-    assert spoken.status_code == 200, spoken.text
-    rate = 24000  # OpenAI's pcm
-    path = tmp_path_factory.mktemp("audio") / "question.wav"
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(bytes(rate) + spoken.content + bytes(2 * rate * 3))
-    return path
+    return spoken_wav(stack, QUESTION, tmp_path_factory.mktemp("audio") / "question.wav")
 
 
 @pytest.fixture(scope="module")
