@@ -19,6 +19,7 @@ from tests.integration.conftest import generated_tokens
 from tests.stack import GatewayProcess
 
 QUESTION = "What is the capital of France?"
+CHAT_QUESTION = "What is the capital city of France? Answer in one word."
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,16 @@ def user_key(stack: GatewayProcess, **spec: object) -> str:
     return str(created.json()["key"])
 
 
-def chat(page: Page, model: str, message: str, *, max_tokens: int | None = None) -> None:
+def chat(
+    page: Page,
+    model: str,
+    message: str,
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+) -> None:
     page.get_by_test_id("chat-model").select_option(model)
+    page.get_by_test_id("chat-temperature").fill("" if temperature is None else str(temperature))
     page.get_by_test_id("chat-max-tokens").fill("" if max_tokens is None else str(max_tokens))
     page.get_by_test_id("chat-input").fill(message)
     page.get_by_test_id("chat-input").press("Enter")  # Enter sends
@@ -99,7 +108,9 @@ def test_chat_streams_the_reply_and_stop_cancels_the_generation(
                 {subtree: true, characterData: true, childList: true});
             }"""
         )
-        chat(page, "smollm2", QUESTION, max_tokens=24)
+        # Worded as tests/integration/test_chat_e2e.py asks it, for a 135M model.
+        page.get_by_test_id("chat-system").fill("You are a helpful assistant.")
+        chat(page, "smollm2", CHAT_QUESTION, max_tokens=24, temperature=0)
         expect(page.get_by_test_id("chat-status")).to_contain_text(
             "completion tokens", timeout=60_000
         )

@@ -32,7 +32,8 @@ async function send() {
   const user = { role: "user", content: text };
   // With a session the gateway remembers the conversation: send the new message only.
   const messages = session ? [user] : [...history, user];
-  if (system && (session ? true : history.length === 0)) messages.unshift({ role: "system", content: system });
+  // The system message as it is now leads every request (a session takes it as its own).
+  if (system) messages.unshift({ role: "system", content: system });
   const body = {
     model: $("chat-model").value,
     messages,
