@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,6 +149,9 @@ class GatewayProcess:
 
     def start(self) -> GatewayProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # A process on the same port in an earlier run may have left its files (a Redis
+        # whose data a test broke on purpose): each start begins with none.
+        shutil.rmtree(self.run_dir / f"gateway-{self.port}", ignore_errors=True)
         env = {
             **os.environ,
             # Each process its own run dir: an embedded Redis keeps its files there.

@@ -92,7 +92,8 @@ def test_spoken_answer_and_a_reference_to_it(client: openai.OpenAI, stack: Gatew
     assert samples.size > 0
     # What the audio says is the transcript.
     heard = client.audio.transcriptions.create(model="whisper_stt", file=("a.wav", wav))
-    assert "paris" in heard.text.lower()
+    # Piper's speech varies a little from run to run; Whisper tiny once heard "Harris".
+    assert "capital of france" in heard.text.lower()
     # A later turn may stand for the answer by its audio id: the model sees its transcript.
     by_id = client.chat.completions.create(
         model="mock_chat",
