@@ -26,6 +26,8 @@ CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/c
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
+    # Containers often give /dev/shm only 64 MB, which a renderer outgrows.
+    "--disable-dev-shm-usage",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
