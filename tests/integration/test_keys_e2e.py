@@ -92,33 +92,6 @@ def test_the_keys_cli_creates_lists_and_revokes(
     assert unknown.returncode == 1 and "No API key" in unknown.stderr
 
 
-def test_admin_unloads_and_loads_a_model_and_v1_models_follows(stack: GatewayProcess) -> None:
-    client = stack.client()
-
-    def state() -> str:
-        listed = httpx.get(stack.base_url + "/admin/models", headers=stack.headers).json()
-        return next(m["state"] for m in listed["data"] if m["id"] == "mock_chat")
-
-    unloaded = httpx.post(
-        stack.base_url + "/admin/models/mock_chat/unload", headers=stack.headers, timeout=60
-    )
-    assert unloaded.status_code == 200, unloaded.text
-    try:
-        assert "mock_chat" not in [m.id for m in client.models.list().data]
-        assert state() != "READY"
-        with pytest.raises(openai.NotFoundError):
-            client.chat.completions.create(model="mock_chat", messages=HI)
-    finally:
-        loaded = httpx.post(
-            stack.base_url + "/admin/models/mock_chat/load", headers=stack.headers, timeout=120
-        )
-    assert loaded.status_code == 200, loaded.text
-    assert loaded.json()["state"] == "READY"
-    assert state() == "READY"
-    assert "mock_chat" in [m.id for m in client.models.list().data]
-    assert client.chat.completions.create(model="mock_chat", messages=HI).choices
-
-
 def test_two_gateway_processes_enforce_one_combined_rpm(
     stack: GatewayProcess, replica: GatewayProcess
 ) -> None:

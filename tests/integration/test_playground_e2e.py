@@ -19,6 +19,7 @@ from tests.integration.conftest import generated_tokens
 from tests.stack import GatewayProcess
 
 QUESTION = "What is the capital of France?"
+HI = [{"role": "user", "content": "hi"}]
 CHAT_QUESTION = "What is the capital city of France? Answer in one word."
 
 
@@ -213,6 +214,8 @@ def test_admin_console_loads_models_and_manages_keys(
             page.get_by_test_id("admin-unload-mock_chat").click()
             expect(page.get_by_test_id("admin-load-mock_chat")).to_be_visible(timeout=60_000)
             assert "mock_chat" not in [m.id for m in sdk.models.list()]
+            with pytest.raises(openai.NotFoundError):
+                sdk.chat.completions.create(model="mock_chat", messages=HI)
             # The pickers follow: the chat tab no longer offers it.
             expect(
                 page.locator('[data-testid="chat-model"] option[value="mock_chat"]')
@@ -238,9 +241,7 @@ def test_admin_console_loads_models_and_manages_keys(
         # The secret shown is the real key: it works, sees only its model, and is counted.
         made = stack.client(secret.inner_text())
         assert [m.id for m in made.models.list()] == ["mock_chat"]
-        made.chat.completions.create(
-            model="mock_chat", messages=[{"role": "user", "content": "hi"}]
-        )
+        assert made.chat.completions.create(model="mock_chat", messages=HI).choices
         page.get_by_test_id("admin-refresh").click()
         expect(page.get_by_test_id(f"admin-requests-{key_id}")).to_have_text("1")
         expect(page.get_by_test_id("admin-new-key")).to_be_hidden()  # shown once only
