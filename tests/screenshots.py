@@ -15,7 +15,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import httpx
 from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.browser import launch, playground, spoken_wav
@@ -69,12 +68,7 @@ def voice(page: Page, out: Path) -> None:
 
 def admin(page: Page, out: Path, stack: GatewayProcess) -> None:
     for name, limits in (("mobile-app", {"rpm": 60, "tpm": 20000}), ("batch-jobs", {})):
-        key = httpx.post(
-            stack.base_url + "/admin/keys",
-            headers=stack.headers,
-            json={"name": name, **limits},
-            timeout=10,
-        ).json()["key"]
+        key = stack.create_key(name, **limits)["key"]
         stack.client(key).chat.completions.create(
             model="mock_chat", messages=[{"role": "user", "content": "hi"}]
         )

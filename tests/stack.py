@@ -87,17 +87,23 @@ class GatewayProcess:
         """The admin key's Authorization header, for raw HTTP calls."""
         return {"Authorization": f"Bearer {self.admin_key}"}
 
-    def user_headers(self) -> dict[str, str]:
-        """The Authorization header of a new user key with limits it will not reach: every
-        request then takes the whole Redis path (key lookup, admission, usage)."""
+    def create_key(self, name: str = "test", **spec: Any) -> dict[str, Any]:
+        """A new key made through the admin API (``spec``: role, limits, models...): the
+        answer of ``POST /admin/keys``, with its ``id`` and its ``key`` (the secret)."""
         created = httpx.post(
             self.base_url + "/admin/keys",
-            json={"name": "bench", "rpm": 10**9, "tpm": 10**12, "max_concurrency": 10**4},
+            json={"name": name, **spec},
             headers=self.headers,
             timeout=10,
         )
-        created.raise_for_status()
-        return {"Authorization": f"Bearer {created.json()['key']}"}
+        assert created.status_code == 201, created.text
+        return created.json()  # type: ignore[no-any-return]
+
+    def user_headers(self) -> dict[str, str]:
+        """The Authorization header of a new user key with limits it will not reach: every
+        request then takes the whole Redis path (key lookup, admission, usage)."""
+        key = self.create_key("bench", rpm=10**9, tpm=10**12, max_concurrency=10**4)["key"]
+        return {"Authorization": f"Bearer {key}"}
 
     def client(self, key: str | None = None) -> openai.OpenAI:
         """The official SDK against this gateway, with ``key`` (default: the admin key)."""

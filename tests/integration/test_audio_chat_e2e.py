@@ -8,7 +8,6 @@ import base64
 import time
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -114,9 +113,7 @@ def test_spoken_answer_and_a_reference_to_it(client: openai.OpenAI, stack: Gatew
     assert by_id.usage is not None and by_text.usage is not None
     assert by_id.usage.prompt_tokens == by_text.usage.prompt_tokens
     # Another key cannot read it.
-    created = httpx.post(
-        stack.base_url + "/admin/keys", json={"name": "other"}, headers=stack.headers
-    ).json()
+    created = stack.create_key("other")
     with pytest.raises(openai.BadRequestError) as refused:
         stack.client(created["key"]).chat.completions.create(
             model="mock_chat",

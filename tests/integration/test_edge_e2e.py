@@ -127,9 +127,7 @@ def test_every_metric_the_dashboard_queries_exists_after_traffic(stack: GatewayP
     with pytest.raises(openai.APIError, match="failure requested"):
         for _ in client.chat.completions.create(model="mock_chat", messages=failing, stream=True):
             pass
-    created = httpx.post(
-        stack.base_url + "/admin/keys", json={"name": "m", "rpm": 1}, headers=stack.headers
-    ).json()
+    created = stack.create_key("m", rpm=1)
     limited = stack.client(created["key"])
     limited.chat.completions.create(model="mock_chat", messages=hi)
     with pytest.raises(openai.RateLimitError):

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import httpx
 import openai
@@ -36,14 +35,6 @@ def replica(stack: GatewayProcess, redis_store: EmbeddedRedis) -> Iterator[Gatew
         assert gateway.stop() == 0, gateway.output()
 
 
-def create_key(stack: GatewayProcess, **spec: Any) -> dict[str, Any]:
-    response = httpx.post(
-        stack.base_url + "/admin/keys", json={"name": "e2e", **spec}, headers=stack.headers
-    )
-    assert response.status_code == 201, response.text
-    return response.json()  # type: ignore[no-any-return]
-
-
 def keys_cli(redis: EmbeddedRedis, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway", "keys", *args],
@@ -63,7 +54,7 @@ def test_each_auth_failure_is_the_sdks_exception(stack: GatewayProcess) -> None:
     assert missing.status_code == 401
     assert missing.json()["error"]["code"] == "invalid_api_key"
 
-    user = stack.client(create_key(stack, models=["mock_chat"])["key"])
+    user = stack.client(stack.create_key("e2e", models=["mock_chat"])["key"])
     with pytest.raises(openai.PermissionDeniedError):
         user.get(stack.base_url + "/admin/keys", cast_to=object)
     with pytest.raises(openai.PermissionDeniedError) as denied:
@@ -95,7 +86,7 @@ def test_the_keys_cli_creates_lists_and_revokes(
 def test_two_gateway_processes_enforce_one_combined_rpm(
     stack: GatewayProcess, replica: GatewayProcess
 ) -> None:
-    key = create_key(stack, rpm=6)["key"]
+    key = stack.create_key("e2e", rpm=6)["key"]
     body = {"model": "mock_chat", "messages": HI, "max_tokens": 2}
 
     def call(index: int) -> tuple[int, int]:
@@ -121,7 +112,7 @@ def test_two_gateway_processes_enforce_one_combined_rpm(
 def test_a_session_continues_on_another_process_and_stays_private(
     stack: GatewayProcess, replica: GatewayProcess
 ) -> None:
-    created = create_key(stack)
+    created = stack.create_key("e2e")
     session = {"X-Session-ID": f"e2e-{time.time_ns()}"}
     first = stack.client(created["key"]).chat.completions.create(
         model="mock_chat",
@@ -144,7 +135,7 @@ def test_a_session_continues_on_another_process_and_stays_private(
     assert stored["messages"][0]["content"] == "Remember the word marmalade."
     assert stored["messages"][1]["content"] == first.choices[0].message.content
 
-    other = stack.client(create_key(stack)["key"])
+    other = stack.client(stack.create_key("e2e")["key"])
     with pytest.raises(openai.NotFoundError):
         other.get(f"{stack.base_url}/v1/sessions/{session['X-Session-ID']}", cast_to=object)
 
@@ -161,7 +152,7 @@ def test_a_session_continues_on_another_process_and_stays_private(
 def test_redis_stopped_and_restarted_mid_test(
     stack: GatewayProcess, replica: GatewayProcess, redis_store: EmbeddedRedis
 ) -> None:
-    created = create_key(stack)
+    created = stack.create_key("e2e")
     session = {"X-Session-ID": f"outage-{time.time_ns()}"}
     client = stack.client(created["key"])
     client.chat.completions.create(model="mock_chat", messages=HI, extra_headers=session)

@@ -49,17 +49,6 @@ def microphone_browser(playwright: Playwright, question_wav: Path) -> Iterator[B
     chromium.close()
 
 
-def user_key(stack: GatewayProcess, **spec: object) -> str:
-    created = httpx.post(
-        stack.base_url + "/admin/keys",
-        headers=stack.headers,
-        json={"name": "playground-user", **spec},
-        timeout=10,
-    )
-    assert created.status_code == 201, created.text
-    return str(created.json()["key"])
-
-
 def chat(
     page: Page,
     model: str,
@@ -261,7 +250,7 @@ def test_a_wrong_key_and_a_refused_request_show_the_api_error(
         console.expect("status of 401")
 
     # A user key: no admin tab; over its rate limit, the chat shows the 429's message.
-    key = user_key(stack, rpm=1, models=["mock_chat"])
+    key = stack.create_key("playground-user", rpm=1, models=["mock_chat"])["key"]
     with playground(browser, stack.base_url, key) as (page, console):
         expect(page.get_by_test_id("whoami")).to_have_text("playground-user (user)")
         expect(page.get_by_test_id("tab-admin")).to_be_hidden()

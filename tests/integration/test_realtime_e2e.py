@@ -279,18 +279,11 @@ async def test_browser_form_of_the_key(stack: GatewayProcess) -> None:
         assert created["type"] == "session.created"
 
 
-def new_key(stack: GatewayProcess, **limits: Any) -> tuple[str, str]:
-    created = httpx.post(
-        stack.base_url + "/admin/keys", json={"name": "rt", **limits}, headers=stack.headers
-    )
-    created.raise_for_status()
-    return created.json()["id"], created.json()["key"]
-
-
 async def test_limits_and_usage_count_sessions_and_responses(
     stack: GatewayProcess, question: bytes
 ) -> None:
-    key_id, key = new_key(stack, rpm=2, max_concurrency=1)
+    created = stack.create_key("rt", rpm=2, max_concurrency=1)
+    key_id, key = created["id"], created["key"]
     async with connect(stack, key) as connection:
         # One session at a time for this key: a second is refused before the upgrade.
         with pytest.raises(websockets.exceptions.InvalidStatus) as refused:

@@ -125,19 +125,8 @@ def _ready(address: str) -> bool:
         return False
 
 
-def _new_key(stack: GatewayProcess, **limits: int) -> str:
-    created = httpx.post(
-        stack.base_url + "/admin/keys",
-        json={"name": "chaos", **limits},
-        headers=stack.headers,
-        timeout=10,
-    )
-    assert created.status_code == 201, created.text
-    return str(created.json()["key"])
-
-
 def test_redis_killed_comes_back_with_its_data_and_exact_limits(stack: GatewayProcess) -> None:
-    key = _new_key(stack, rpm=6)
+    key = stack.create_key("chaos", rpm=6)["key"]
     assert [_chat(stack, key).status_code for _ in range(2)] == [200, 200]
     [redis] = _pids_of(f"redis-server 127.0.0.1:{stack.redis_port}")
     os.kill(redis, signal.SIGKILL)
@@ -165,7 +154,7 @@ def test_triton_killed_mid_stream_comes_back_with_every_model(stack: GatewayProc
     stubs = {p: c for p, c in _children(triton).items() if "triton_python_backend_stub" in c}
     assert len(stubs) == 2, stubs  # mock_chat and e5_small
     time.sleep(2.5)  # the supervisor reads the models Triton has ready every 2 s
-    key = _new_key(stack)
+    key = stack.create_key("chaos")["key"]
     client = stack.client(key)
     stream = client.chat.completions.create(
         model="mock_chat",
