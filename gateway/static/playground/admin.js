@@ -2,7 +2,7 @@
 // secret shown once; revoke) and what each key used, all from the /admin API.
 
 import { call, callJson } from "./api.js";
-import { $, busy, clearError, el, showError } from "./ui.js";
+import { $, busy, clearError, el, optionalNumber, showError } from "./ui.js";
 
 let afterModelChange = async () => {};
 
@@ -85,11 +85,6 @@ async function showKeys() {
   $("admin-keys").tBodies[0].replaceChildren(...rows);
 }
 
-function optionalNumber(id) {
-  const value = $(id).value.trim();
-  return value === "" ? null : Number(value);
-}
-
 async function createKey() {
   const models = $("admin-key-models").value.split(",").map((m) => m.trim()).filter(Boolean);
   const spec = {
@@ -99,9 +94,8 @@ async function createKey() {
     tpm: optionalNumber("admin-key-tpm"),
     max_concurrency: optionalNumber("admin-key-concurrency"),
     models: models.length ? models : null,
+    expires_in_days: optionalNumber("admin-key-days"),
   };
-  const days = optionalNumber("admin-key-days");
-  if (days != null) spec.expires_in_days = days;
   const created = await callJson("/admin/keys", { method: "POST", json: spec });
   $("admin-new-key-value").textContent = created.key;
   $("admin-new-key").hidden = false;

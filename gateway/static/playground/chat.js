@@ -2,22 +2,13 @@
 // cancels the generation in Triton.
 
 import { call, events } from "./api.js";
-import { $, clearError, el, showError } from "./ui.js";
+import { $, clearError, message, optionalNumber, showError } from "./ui.js";
 
 let history = []; // the conversation this page keeps when no session id is given
 let controller = null;
 
 function bubble(role, text) {
-  const entry = el("div", "", { class: `message ${role}`, "data-role": role });
-  entry.append(el("span", role, { class: "who" }), el("span", text, { class: "text" }));
-  $("chat-output").append(entry);
-  entry.scrollIntoView({ block: "end" });
-  return entry.querySelector(".text");
-}
-
-function number(id) {
-  const value = $(id).value.trim();
-  return value === "" ? undefined : Number(value);
+  return message($("chat-output"), role, text);
 }
 
 async function send() {
@@ -39,8 +30,8 @@ async function send() {
     messages,
     stream: true,
     stream_options: { include_usage: true },
-    temperature: number("chat-temperature"),
-    max_tokens: number("chat-max-tokens"),
+    temperature: optionalNumber("chat-temperature"),
+    max_tokens: optionalNumber("chat-max-tokens"),
   };
   bubble("user", text);
   input.value = "";

@@ -33,6 +33,22 @@ export function el(tag, text = "", attributes = {}) {
   return element;
 }
 
+/** Appends a conversation entry (`role` above its text) to `log`, scrolled into view;
+ * returns the element of its text, for a reply that streams in. */
+export function message(log, role, text, tag = "div") {
+  const entry = el(tag, "", { class: `message ${role}`, "data-role": role });
+  entry.append(el("span", role, { class: "who" }), el("span", text, { class: "text" }));
+  log.append(entry);
+  entry.scrollIntoView({ block: "end" });
+  return entry.querySelector(".text");
+}
+
+/** An optional number field's value; undefined when empty (JSON.stringify leaves it out). */
+export function optionalNumber(id) {
+  const value = $(id).value.trim();
+  return value === "" ? undefined : Number(value);
+}
+
 /** Runs `task` with `button` disabled meanwhile. */
 export async function busy(button, task) {
   button.disabled = true;

@@ -3,18 +3,14 @@
 // pcm16 at 24 kHz; the gateway's server VAD ends each turn; answers play as they arrive.
 
 import { apiKey } from "./api.js";
-import { $, clearError, el, fromBase64, showError, toBase64 } from "./ui.js";
+import { $, clearError, fromBase64, message, showError, toBase64 } from "./ui.js";
 
 const RATE = 24000;
 
 let session = null;
 
 function log(role, text) {
-  const entry = el("li", "", { class: `message ${role}`, "data-role": role });
-  entry.append(el("span", role, { class: "who" }), el("span", text, { class: "text" }));
-  $("voice-log").append(entry);
-  entry.scrollIntoView({ block: "end" });
-  return entry.querySelector(".text");
+  return message($("voice-log"), role, text, "li");
 }
 
 function status(text) {
