@@ -121,16 +121,7 @@ def test_a_text_turn_answers_with_the_model_reply(realtime: TestClient) -> None:
         created = until(socket, "session.created")[-1]["session"]
         assert created["model"] == "fake-chat"
         assert created["audio"]["output"]["voice"] == "joe"
-        socket.send_json(
-            {
-                "type": "conversation.item.create",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Hi"}],
-                },
-            }
-        )
+        say_hi(socket)
         added = until(socket, "conversation.item.done")
         assert added[0]["type"] == "conversation.item.added"
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
@@ -144,16 +135,7 @@ def test_a_text_turn_answers_with_the_model_reply(realtime: TestClient) -> None:
 def test_truncate_keeps_the_sentences_heard(realtime: TestClient) -> None:
     with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
         until(socket, "session.created")
-        socket.send_json(
-            {
-                "type": "conversation.item.create",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Hi"}],
-                },
-            }
-        )
+        say_hi(socket)
         socket.send_json({"type": "response.create"})
         events = until(socket, "response.done")
         item = events[-1]["response"]["output"][0]
