@@ -78,6 +78,7 @@ async def _migrate(redis: Redis) -> asyncio.Task[None] | None:
 def _triton(settings: Settings, metrics: Metrics) -> Backend:
     """The client of the Triton server, or of the pool of servers, ``triton_url`` names."""
     from gateway.backend import pool
+    from gateway.backend.tokenizer import Tokenizers
     from gateway.backend.triton import TritonBackend
 
     def client(url: str) -> Backend:
@@ -86,7 +87,10 @@ def _triton(settings: Settings, metrics: Metrics) -> Backend:
             settings.triton_timeout_s,
             settings.triton_start_timeout_s,
             on_error=metrics.triton_error,
+            tokenizers=tokenizers,
         )
+
+    tokenizers = Tokenizers(settings.tokenizers)
 
     if not pool.is_pool(settings.triton_url):
         return client(settings.triton_url)
@@ -115,7 +119,12 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
         app.state.sessions = SessionStore(redis, settings.session_ttl_s)
         app.state.chat = ChatService(
-            active, catalog, settings.default_chat_template, app.state.sessions, metrics
+            active,
+            catalog,
+            settings.default_chat_template,
+            app.state.sessions,
+            metrics,
+            settings.default_max_tokens,
         )
         app.state.completions = CompletionService(active, catalog)
         app.state.responses = ResponsesService(

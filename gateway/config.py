@@ -16,8 +16,8 @@ from zxcvbn import zxcvbn
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-#: ChatML, used for chat models whose Triton config carries no ``chat_template`` parameter
-#: (a stock vLLM-backend model, say). Set ``GATEWAY_DEFAULT_CHAT_TEMPLATE`` to change it.
+#: ChatML. Not used unless an operator sets it as ``GATEWAY_DEFAULT_CHAT_TEMPLATE``: a model
+#: trained on another format (Llama 3, Mistral, Gemma) would get text it never saw.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -108,8 +108,20 @@ class Settings(BaseSettings):
     model_cache_ttl_s: float = Field(5.0, ge=0)
     """How long the model list read from Triton is reused before it is read again. An unknown
     model name always triggers a fresh read, so a newly loaded model is found at once."""
-    default_chat_template: str = CHATML_TEMPLATE
-    """Jinja chat template for chat models whose config has no ``chat_template``."""
+    tokenizers: dict[str, Path] = {}
+    """Hugging Face tokenizer files of models, mounted on the gateway: model name -> a
+    tokenizer directory or its ``tokenizer_config.json`` (JSON in the environment:
+    ``GATEWAY_TOKENIZERS='{"llama3": "/tokenizers/llama3"}'``). Their chat template and
+    ``bos_token`` / ``eos_token`` render the model's prompts (unless its config has a
+    ``chat_template``), and ``tokenizer.json`` counts tokens for models that report none."""
+    default_chat_template: str | None = None
+    """A Jinja chat template for chat models with none of their own (no ``chat_template``
+    parameter, no tokenizer). Unset: ``/v1/chat/completions`` refuses such a model with a
+    400 instead of guessing a format (``/v1/completions`` still serves it)."""
+    default_max_tokens: int = Field(1024, ge=1)
+    """``max_tokens`` sent for a request that sets none, to a model whose config gives
+    neither a ``default_max_tokens`` nor a ``context_length`` (engines have their own
+    default, vLLM's is 16 tokens, and TensorRT-LLM requires one)."""
     triton_timeout_s: float = Field(10.0, gt=0)
     """Timeout of Triton control calls (health, repository index, model config)."""
 

@@ -104,6 +104,15 @@ class ModelNotFoundError(NotFoundError):
         super().__init__(f"The model '{model}' does not exist", param="model")
 
 
+class ModelControlDisabledError(GatewayError):
+    """Triton runs with ``--model-control-mode`` none or poll: models cannot be loaded or
+    unloaded through its API (the repository decides), which is no outage."""
+
+    status_code = 409
+    type = "invalid_request_error"
+    code = "model_control_disabled"
+
+
 class PayloadTooLargeError(GatewayError):
     status_code = 413
     type = "invalid_request_error"

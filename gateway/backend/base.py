@@ -52,6 +52,40 @@ class ModelInfo:
     default first; empty: one kind of input."""
     max_batch_size: int = 0
     """Triton's ``max_batch_size``: the most items one request may carry (0: no batching)."""
+    profile: str = "custom"
+    """How the gateway talks to it (``vllm``, ``trtllm``, ``custom``; see
+    :mod:`gateway.backend.profiles`)."""
+    release: str = ""
+    """The release of its backend, as told from its config (vLLM, TensorRT-LLM)."""
+    takes: frozenset[str] = frozenset(
+        (
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "presence_penalty",
+            "frequency_penalty",
+            "logprobs",
+            "response_format",
+            "speed",
+            "language",
+            "prompt",
+        )
+    )
+    """The OpenAI request parameters the model honours; others are refused with a 400
+    unless they are in :attr:`ignores`."""
+    ignores: frozenset[str] = frozenset()
+    """Parameters the operator accepts without the model honouring them (``openai_ignore``)."""
+    default_max_tokens: int | None = None
+    """``max_tokens`` sent when the client sends none (``default_max_tokens`` parameter)."""
+    bos_token: str | None = None
+    eos_token: str | None = None
+    """Special tokens of its tokenizer, for chat templates that refer to them."""
+    counts_tokens: bool = True
+    """The model reports token counts; else the gateway counts (usage says estimated)."""
+    sample_rate: int | None = None
+    """Audio models: the rate of their sample tensors (``sample_rate`` parameter)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +164,8 @@ class GenerationChunk:
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
     """The tokens of ``text`` with their log probabilities, when they were asked for."""
+    estimated: bool = False
+    """A token count here was counted by the gateway (the model reports none)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +211,8 @@ class TranscriptionOptions:
     prompt: str | None = None
     temperature: float = 0.0
     word_timestamps: bool = False
+    file: bytes | None = None
+    """The uploaded file as it came, for models that take the encoded file."""
 
 
 class Backend(Protocol):

@@ -89,13 +89,20 @@ class Outputs:
 
     __slots__ = ("_outputs", "final")
 
-    def __init__(self, response: Any) -> None:
-        self.final: bool = response.parameters["triton_final_response"].bool_param
+    def __init__(self, response: Any, final: bool | None = None) -> None:
+        self.final: bool = (
+            response.parameters["triton_final_response"].bool_param if final is None else final
+        )
         # Triton sends every output's data in raw_output_contents, in the outputs' order.
         self._outputs = {
             t.name: (t, raw)
             for t, raw in zip(response.outputs, response.raw_output_contents, strict=True)
         }
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the response carries any output (the empty final one does not)."""
+        return bool(self._outputs)
 
     def _raw(self, name: str) -> bytes | None:
         found = self._outputs.get(name)
@@ -186,6 +193,13 @@ class StreamPool:
                 self._give_back(call)
             else:
                 call.cancel()  # the client went away or the request failed: stop the model
+
+    async def infer_once(self, message: Any, timeout_s: float | None = None) -> Outputs:
+        """One request to a model that sends one response (not decoupled), as a plain
+        call: a refusal then comes with its status code (``grpc.aio.AioRpcError``), where
+        an error on a stream carries its text only."""
+        response = await self._stub.ModelInfer(message, timeout=timeout_s)
+        return Outputs(response, final=True)
 
     async def close(self) -> None:
         for call in self._idle:

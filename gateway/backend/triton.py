@@ -1,10 +1,12 @@
 """The Triton implementation of :class:`gateway.backend.Backend`, over gRPC streaming.
 
-This is the only module that talks to Triton. Chat requests use the vLLM-backend tensors
-(see ``triton_repo/README.md``). Streamed requests go over ``ModelStreamInfer`` calls that
-are kept open and lent to one request at a time (:mod:`gateway.backend.grpc_streams`);
-cancelling the call cancels that request in Triton, which the model sees through
-``is_cancelled()``. Admin calls and embeddings use ``tritonclient.grpc.aio``.
+This is the only module that talks to Triton. Each model's requests are built, and its
+responses read, by the profile its config picks (:mod:`gateway.backend.profiles`: the vLLM
+backend of any release, TensorRT-LLM, or a model's own tensors). Inference goes over
+``ModelStreamInfer`` calls that are kept open and lent to one request at a time
+(:mod:`gateway.backend.grpc_streams`), decoupled model or not; cancelling the call cancels
+that request in Triton, which the model sees through ``is_cancelled()``. Admin calls use
+``tritonclient.grpc.aio``.
 
 Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
 DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the client
@@ -16,7 +18,6 @@ carrying the model's message.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -37,39 +38,19 @@ from gateway.backend.base import (
     RepositoryModel,
     SamplingOptions,
     Segment,
-    TokenLogprob,
-    TopLogprob,
     TranscriptionOptions,
-    Word,
 )
+from gateway.backend.profiles import Contract, ModelConfig, contract_for
+from gateway.backend.tokenizer import Tokenizers
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
     GatewayError,
     InvalidRequestError,
+    ModelControlDisabledError,
     ModelNotFoundError,
 )
-
-_CHAT_INPUTS = {"text_input", "sampling_parameters"}
-
-# The switches are the same on every chat request, so they are built once.
-_STREAM = {True: streams.flag("stream", True), False: streams.flag("stream", False)}
-_LOGPROBS = streams.flag("return_logprobs", True)
-_SWITCHES = [
-    streams.flag(name, True)
-    for name in (
-        "exclude_input_in_output",
-        "return_finish_reason",
-        "return_num_input_tokens",
-        "return_num_output_tokens",
-    )
-]
-
-
-def _string(outputs: streams.Outputs, name: str) -> str:
-    value = outputs.first_bytes(name)
-    return value.decode("utf-8") if value is not None else ""
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
@@ -85,14 +66,19 @@ def _status_error(code: str, message: str, model: str | None = None) -> GatewayE
     return BackendError(f"Triton error ({code}): {message}")
 
 
-#: How vLLM (and the models here, which copy its wording) refuse a prompt too long for the
-#: context; errors on a stream carry no status code, so the message is the only sign.
-_CONTEXT_EXCEEDED = "maximum context length"
+#: How engines refuse a prompt too long for the context: vLLM's OpenAI server (and the models
+#: here, which copy its wording), and vLLM's engine behind Triton's vLLM backend (25.05+).
+#: Errors on a stream carry no status code, so the message is the only sign.
+_CONTEXT_EXCEEDED = ("maximum context length", "longer than the maximum model length")
+#: How Triton refuses load/unload when it was not started with --model-control-mode=explicit
+#: (polling: "... not allowed if polling is enabled"; none: "... not allowed"). Its status
+#: code (UNAVAILABLE) would read as an outage.
+_CONTROL_DISABLED = ("explicit model load / unload is not allowed",)
 
 
 def _model_error(model: str, message: str) -> GatewayError:
     """An error response of a model on a stream."""
-    if _CONTEXT_EXCEEDED in message:
+    if any(sign in message for sign in _CONTEXT_EXCEEDED):
         return InvalidRequestError(message, code="context_length_exceeded")
     return BackendError(f"Model '{model}' failed: {message}")
 
@@ -102,104 +88,39 @@ def _from_client_error(exc: InferenceServerException, model: str | None = None) 
     return _status_error(status.removeprefix("StatusCode."), exc.message() or str(exc), model)
 
 
+def _check_control(exc: InferenceServerException) -> None:
+    message = exc.message() or str(exc)
+    if any(sign in message for sign in _CONTROL_DISABLED):
+        raise ModelControlDisabledError(
+            "This Triton server does not let models be loaded or unloaded through its API "
+            "(it was not started with --model-control-mode=explicit). Change its model "
+            f"repository instead. Triton said: {message}"
+        ) from exc
+
+
 def _from_rpc_error(exc: grpc.aio.AioRpcError, model: str | None = None) -> GatewayError:
     return _status_error(exc.code().name, exc.details() or "", model)
 
 
-def _parameters(config: dict[str, Any]) -> dict[str, str]:
-    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+def model_info_from_config(
+    name: str,
+    config: dict[str, Any],
+    configs: dict[str, ModelConfig] | None = None,
+    tokenizers: Tokenizers | None = None,
+) -> ModelInfo:
+    """What a model serves and takes, read from its config (Triton's JSON form) by its
+    profile; a model no profile serves (an ensemble's step) has no task."""
+    contract = _contract(ModelConfig.from_json(name, config), configs, tokenizers)
+    return contract.info() if contract is not None else ModelInfo(name, None, True)
 
 
-#: What a stock vLLM-backend model (``backend: "vllm"``) enforces when its config says
-#: nothing: every kind of vLLM's structured outputs.
-_VLLM_CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
-
-
-def model_info_from_config(name: str, config: dict[str, Any]) -> ModelInfo:
-    """Reads the OpenAI task and the chat capabilities from a model's config.
-
-    A model without an ``openai_task`` parameter whose inputs are the vLLM backend's is a
-    chat model, so a stock vLLM Triton is served without editing its configs; one whose
-    backend is ``vllm`` enforces structured outputs unless its config says otherwise. A
-    model reports log probabilities when its config has the ``logprobs`` output."""
-    params = _parameters(config)
-    task = params.get("openai_task") or None
-    inputs = {i.get("name") for i in config.get("input", [])}
-    outputs = {o.get("name") for o in config.get("output", [])}
-    if task is None and inputs >= _CHAT_INPUTS:
-        task = "chat"
-    context = params.get("context_length") or params.get("max_model_len")
-    max_logprobs = params.get("max_logprobs", "")
-
-    def names(key: str) -> tuple[str, ...]:
-        return tuple(v.strip() for v in params.get(key, "").split(",") if v.strip())
-
-    constraints = names("structured_outputs")
-    if "structured_outputs" not in params and config.get("backend") == "vllm":
-        constraints = _VLLM_CONSTRAINTS
-    return ModelInfo(
-        name=name,
-        task=task,
-        ready=True,
-        chat_template=params.get("chat_template") or None,
-        context_length=_integer(context),
-        voices=names("voices"),
-        languages=names("languages"),
-        tool_call_parser=params.get("tool_call_parser") or None,
-        structured_outputs=constraints,
-        structured_outputs_key=params.get("structured_outputs_key") or "structured_outputs",
-        logprobs="logprobs" in outputs and "return_logprobs" in inputs,
-        max_logprobs=int(max_logprobs) if max_logprobs.isdigit() else 20,
-        dimensions=_integer(params.get("dimensions")),
-        max_input_tokens=_integer(params.get("max_input_tokens")),
-        matryoshka=params.get("matryoshka", "").lower() == "true",
-        input_types=_input_types(params),
-        max_batch_size=int(config.get("max_batch_size") or 0),
-    )
-
-
-def _integer(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
-
-
-def _input_types(params: dict[str, str]) -> tuple[str, ...]:
-    """``input_types`` of an embedding model, its ``default_input_type`` first."""
-    kinds = [v.strip() for v in params.get("input_types", "").split(",") if v.strip()]
-    default = params.get("default_input_type", "").strip()
-    if default in kinds:
-        kinds.remove(default)
-        kinds.insert(0, default)
-    return tuple(kinds)
-
-
-def _logprobs(outputs: streams.Outputs) -> tuple[TokenLogprob, ...]:
-    """The ``logprobs`` output of Triton's vLLM backend: JSON, a list with one object per new
-    token mapping token ids to ``{"logprob", "rank", "decoded_token"}``; the sampled token
-    comes first (vLLM's order), the alternatives by rank."""
-    raw = outputs.first_bytes("logprobs")
-    if not raw:
-        return ()
-    positions = json.loads(raw)
-    tokens = []
-    for position in positions or ():
-        entries = list(position.values())
-        if not entries:
-            continue
-        chosen = entries[0]
-        ranked = sorted(
-            {e["rank"]: e for e in entries if e.get("rank") is not None}.values(),
-            key=lambda e: e["rank"],
-        )
-        tokens.append(
-            TokenLogprob(
-                token=chosen.get("decoded_token") or "",
-                logprob=float(chosen["logprob"]),
-                top=tuple(
-                    TopLogprob(e.get("decoded_token") or "", float(e["logprob"])) for e in ranked
-                ),
-            )
-        )
-    return tuple(tokens)
+def _contract(
+    config: ModelConfig,
+    configs: dict[str, ModelConfig] | None,
+    tokenizers: Tokenizers | None,
+) -> Contract | None:
+    tokenizer = tokenizers.get(config.name) if tokenizers is not None else None
+    return contract_for(config, configs, tokenizer)
 
 
 class TritonBackend:
@@ -211,8 +132,12 @@ class TritonBackend:
         timeout_s: float = 10.0,
         load_timeout_s: float = 300.0,
         on_error: Callable[[str, str | None], None] | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
-        """``on_error(model, code)`` hears of every failed inference (for metrics)."""
+        """``on_error(model, code)`` hears of every failed inference (for metrics);
+        ``tokenizers`` are the models' tokenizer files (templates, token counts)."""
+        self.tokenizers = tokenizers or Tokenizers()
+        self._contracts: dict[str, Contract] = {}
         self.url = url
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
@@ -255,6 +180,7 @@ class TritonBackend:
         try:
             await self.client.load_model(name, client_timeout=self.load_timeout_s)
         except InferenceServerException as exc:
+            _check_control(exc)
             error = _from_client_error(exc, name)
             if not isinstance(error, BackendUnavailableError | BackendTimeoutError):
                 error = BackendError(
@@ -268,6 +194,7 @@ class TritonBackend:
         try:
             await self.client.unload_model(name, client_timeout=self.load_timeout_s)
         except InferenceServerException as exc:
+            _check_control(exc)
             raise _from_client_error(exc, name) from exc
         # Triton answers while the model is still UNLOADING (its requests in flight finish
         # first); wait a little for the end, so the answer shows where it landed.
@@ -281,29 +208,54 @@ class TritonBackend:
     async def models(self) -> list[ModelInfo]:
         entries = await self._index()
         ready = [e["name"] for e in entries if e.get("state") == "READY"]
-        configs = await asyncio.gather(*(self._config(name) for name in ready))
-        infos = {info.name: info for info in configs if info is not None}
+        read = await asyncio.gather(*(self._read_config(name) for name in ready))
+        configs = {c.name: c for c in read if c is not None}
+        # Profiles are picked with every config at hand: an ensemble's steps tell its kind.
+        self._contracts = {
+            name: contract
+            for name, config in configs.items()
+            if (contract := _contract(config, configs, self.tokenizers)) is not None
+        }
+        infos = {name: c.info() for name, c in self._contracts.items()}
         for entry in entries:
-            infos.setdefault(entry["name"], ModelInfo(name=entry["name"], task=None, ready=False))
+            ready_without_task = entry["name"] in configs
+            infos.setdefault(
+                entry["name"], ModelInfo(entry["name"], None, ready=ready_without_task)
+            )
         return sorted(infos.values(), key=lambda info: info.name)
 
-    async def _config(self, name: str) -> ModelInfo | None:
+    async def _read_config(self, name: str) -> ModelConfig | None:
         try:
             reply = await self.client.get_model_config(
                 name, as_json=True, client_timeout=self.timeout_s
             )
         except InferenceServerException:
             return None  # unloaded between the index and this call
-        return model_info_from_config(name, reply.get("config", {}))
+        return ModelConfig.from_json(name, reply.get("config", {}))
+
+    async def contract(self, model: str) -> Contract:
+        """How to talk to ``model``: from the last model list, or read now."""
+        found = self._contracts.get(model)
+        if found is None:
+            await self.models()
+            found = self._contracts.get(model)
+        if found is None:
+            raise ModelNotFoundError(model)
+        return found
 
     async def _stream(
-        self, model: str, inputs: list[streams.Input]
+        self, model: str, inputs: list[streams.Input], decoupled: bool = True
     ) -> AsyncGenerator[streams.Outputs, None]:
-        """One request on a kept gRPC stream: yields each response's outputs up to the final
-        one. Leaving early cancels the request in Triton."""
+        """One request: yields each response's outputs up to the final one. A decoupled
+        model's goes on a kept gRPC stream, another's is one plain call. Leaving early
+        cancels the request in Triton."""
         answered = False
+        message = streams.request(model, inputs)
         try:
-            async with aclosing(self.streams.infer(streams.request(model, inputs))) as results:
+            if not decoupled:
+                yield await self.streams.infer_once(message)
+                return
+            async with aclosing(self.streams.infer(message)) as results:
                 async for outputs in results:
                     answered = True
                     yield outputs
@@ -330,108 +282,67 @@ class TritonBackend:
     async def generate(
         self, model: str, prompt: str, options: SamplingOptions, stream: bool
     ) -> AsyncGenerator[GenerationChunk, None]:
-        async with aclosing(
-            self._stream(model, self._chat_inputs(prompt, options, stream))
-        ) as results:
-            async for result in results:
-                yield self._chunk(result, options.logprobs is not None)
+        contract = await self.contract(model)
+        inputs, rules = contract.generate(prompt, options, stream)
+        reader = contract.reader(prompt, rules)
+        async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
+            async for outputs in results:
+                chunk = reader.read(outputs)
+                if chunk is not None:
+                    yield chunk
+                if reader.done:
+                    break  # a stop string the gateway cut at: leaving cancels the request
+        yield reader.finish()
 
     async def synthesize(
         self, model: str, text: str, voice: str, speed: float
     ) -> AsyncGenerator[AudioChunk, None]:
-        inputs = [
-            streams.text("text", text),
-            streams.text("voice", voice),
-            streams.array("speed", np.array([speed]), "FP32"),
-        ]
-        async with aclosing(self._stream(model, inputs)) as results:
+        contract = await self.contract(model)
+        inputs = contract.synthesize(text, voice, speed)
+        async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
             async for outputs in results:
-                samples = outputs.array("audio")
-                rate = outputs.first_number("sample_rate")
-                if samples is not None and rate is not None and samples.size:
-                    yield AudioChunk(samples.reshape(-1), int(rate))
+                chunk = contract.audio(outputs)
+                if chunk is not None:
+                    yield chunk
 
     async def transcribe(
         self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
     ) -> AsyncGenerator[Segment, None]:
-        inputs = [
-            streams.array("audio", audio.reshape(-1), "FP32"),
-            streams.array("temperature", np.array([options.temperature]), "FP32"),
-            streams.flag("word_timestamps", options.word_timestamps),
-        ]
-        if options.language:
-            inputs.append(streams.text("language", options.language))
-        if options.prompt:
-            inputs.append(streams.text("prompt", options.prompt))
-        async with aclosing(self._stream(model, inputs)) as results:
+        contract = await self.contract(model)
+        inputs = contract.transcribe(audio, options)
+        duration = audio.size / 16_000
+        async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
             async for outputs in results:
-                text = outputs.first_bytes("text")
-                if text is None:
-                    continue  # the empty final response
-
-                def number(name: str, outputs: streams.Outputs = outputs) -> float:
-                    return outputs.first_number(name) or 0.0
-
-                words = json.loads(_string(outputs, "words") or "[]")
-                yield Segment(
-                    text=text.decode("utf-8"),
-                    start=number("start"),
-                    end=number("end"),
-                    words=tuple(Word(w["word"], w["start"], w["end"]) for w in words),
-                    avg_logprob=number("avg_logprob"),
-                    no_speech_prob=number("no_speech_prob"),
-                    language=_string(outputs, "language"),
-                )
+                segment = contract.segment(outputs, duration)
+                if segment is not None:
+                    yield segment
 
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
-        count = len(texts)
-        encoded = np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)
-        item = triton_grpc.InferInput("text_input", [count, 1], "BYTES")
-        item.set_data_from_numpy(encoded)
-        inputs = [item]
-        if input_type is not None:
-            kinds = triton_grpc.InferInput("input_type", [count, 1], "BYTES")
-            kinds.set_data_from_numpy(np.full((count, 1), input_type.encode(), dtype=np.object_))
-            inputs.append(kinds)
-        try:
-            result = await self.client.infer(model, inputs, client_timeout=self.timeout_s)
-        except InferenceServerException as exc:
-            raise self._failed(model, _from_client_error(exc, model)) from exc
-        vectors = result.as_numpy("embedding")
-        tokens = result.as_numpy("num_input_tokens")
-        if vectors is None or tokens is None:
-            raise self._failed(model, BackendError(f"Model '{model}' sent no embedding."))
+        contract = await self.contract(model)
+        requests = contract.embed(texts, input_type)
+
+        async def answer(inputs: list[streams.Input]) -> streams.Outputs:
+            last = None
+            async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
+                async for outputs in results:
+                    if outputs.has_data:
+                        last = outputs
+            if last is None:
+                raise self._failed(model, BackendError(f"Model '{model}' sent no embedding."))
+            return last
+
+        replies = await asyncio.gather(*(answer(inputs) for inputs in requests))
+        vectors, tokens = contract.embeddings(list(replies))
+        if len(vectors) != len(texts):
+            raise self._failed(
+                model,
+                BackendError(f"Model '{model}' sent {len(vectors)} vectors for {len(texts)}."),
+            )
+        if not contract.counts_tokens() or not any(tokens):
+            tokens = [contract.count(text) for text in texts]
         return Embeddings(
-            vectors=vectors.astype(np.float32, copy=False).reshape(count, -1),
-            tokens=tuple(int(t) for t in tokens.reshape(-1)),
-        )
-
-    @staticmethod
-    def _chat_inputs(prompt: str, options: SamplingOptions, stream: bool) -> list[streams.Input]:
-        inputs = [
-            streams.text("text_input", prompt),
-            _STREAM[stream],
-            streams.text("sampling_parameters", options.to_json()),
-            *_SWITCHES,
-        ]
-        if options.logprobs is not None:
-            inputs.append(_LOGPROBS)
-        return inputs
-
-    @staticmethod
-    def _chunk(outputs: streams.Outputs, logprobs: bool) -> GenerationChunk:
-        text = outputs.first_bytes("text_output")
-        reason = outputs.first_bytes("finish_reason")
-        prompt_tokens = outputs.first_number("num_input_tokens")
-        output_tokens = outputs.first_number("num_output_tokens")
-        return GenerationChunk(
-            text=text.decode("utf-8", errors="replace") if text else "",
-            # vLLM sends the string "None" until the sequence finishes.
-            finish_reason=reason.decode("utf-8") if reason and reason != b"None" else None,
-            prompt_tokens=int(prompt_tokens) if prompt_tokens is not None else None,
-            completion_tokens=int(output_tokens) if output_tokens is not None else 0,
-            # Looked up only when asked for: this runs once per token.
-            logprobs=_logprobs(outputs) if logprobs else (),
+            vectors=np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1),
+            tokens=tuple(tokens),
         )
 
     async def close(self) -> None:

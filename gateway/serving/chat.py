@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.backend import Backend, ModelInfo, SamplingOptions, TokenLogprob
+from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
 from gateway.serving import generation
@@ -96,6 +97,56 @@ def sampling_options(request: SamplingRequest, max_tokens: int | None = None) ->
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
     )
+
+
+#: SamplingOptions fields a model may not take (see ``ModelInfo.takes``).
+_OPTION_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+def fit_to_model(
+    model: ModelInfo, options: SamplingOptions, params: dict[str, str] | None = None
+) -> SamplingOptions:
+    """``options`` as the model can take them: a parameter the client set that the model
+    cannot take is a 400 naming it (``params`` maps a field to the request's name for it),
+    unless the operator lists it in the model's ``openai_ignore``, when it is left out."""
+    dropped: dict[str, Any] = {}
+    for name in _OPTION_FIELDS:
+        value = getattr(options, name)
+        if value is None or value == [] or name in model.takes:
+            continue
+        if name not in model.ignores:
+            param = (params or {}).get(name, name)
+            raise InvalidRequestError(
+                f"The model '{model.name}' does not take '{param}' (its Triton config has "
+                f"no input for it; it takes: {', '.join(sorted(model.takes)) or 'none'}). "
+                "Leave it out, or ask the operator to list it in the model's openai_ignore.",
+                param=param,
+                code="unsupported_parameter",
+            )
+        dropped[name] = [] if name == "stop" else None
+    return replace(options, **dropped) if dropped else options
+
+
+def with_max_tokens(
+    model: ModelInfo, options: SamplingOptions, prompt: str, fallback: int
+) -> SamplingOptions:
+    """Always a ``max_tokens`` for a model that takes one (engines' own defaults are tiny,
+    vLLM's 16 tokens, or absent): the client's, else the model's ``default_max_tokens``,
+    else what fits its context after the prompt (estimated), else ``fallback``."""
+    if options.max_tokens is not None or "max_tokens" not in model.takes:
+        return options
+    chosen = model.default_max_tokens
+    if chosen is None and model.context_length:
+        chosen = max(model.context_length - estimate_tokens(prompt), 1)
+    return replace(options, max_tokens=chosen or fallback)
 
 
 def check_max_tokens(model: ModelInfo, max_tokens: int | None, param: str) -> None:
@@ -247,15 +298,17 @@ class ChatService:
         self,
         backend: Backend,
         catalog: ModelCatalog,
-        default_template: str,
+        default_template: str | None = None,
         sessions: SessionStore | None = None,
         metrics: Metrics | None = None,
+        default_max_tokens: int = 1024,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.default_template = default_template
         self.sessions = sessions
         self.metrics = metrics
+        self.default_max_tokens = default_max_tokens
 
     async def prepare(
         self,
@@ -270,6 +323,16 @@ class ChatService:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
         model = await self.catalog.get(request.model, "chat")
+        template = model.chat_template or self.default_template
+        if template is None:
+            raise InvalidRequestError(
+                f"The model '{model.name}' has no chat template, so chat messages cannot be "
+                "turned into its prompt. The operator can give it one (a chat_template "
+                "parameter in its Triton config, or its tokenizer in GATEWAY_TOKENIZERS); "
+                "/v1/completions takes a raw prompt meanwhile.",
+                param="model",
+                code="chat_template_missing",
+            )
         max_tokens = request.max_completion_tokens or request.max_tokens
         param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
         check_max_tokens(model, max_tokens, param)
@@ -285,7 +348,7 @@ class ChatService:
                 param="response_format",
             )
         options = replace(
-            sampling_options(request, max_tokens),
+            fit_to_model(model, sampling_options(request, max_tokens), {"max_tokens": param}),
             logprobs=top,
             constraint=tools.constraint or formatted,
             constraint_key=model.structured_outputs_key,
@@ -303,11 +366,14 @@ class ChatService:
             session = plan(stored, messages, model.context_length, max_tokens)
             messages = session.messages
         prompt = render_chat(
-            model.chat_template or self.default_template,
+            template,
             for_template(messages),
             tools=tools.template_tools,
+            bos_token=model.bos_token or "",
+            eos_token=model.eos_token or "",
         )
         check_prompt(model, prompt, max_tokens, "messages")
+        options = with_max_tokens(model, options, prompt, self.default_max_tokens)
         return PreparedChat(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time()),

@@ -22,7 +22,13 @@ from gateway.backend import Backend, SamplingOptions, TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog
-from gateway.serving.chat import check_max_tokens, check_prompt, logprob_options, sampling_options
+from gateway.serving.chat import (
+    check_max_tokens,
+    check_prompt,
+    fit_to_model,
+    logprob_options,
+    sampling_options,
+)
 from gateway.serving.protocol import (
     Completion,
     CompletionChoice,
@@ -80,8 +86,13 @@ class CompletionService:
         top = logprob_options(
             model, request.logprobs is not None, request.logprobs, "logprobs", "logprobs"
         )
+        # OpenAI's default of 16 tokens is the API's, not the client's: a model that takes
+        # no max_tokens serves a request that did not set it.
+        max_tokens = request.max_tokens
+        if "max_tokens" not in request.model_fields_set and "max_tokens" not in model.takes:
+            max_tokens = None
         options = replace(
-            sampling_options(request, request.max_tokens),
+            fit_to_model(model, sampling_options(request, max_tokens)),
             logprobs=top,
             constraint=response_constraint(request.response_format, model),
             constraint_key=model.structured_outputs_key,

@@ -62,6 +62,8 @@ class Tally:
         self.completion_tokens = 0
         self.finish_reasons: dict[int, str] = {}
         """Each choice's finish reason, once it has one."""
+        self.estimated = False
+        """A count came from the gateway, not the model (see ``GenerationChunk``)."""
         self._prompts_seen: set[str] = set()
 
     def add(self, index: int, chunk: GenerationChunk) -> None:
@@ -75,12 +77,14 @@ class Tally:
             self.meter.add_tokens(0, chunk.completion_tokens)
         if chunk.finish_reason:
             self.finish_reasons[index] = chunk.finish_reason
+        self.estimated = self.estimated or chunk.estimated
 
     def usage(self) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
+            estimated=self.estimated or None,
         )
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 
 class InputAudio(BaseModel):
@@ -262,6 +269,17 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    estimated: bool | None = None
+    """True when a count was made by the gateway, because the model reports none (with the
+    model's tokenizer, or at four bytes a token without one): an extension field, left out
+    when the counts are the model's own."""
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("estimated") is None:
+            data.pop("estimated", None)
+        return data
 
 
 class ChatCompletionChoice(BaseModel):
@@ -334,6 +352,16 @@ class Model(BaseModel):
     """Embedding models: the length of their vectors."""
     voices: list[str] | None = None
     """Speech models: their own voice names (OpenAI's names map onto the first)."""
+    profile: str | None = None
+    """How the gateway talks to it: ``vllm``, ``trtllm`` or ``custom`` (extension)."""
+    backend_release: str | None = None
+    """The release of its backend, as read from its config (vLLM, TensorRT-LLM)."""
+    parameters: list[str] | None = None
+    """The OpenAI request parameters it honours; others are refused with a 400, except
+    those in ``ignored_parameters`` (accepted, not honoured)."""
+    ignored_parameters: list[str] | None = None
+    chat_template: bool | None = None
+    """Chat models: whether it has a chat template (without one, only /v1/completions)."""
 
 
 class ModelList(BaseModel):

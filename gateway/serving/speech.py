@@ -57,11 +57,21 @@ class SpeechService:
 
     async def prepare(self, request: SpeechRequest) -> PreparedSpeech:
         model = await self.catalog.get(request.model, "speech")
+        speed = request.speed
+        if speed != 1.0 and "speed" not in model.takes:
+            if "speed" not in model.ignores:
+                raise InvalidRequestError(
+                    f"The model '{model.name}' speaks at one speed (its Triton config has no "
+                    "speed input): leave speed at 1.0.",
+                    param="speed",
+                    code="unsupported_parameter",
+                )
+            speed = 1.0
         return PreparedSpeech(
             model=request.model,
             text=request.input,
             voice=resolve_voice(request.voice, model.voices),
-            speed=request.speed,
+            speed=speed,
             response_format=request.response_format,
             sse=request.stream_format == "sse",
         )

@@ -8,6 +8,7 @@ chat templates (``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``tojso
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
 
@@ -26,6 +27,11 @@ def _raise_exception(message: str) -> NoReturn:
     raise TemplateRejected(message)
 
 
+def _strftime_now(format: str) -> str:
+    """The current date, as Hugging Face templates ask for it (Llama 3.2's)."""
+    return datetime.now().strftime(format)
+
+
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
@@ -34,6 +40,7 @@ _ENV = ImmutableSandboxedEnvironment(
     trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols], autoescape=False
 )
 _ENV.globals["raise_exception"] = _raise_exception
+_ENV.globals["strftime_now"] = _strftime_now
 _ENV.filters["tojson"] = _tojson
 
 
@@ -43,7 +50,8 @@ def _compile(source: str) -> Any:
 
 
 def render_chat(template: str, messages: list[dict[str, str]], **extra: Any) -> str:
-    """Renders ``messages`` (``role``/``content`` dicts) with a generation prompt.
+    """Renders ``messages`` (``role``/``content`` dicts) with a generation prompt;
+    ``extra`` are further template variables (``tools``, ``bos_token``, ``eos_token``).
 
     A conversation the template rejects is the client's error (400); a template that fails
     otherwise is the operator's (500)."""

@@ -132,6 +132,24 @@ class TranscriptionService:
                 param="language",
                 code="unsupported_language",
             )
+        asked: dict[str, object] = {
+            "language": language,
+            "prompt": prompt,
+            "temperature": temperature or None,
+        }
+        for name, value in list(asked.items()):
+            if value and name not in info.takes:
+                if name not in info.ignores:
+                    raise InvalidRequestError(
+                        f"The model '{model}' does not take '{name}' (its Triton config has "
+                        "no input for it).",
+                        param=name,
+                        code="unsupported_parameter",
+                    )
+                asked[name] = None
+        language = str(asked["language"]) if asked["language"] else None
+        prompt = str(asked["prompt"]) if asked["prompt"] else None
+        temperature = temperature if asked["temperature"] else 0.0
         if granularities and response_format != "verbose_json":
             raise InvalidRequestError(
                 "timestamp_granularities[] requires response_format 'verbose_json'.",
@@ -153,6 +171,7 @@ class TranscriptionService:
                 prompt=prompt or None,
                 temperature=temperature,
                 word_timestamps="word" in chosen,
+                file=upload,
             ),
             response_format=response_format,
             granularities=chosen,

@@ -260,7 +260,7 @@ async def gateway_rows(stack: GatewayProcess, scale: float) -> list[str]:
         print(*rows[-2:], sep="\n", flush=True)
         rows.append(await storage_row(http, int(200 * scale)))
         print(rows[-1], flush=True)
-        slow = [{"role": "user", "content": "[mock:delay_ms=5] hello"}]
+        slow = [{"role": "user", "content": "[mock:delay_ms=5] [mock:words=32] hello"}]
         rows.append(await n_rows(http, "mock_chat", {"messages": slow, "max_tokens": 32}, rounds))
         print(rows[-1], flush=True)
         story = [{"role": "user", "content": "Write a short story about a dragon."}]

@@ -34,8 +34,12 @@ import tritonclient.grpc.aio as triton_grpc
 from tests.smollm2 import weights_path
 from tests.stack import GatewayProcess
 
-MESSAGES = [{"role": "user", "content": "Tell me about the quick brown fox."}]
-PROMPT = "<|im_start|>user\nTell me about the quick brown fox.<|im_end|>\n<|im_start|>assistant\n"
+# mock_chat answers as many words as the directive says (max_tokens caps them).
+MESSAGES = [{"role": "user", "content": "[mock:words=100000] Tell me about the quick brown fox."}]
+PROMPT = (
+    "<|im_start|>user\n[mock:words=100000] Tell me about the quick brown fox.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 
 
 @dataclass

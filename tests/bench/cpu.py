@@ -43,7 +43,8 @@ from tests.bench.chat import direct_call
 from tests.stack import GatewayProcess
 
 TICK = os.sysconf("SC_CLK_TCK")
-MESSAGES = [{"role": "user", "content": "Tell me about the quick brown fox."}]
+# mock_chat answers as many words as the directive says (max_tokens caps them).
+MESSAGES = [{"role": "user", "content": "[mock:words=100000] Tell me about the quick brown fox."}]
 
 
 def cpu_seconds(pid: int) -> float:

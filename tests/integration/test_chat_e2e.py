@@ -171,7 +171,7 @@ def test_disconnect_mid_stream_stops_generation(stack: GatewayProcess) -> None:
         "model": "mock_chat",
         "stream": True,
         "max_tokens": 2000,
-        "messages": [{"role": "user", "content": "[mock:delay_ms=20]"}],
+        "messages": [{"role": "user", "content": "[mock:delay_ms=20] [mock:words=2000]"}],
     }
     # 2000 tokens at 20 ms would take 40 s; read three chunks, then hang up.
     with (
@@ -197,7 +197,7 @@ async def test_concurrent_streams_each_get_their_own_answer(aclient: openai.Asyn
     async def one(n: int) -> tuple[int, str]:
         stream = await aclient.chat.completions.create(
             model="mock_chat",
-            messages=[{"role": "user", "content": f"request {n}"}],
+            messages=[{"role": "user", "content": f"[mock:words=16] request {n}"}],
             max_tokens=n,
             stream=True,
         )
@@ -214,7 +214,7 @@ def test_client_timeout_on_a_plain_request_stops_generation(stack: GatewayProces
     body = {
         "model": "mock_chat",
         "max_tokens": 2000,
-        "messages": [{"role": "user", "content": "[mock:delay_ms=20]"}],
+        "messages": [{"role": "user", "content": "[mock:delay_ms=20] [mock:words=2000]"}],
     }
     # A non-streaming request that would take 40 s; the client gives up after 0.5 s.
     with pytest.raises(httpx.ReadTimeout):

@@ -109,7 +109,7 @@ def test_chat_streams_the_reply_and_stop_cancels_the_generation(
 
         # A generation of 2000 tokens at 20 ms each, stopped after a few words.
         before = generated_tokens(stack, "mock_chat")
-        chat(page, "mock_chat", "[mock:delay_ms=20] go on", max_tokens=2000)
+        chat(page, "mock_chat", "[mock:delay_ms=20] [mock:words=2000] go on", max_tokens=2000)
         expect(page.locator('[data-testid="chat-output"] .assistant').last).to_contain_text("brown")
         page.get_by_test_id("chat-stop").click()
         expect(page.get_by_test_id("chat-status")).to_have_text("stopped")

@@ -197,7 +197,7 @@ async def test_speech_during_an_answer_cancels_it(stack: GatewayProcess, questio
     # mock_chat, slowed down, answers for as long as it is let (a real model may finish
     # before the user speaks).
     async with connect(stack, model="mock_chat") as connection:
-        await ask(connection, "[mock:delay_ms=40] Talk.", max_tokens=400)
+        await ask(connection, "[mock:delay_ms=40] [mock:words=400] Talk.", max_tokens=400)
         await events_until(connection, "response.output_audio.delta")
         await send_audio(connection, silence(0.3) + question)
         events = await events_until(connection, "response.done")

@@ -158,7 +158,7 @@ def test_triton_killed_mid_stream_comes_back_with_every_model(stack: GatewayProc
     client = stack.client(key)
     stream = client.chat.completions.create(
         model="mock_chat",
-        messages=[{"role": "user", "content": "[mock:delay_ms=50] a long answer"}],
+        messages=[{"role": "user", "content": "[mock:delay_ms=50] [mock:words=200] a long answer"}],
         max_tokens=200,
         stream=True,
     )
@@ -216,7 +216,9 @@ def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signa
         pieces, finished = 0, False
         for chunk in client.chat.completions.create(
             model="mock_chat",
-            messages=[{"role": "user", "content": "[mock:delay_ms=40] tell me more"}],
+            messages=[
+                {"role": "user", "content": "[mock:delay_ms=40] [mock:words=60] tell me more"}
+            ],
             max_tokens=60,
             stream=True,
         ):

@@ -117,11 +117,15 @@ async def test_sampling_parameters_reach_the_backend(
     )
 
 
-async def test_unset_parameters_leave_the_model_defaults(
+async def test_unset_parameters_leave_the_model_defaults_but_max_tokens(
     client: openai.AsyncOpenAI, fake: FakeBackend
 ) -> None:
+    """An engine's own max_tokens default is tiny (vLLM: 16 tokens), so the gateway always
+    sends one: without the client's, what fits the context after the prompt."""
     await client.chat.completions.create(model="fake-chat", messages=USER_HI)
-    assert fake.calls[-1].options == SamplingOptions()
+    sent = fake.calls[-1]
+    prompt_estimate = -(-len(sent.prompt.encode()) // 4)
+    assert sent.options == SamplingOptions(max_tokens=2048 - prompt_estimate)
 
 
 async def test_temperature_zero_is_passed_not_dropped(

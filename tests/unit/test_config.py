@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import CHATML_TEMPLATE, Settings
+from gateway.config import Settings
 
 
 def settings() -> Settings:
@@ -34,7 +34,7 @@ def test_defaults() -> None:
     current = settings()
     assert current.models == ["smollm2", "mock_chat", "piper_tts", "whisper_stt", "e5_small"]
     assert current.model_cache_ttl_s == 5.0
-    assert current.default_chat_template == CHATML_TEMPLATE
+    assert current.default_chat_template is None  # no format is guessed
     assert current.triton_url == "127.0.0.1:8001"
 
 

@@ -57,12 +57,12 @@ def test_stock_vllm_model_is_a_chat_model() -> None:
     config = {"backend": "vllm", "input": VLLM_INPUTS, "parameters": params(max_model_len="8192")}
     info = model_info_from_config("vllm_model", config)
     assert info.task == "chat"
-    assert info.chat_template is None  # the gateway's default template applies
+    assert info.chat_template is None  # chat is refused unless a tokenizer gives one
     assert info.context_length == 8192
 
 
 def test_context_length_is_preferred_over_max_model_len() -> None:
-    config = {"parameters": params(context_length="1024", max_model_len="8192")}
+    config = {"parameters": params(openai_task="chat", context_length="1024", max_model_len="8192")}
     assert model_info_from_config("m", config).context_length == 1024
 
 

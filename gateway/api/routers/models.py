@@ -41,6 +41,11 @@ def _public(info: ModelInfo, created: int) -> Model:
         capabilities=_capabilities(info),
         dimensions=info.dimensions if info.task == "embeddings" else None,
         voices=list(info.voices) if info.task == "speech" else None,
+        profile=info.profile,
+        backend_release=info.release or None,
+        parameters=sorted(info.takes),
+        ignored_parameters=sorted(info.ignores),
+        chat_template=info.chat_template is not None if info.task == "chat" else None,
     )
 
 

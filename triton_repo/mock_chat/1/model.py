@@ -6,8 +6,8 @@ engine: one scheduler thread interleaves them. (A thread per request crashed Tri
 Python backend when several sent responses at once, so all sends happen on that thread.)
 
 Behaviour (documented in ``triton_repo/README.md``):
-- without ``max_tokens`` it sends the nine words of :data:`SENTENCE` and finishes ``stop``;
-  with ``max_tokens`` it sends exactly that many words (cycling) and finishes ``length``;
+- it answers the nine words of :data:`SENTENCE` and finishes ``stop``; ``max_tokens`` caps
+  the answer (finish ``length``), as a real model's end of sequence would come first;
 - a ``stop`` string ends the text before it and finishes ``stop``;
 - a prompt token is a whitespace-separated word of the prompt;
 - with a structured-output constraint (``json`` schema or ``json_object``) it writes a JSON
@@ -15,11 +15,13 @@ Behaviour (documented in ``triton_repo/README.md``):
   ``length`` when ``max_tokens`` cuts it);
 - with ``logprobs`` it reports made-up but consistent log probabilities: token ``i`` has
   ``-0.1 * (i % 5 + 1)``, its alternatives are other words of the sentence, each lower;
-- a prompt that with ``max_tokens`` does not fit ``context_length`` is refused;
+- as vLLM's engine: a prompt that fills ``context_length`` is refused, and generation stops
+  at the end of the context (finish ``length``) whatever ``max_tokens`` asked;
 - directives in the prompt steer it for tests: ``[mock:delay_ms=N]`` waits N ms before each
   token (default: the ``token_delay_ms`` config parameter), ``[mock:fail_after=N]`` sends N
   tokens, then an error response, ``[mock:say=TEXT]`` answers TEXT (percent-encoded, so it
-  can hold brackets), a whitespace-separated piece per token.
+  can hold brackets), a whitespace-separated piece per token, ``[mock:words=N]`` answers N
+  words (the sentence over and over: a long answer).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
-_DIRECTIVE = re.compile(r"\[mock:(delay_ms|fail_after|say)=([^\]\s]+)\]")
+_DIRECTIVE = re.compile(r"\[mock:(delay_ms|fail_after|say|words)=([^\]\s]+)\]")
 
 
 class TritonPythonModel:
@@ -109,12 +111,10 @@ class TritonPythonModel:
     def _check(self, request: Any) -> Any:
         """Refuses what this model cannot do before anything is sent."""
         n_in = len(request.prompt.split())
-        wanted = n_in + (request.params.max_tokens or 0)
-        if wanted > self.context_length:
+        if n_in >= self.context_length:
             raise self.contract.InvalidRequest(
-                f"This model's maximum context length is {self.context_length} tokens. "
-                f"However, you requested {wanted} tokens ({n_in} in the messages, "
-                f"{request.params.max_tokens or 0} in the completion)."
+                f"The decoder prompt (length {n_in}) is longer than the maximum model length "
+                f"of {self.context_length - 1}."
             )
         constraint = request.params.constraint
         if constraint is not None and next(iter(constraint)) not in ("json", "json_object"):
@@ -125,7 +125,7 @@ class TritonPythonModel:
 
     def _answer(self, request: Any, said: str | None) -> tuple[list[str], bool]:
         """The words to send, and whether they are the whole answer (False: the sentence,
-        repeated for as many tokens as asked)."""
+        which a ``words`` directive repeats)."""
         constraint = request.params.constraint
         if constraint is not None:
             kind, value = next(iter(constraint.items()))
@@ -156,13 +156,15 @@ class TritonPythonModel:
         fail_after = int(directives["fail_after"]) if "fail_after" in directives else None
         params = request.params
         words, whole = self._answer(request, directives.get("say"))
-        if whole:
-            limit = min(params.max_tokens or len(words), len(words))
-            finish = "length" if limit < len(words) else "stop"
-        else:
-            limit = params.max_tokens if params.max_tokens is not None else len(words)
-            finish = "length" if params.max_tokens is not None else "stop"
         n_in = len(request.prompt.split())
+        length = len(words)
+        if not whole and "words" in directives:
+            length = int(directives["words"])
+        cap = self.context_length - n_in
+        if params.max_tokens is not None:
+            cap = min(cap, params.max_tokens)
+        limit = min(length, cap)
+        finish = "length" if limit < length else "stop"
         text = self.contract.StopText(params.stop)
         unsent_tokens = 0
         logprobs: list[dict[str, Any]] = []

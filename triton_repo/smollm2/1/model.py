@@ -117,14 +117,14 @@ class TritonPythonModel:
         prompt = self.llm.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=True)
         n_in = len(prompt)
         params = request.params
-        # Without max_tokens: up to the end of the context, but at least one token.
-        max_tokens = params.max_tokens or max(self.n_ctx - n_in, 1)
-        if n_in + max_tokens > self.n_ctx:
+        # As vLLM's engine: a prompt that fills the context is refused; generation stops
+        # at the end of the context whatever max_tokens asked (finish "length").
+        if n_in >= self.n_ctx:
             raise self.contract.InvalidRequest(
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
-                f"requested {n_in + max_tokens} tokens ({n_in} in the messages, {max_tokens} "
-                "in the completion). Please reduce the length of the messages or completion."
+                f"The decoder prompt (length {n_in}) is longer than the maximum model length "
+                f"of {self.n_ctx - 1}."
             )
+        max_tokens = min(params.max_tokens or self.n_ctx, self.n_ctx - n_in)
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise self.contract.InvalidRequest(
                 f"logprobs must be at most {self.max_logprobs}, got {params.logprobs}"

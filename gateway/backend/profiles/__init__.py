@@ -1,0 +1,241 @@
+"""Model profiles: how the gateway talks to each kind of Triton model, read from its config.
+
+Teams run models that were not written for this gateway: the vLLM backend of whatever
+release they deployed, TensorRT-LLM ensembles and BLS models, hand-written Python models
+with their own tensor names. A profile reads a model's config and says what the model
+serves and takes (a :class:`~gateway.backend.base.ModelInfo`), builds each request from
+the inputs the model declares, and reads its responses back into the gateway's terms. The
+Triton adapter calls it and never names one.
+
+- ``vllm`` (:mod:`.vllm`): ``backend: "vllm"``, or the vLLM backend's inputs; the release
+  is read from which inputs the config declares.
+- ``trtllm`` (:mod:`.trtllm`): an ensemble with a ``tensorrt_llm`` step, or a model with a
+  ``tensorrt_llm_model_name`` parameter (the BLS).
+- ``custom`` (:mod:`.custom`): ``openai_input_*`` / ``openai_output_*`` parameters name the
+  tensors; also every model that declares an ``openai_task`` and fits neither of the
+  above (the speech, transcription and embedding models of this repository speak its
+  default tensor names).
+
+Adding a profile is adding one module that defines a :class:`Contract` subclass and
+registers it with :func:`register`; profiles are tried in registration order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.backend import grpc_streams as streams
+from gateway.backend.base import (
+    AudioChunk,
+    ModelInfo,
+    SamplingOptions,
+    Segment,
+    TranscriptionOptions,
+)
+from gateway.backend.profiles.config import ModelConfig, TensorSpec
+from gateway.backend.profiles.text import TextReader, TextRules
+from gateway.backend.tokenizer import Tokenizer, estimate_tokens
+from gateway.errors import InvalidRequestError
+
+__all__ = ["Contract", "ModelConfig", "TensorSpec", "contract_for", "register"]
+
+#: The OpenAI sampling parameters a chat model may or may not take (as ModelInfo.takes
+#: names them); ``stop`` and ``n`` the gateway always honours itself where needed.
+SAMPLING_PARAMETERS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "response_format",
+)
+
+
+class Contract:
+    """How the gateway talks to one model. The base reads what every profile shares (the
+    parameters of ``triton_repo/README.md``); subclasses build requests and read
+    responses. A task a profile does not serve raises ``InvalidRequestError``."""
+
+    profile: ClassVar[str] = ""
+
+    def __init__(self, config: ModelConfig, tokenizer: Tokenizer | None = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def matches(cls, config: ModelConfig, configs: Mapping[str, ModelConfig]) -> bool:
+        """Whether this profile is the one for ``config`` (``configs``: every loaded model's
+        config, for ensembles' steps)."""
+        raise NotImplementedError
+
+    # -- what the model serves ---------------------------------------------------------
+
+    def task(self) -> str | None:
+        return self.config.parameters.get("openai_task") or None
+
+    def release(self) -> str:
+        """Which release of its backend the config reads as (empty when not told apart)."""
+        return ""
+
+    def takes(self) -> frozenset[str]:
+        """The OpenAI parameters (of :data:`SAMPLING_PARAMETERS`, plus ``speed`` for speech)
+        the model honours."""
+        return frozenset()
+
+    def structured_outputs(self) -> tuple[tuple[str, ...], str]:
+        """The constraint kinds the model enforces, and the key they go under."""
+        return (), "structured_outputs"
+
+    def info(self) -> ModelInfo:
+        config = self.config
+        params = config.parameters
+        template = params.get("chat_template") or None
+        bos = eos = None
+        if self.tokenizer is not None:
+            template = template or self.tokenizer.chat_template
+            bos, eos = self.tokenizer.bos_token, self.tokenizer.eos_token
+        kinds, key = self.structured_outputs()
+        max_logprobs = config.integer("max_logprobs")
+        return ModelInfo(
+            name=config.name,
+            task=self.task(),
+            ready=True,
+            chat_template=template,
+            context_length=config.integer("context_length") or config.integer("max_model_len"),
+            voices=self.voices(),
+            languages=config.names("languages"),
+            tool_call_parser=params.get("tool_call_parser") or None,
+            structured_outputs=kinds,
+            structured_outputs_key=key,
+            logprobs="logprobs" in self.takes(),
+            max_logprobs=max_logprobs if max_logprobs is not None else 20,
+            dimensions=config.integer("dimensions"),
+            max_input_tokens=config.integer("max_input_tokens"),
+            matryoshka=params.get("matryoshka", "").lower() == "true",
+            input_types=_input_types(config),
+            max_batch_size=config.max_batch_size,
+            profile=self.profile,
+            release=self.release(),
+            takes=self.takes(),
+            ignores=frozenset(config.names("openai_ignore")),
+            default_max_tokens=config.integer("default_max_tokens"),
+            bos_token=bos,
+            eos_token=eos,
+            counts_tokens=self.counts_tokens(),
+            sample_rate=self.sample_rate(),
+        )
+
+    def voices(self) -> tuple[str, ...]:
+        return self.config.names("voices")
+
+    def sample_rate(self) -> int | None:
+        return self.config.integer("sample_rate")
+
+    def counts_tokens(self) -> bool:
+        """Whether the model reports token counts (else the gateway counts them)."""
+        return False
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` by the model's tokenizer, or the estimate without one."""
+        return self.tokenizer.count(text) if self.tokenizer is not None else estimate_tokens(text)
+
+    # -- chat --------------------------------------------------------------------------
+
+    def generate(
+        self, prompt: str, options: SamplingOptions, stream: bool
+    ) -> tuple[list[streams.Input], TextRules]:
+        """The inputs of one generation request, and how to read its responses."""
+        raise self._unsupported("text generation")
+
+    def reader(self, prompt: str, rules: TextRules) -> TextReader:
+        return TextReader(rules, prompt, self.count)
+
+    def streaming(self, stream: bool) -> bool:
+        """Whether a request streams: only a decoupled model sends more than one response."""
+        return stream and self.config.decoupled
+
+    # -- speech, transcription, embeddings -----------------------------------------------
+
+    def synthesize(self, text: str, voice: str, speed: float) -> list[streams.Input]:
+        raise self._unsupported("speech")
+
+    def audio(self, outputs: streams.Outputs) -> AudioChunk | None:
+        raise self._unsupported("speech")
+
+    def transcribe(
+        self, audio: npt.NDArray[np.float32], options: TranscriptionOptions
+    ) -> list[streams.Input]:
+        raise self._unsupported("transcription")
+
+    def segment(self, outputs: streams.Outputs, duration: float) -> Segment | None:
+        raise self._unsupported("transcription")
+
+    def embed(self, texts: list[str], input_type: str | None) -> list[list[streams.Input]]:
+        """The requests that embed ``texts`` (one, or one per text)."""
+        raise self._unsupported("embeddings")
+
+    def embeddings(self, outputs: list[streams.Outputs]) -> tuple[list[list[float]], list[int]]:
+        """Each request's vectors and token counts, in order."""
+        raise self._unsupported("embeddings")
+
+    def _unsupported(self, what: str) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"The model '{self.config.name}' ({self.profile} profile) does not serve {what}.",
+            param="model",
+            code="model_not_supported",
+        )
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def has(self, name: str | None) -> bool:
+        return name is not None and name in self.config.inputs
+
+    def output(self, name: str | None) -> str | None:
+        """``name`` when the model declares that output."""
+        return name if name is not None and name in self.config.outputs else None
+
+
+def _input_types(config: ModelConfig) -> tuple[str, ...]:
+    """``input_types`` of an embedding model, its ``default_input_type`` first."""
+    kinds = list(config.names("input_types"))
+    default = config.parameters.get("default_input_type", "").strip()
+    if default in kinds:
+        kinds.remove(default)
+        kinds.insert(0, default)
+    return tuple(kinds)
+
+
+_PROFILES: list[type[Contract]] = []
+
+
+def register(profile: type[Contract]) -> type[Contract]:
+    """Class decorator: tries ``profile`` for every model, after those registered before."""
+    _PROFILES.append(profile)
+    return profile
+
+
+def contract_for(
+    config: ModelConfig,
+    configs: Mapping[str, ModelConfig] | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> Contract | None:
+    """The contract of the first profile that matches ``config``; None for a model that
+    serves no OpenAI task (an ensemble's step, say)."""
+    for profile in _PROFILES:
+        if profile.matches(config, configs or {}):
+            return profile(config, tokenizer)
+    return None
+
+
+# The profiles, in the order they are tried; each module registers itself. Last, the
+# fallback: any other model that declares an ``openai_task`` speaks the default tensors.
+from gateway.backend.profiles import custom, trtllm, vllm  # noqa: E402, F401
+
+register(custom.DeclaredTask)
