@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
 
-from gateway.backend import SamplingOptions
+from gateway.backend import ModelInfo, SamplingOptions
 from gateway.backend.fake import FakeBackend
+from gateway.config import CHATML_TEMPLATE
 from tests.unit.conftest import REPLY, USER_HI, chat_body
 
 CHATML_HI = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -195,3 +198,69 @@ async def test_response_format_text_is_accepted(http: httpx.AsyncClient) -> None
         "/v1/chat/completions", json=chat_body(response_format={"type": "text"}, n=1)
     )
     assert response.status_code == 200, response.text
+
+
+def limited_model(fake: FakeBackend, template: str | None = CHATML_TEMPLATE) -> None:
+    """A model whose config takes only stop strings, and whose operator accepts a
+    temperature it does not honour (``openai_ignore: temperature``)."""
+    fake.model_list.append(
+        ModelInfo(
+            "fake-custom",
+            "chat",
+            True,
+            template,
+            2048,
+            takes=frozenset({"stop"}),
+            ignores=frozenset({"temperature"}),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("sent", "param"),
+    [
+        ({"top_p": 0.5}, "top_p"),
+        ({"seed": 1}, "seed"),
+        ({"max_completion_tokens": 5}, "max_completion_tokens"),
+        ({"max_tokens": 5}, "max_tokens"),
+    ],
+)
+async def test_a_parameter_the_model_cannot_take_is_refused_by_name(
+    client: openai.AsyncOpenAI, fake: FakeBackend, sent: dict[str, Any], param: str
+) -> None:
+    limited_model(fake)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="fake-custom", messages=USER_HI, **sent)
+    assert refused.value.body["param"] == param  # type: ignore[index]
+    assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+    assert not fake.calls
+
+
+async def test_an_ignored_parameter_is_accepted_and_not_sent(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    limited_model(fake)
+    reply = await client.chat.completions.create(
+        model="fake-custom", messages=USER_HI, temperature=0.2, stop=["zzz"]
+    )
+    assert reply.choices[0].message.content == REPLY
+    # Neither the ignored temperature nor a max_tokens the model has no input for.
+    assert fake.calls[-1].options == SamplingOptions(stop=["zzz"])
+
+
+async def test_a_chat_model_without_a_template_is_refused_but_completes(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    limited_model(fake, template=None)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="fake-custom", messages=USER_HI)
+    assert refused.value.body["code"] == "chat_template_missing"  # type: ignore[index]
+    # /v1/completions takes a raw prompt; the API's default of 16 tokens is not the
+    # client's, so a model without a max_tokens input serves it.
+    completion = await client.completions.create(model="fake-custom", prompt="Hi")
+    assert completion.choices[0].text == REPLY
+    assert fake.calls[-1].options.max_tokens is None
+    listed = {m.id: m.model_extra for m in (await client.models.list()).data}
+    assert listed["fake-custom"]["chat_template"] is False
+    assert listed["fake-custom"]["parameters"] == ["stop"]
+    assert listed["fake-chat"]["chat_template"] is True

@@ -6,15 +6,17 @@ import json
 from typing import Any
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from gateway.backend import SamplingOptions
-from gateway.backend.triton import _status_error, model_info_from_config
+from gateway.backend.triton import _check_control, _status_error, model_info_from_config
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
     GatewayError,
     InvalidRequestError,
+    ModelControlDisabledError,
     ModelNotFoundError,
 )
 
@@ -166,3 +168,18 @@ def test_sampling_json_uses_vllm_names() -> None:
         "presence_penalty": 0.5,
         "frequency_penalty": -0.5,
     }
+
+
+def test_model_control_off_is_a_409_not_an_outage() -> None:
+    """Triton 2.51 started with --model-control-mode=none or poll answers load/unload with
+    UNAVAILABLE and this message (read from the real binary)."""
+    refused = InferenceServerException(
+        "explicit model load / unload is not allowed if polling is enabled",
+        status="StatusCode.UNAVAILABLE",
+    )
+    with pytest.raises(ModelControlDisabledError) as raised:
+        _check_control(refused)
+    assert raised.value.status_code == 409
+    assert raised.value.code == "model_control_disabled"
+    # Any other failure goes on to the usual mapping.
+    _check_control(InferenceServerException("failed to load", status="StatusCode.INTERNAL"))

@@ -1,0 +1,381 @@
+"""Model profiles: which one a config picks, the request tensors built from the config, and
+responses read back into OpenAI's terms (the configs are the backends' own; see
+triton_repo/README.md for the stand-ins that run them end to end)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer as Encoder
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from tritonclient.grpc import service_pb2
+
+from gateway.backend import SamplingOptions, TranscriptionOptions
+from gateway.backend import grpc_streams as streams
+from gateway.backend.profiles import ModelConfig, contract_for
+from gateway.backend.profiles.text import TextReader, TextRules
+from gateway.backend.tokenizer import Tokenizer, Tokenizers
+from gateway.errors import InvalidRequestError
+
+
+def spec(name: str, kind: str, dims: list[int], optional: bool = True) -> dict[str, Any]:
+    return {"name": name, "data_type": kind, "dims": [str(d) for d in dims], "optional": optional}
+
+
+def vllm_inputs(release: str) -> list[dict[str, Any]]:
+    """The vLLM backend's auto-completed inputs at a release (vllm_backend src/model.py)."""
+    names = [spec("text_input", "TYPE_STRING", [1], optional=False)]
+    if release in ("25.05", "25.11"):
+        names.append(spec("image", "TYPE_STRING", [-1]))
+    names += [
+        spec("stream", "TYPE_BOOL", [1]),
+        spec("sampling_parameters", "TYPE_STRING", [1]),
+        spec("exclude_input_in_output", "TYPE_BOOL", [1]),
+    ]
+    if release != "24.05":
+        names += [
+            spec(n, "TYPE_BOOL", [1])
+            for n in (
+                "return_finish_reason",
+                "return_cumulative_logprob",
+                "return_logprobs",
+                "return_num_input_tokens",
+                "return_num_output_tokens",
+            )
+        ]
+    if release == "25.11":
+        names.append(spec("embedding_request", "TYPE_STRING", [1]))
+    return names
+
+
+def vllm(release: str, **params: str) -> ModelConfig:
+    return ModelConfig.from_json(
+        "m",
+        {
+            "backend": "vllm",
+            "input": vllm_inputs(release),
+            "output": [spec("text_output", "TYPE_STRING", [-1])]
+            + (
+                []
+                if release == "24.05"
+                else [
+                    spec("finish_reason", "TYPE_STRING", [-1]),
+                    spec("logprobs", "TYPE_STRING", [-1]),
+                    spec("num_input_tokens", "TYPE_UINT32", [1]),
+                    spec("num_output_tokens", "TYPE_UINT32", [-1]),
+                ]
+            ),
+            "model_transaction_policy": {"decoupled": True},
+            "parameters": {k: {"string_value": v} for k, v in params.items()},
+        },
+    )
+
+
+#: TensorRT-LLM's ensemble inputs that matter here (r25.05 branch names; r24.08 in brackets).
+def trtllm_ensemble(seed: str = "seed", exclude: bool = True) -> dict[str, Any]:
+    inputs = [
+        spec("text_input", "TYPE_STRING", [1], optional=False),
+        spec("max_tokens", "TYPE_INT32", [1], optional=False),
+        spec("stop_words", "TYPE_STRING", [-1]),
+        spec("temperature", "TYPE_FP32", [1]),
+        spec(seed, "TYPE_UINT64", [1]),
+        spec("stream", "TYPE_BOOL", [1]),
+    ]
+    if exclude:
+        inputs.append(spec("exclude_input_in_output", "TYPE_BOOL", [1]))
+    return {
+        "platform": "ensemble",
+        "max_batch_size": 64,
+        "input": inputs,
+        "output": [spec("text_output", "TYPE_STRING", [-1])],
+        "ensemble_scheduling": {
+            "step": [
+                {"model_name": "preprocessing"},
+                {"model_name": "tensorrt_llm"},
+                {"model_name": "postprocessing"},
+            ]
+        },
+    }
+
+
+def decoded(inputs: list[streams.Input]) -> dict[str, tuple[str, list[int], bytes]]:
+    return {d.name: (d.datatype, list(d.shape), raw) for d, raw in inputs}
+
+
+def text_of(raw: bytes) -> list[str]:
+    """The strings of a BYTES tensor's raw contents."""
+    out, at = [], 0
+    while at < len(raw):
+        (size,) = struct.unpack_from("<I", raw, at)
+        out.append(raw[at + 4 : at + 4 + size].decode())
+        at += 4 + size
+    return out
+
+
+def response(final: bool = False, **outputs: Any) -> streams.Outputs:
+    """A Triton response carrying ``outputs`` (str -> BYTES, int -> UINT32)."""
+    message = service_pb2.ModelInferResponse()
+    for name, value in outputs.items():
+        tensor = message.outputs.add(name=name)
+        if isinstance(value, str | bytes):
+            data = value.encode() if isinstance(value, str) else value
+            tensor.datatype, tensor.shape[:] = "BYTES", [1]
+            message.raw_output_contents.append(struct.pack("<I", len(data)) + data)
+        else:
+            tensor.datatype, tensor.shape[:] = "UINT32", [1]
+            message.raw_output_contents.append(np.array([value], np.uint32).tobytes())
+    message.parameters["triton_final_response"].bool_param = final
+    return streams.Outputs(message)
+
+
+# -- which profile, which release ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("release", "told", "key", "counts"),
+    [
+        ("24.05", "24.11 or older", None, False),
+        ("24.12", "24.12", None, True),
+        ("25.05", "25.01-25.10", "guided_decoding", True),
+        ("25.11", "25.11+", "structured_outputs", True),
+    ],
+)
+def test_vllm_release_is_read_from_the_declared_inputs(
+    release: str, told: str, key: str | None, counts: bool
+) -> None:
+    info = contract_for(vllm(release)).info()  # type: ignore[union-attr]
+    assert (info.profile, info.task, info.release) == ("vllm", "chat", told)
+    assert info.counts_tokens is counts
+    if key is None:
+        assert info.structured_outputs == () and "response_format" not in info.takes
+    else:
+        assert info.structured_outputs_key == key and "json" in info.structured_outputs
+
+
+def test_trtllm_is_recognised_by_its_engine_step_or_bls_parameter() -> None:
+    ensemble = ModelConfig.from_json("ensemble", trtllm_ensemble())
+    assert contract_for(ensemble).profile == "trtllm"  # type: ignore[union-attr]
+    bls = ModelConfig.from_json(
+        "tensorrt_llm_bls",
+        {
+            "backend": "python",
+            "max_batch_size": 64,
+            "input": trtllm_ensemble()["input"],
+            "parameters": {"tensorrt_llm_model_name": {"string_value": "tensorrt_llm"}},
+        },
+    )
+    assert contract_for(bls).info().task == "chat"  # type: ignore[union-attr]
+    # An ensemble of other steps is no LLM the gateway knows: no task, not listed.
+    other = {**trtllm_ensemble(), "ensemble_scheduling": {"step": [{"model_name": "resnet"}]}}
+    assert contract_for(ModelConfig.from_json("e", other)) is None
+
+
+def test_a_custom_model_with_one_text_tensor_each_way_needs_only_its_task() -> None:
+    config = ModelConfig.from_json(
+        "seed_llm",
+        {
+            "backend": "python",
+            "max_batch_size": 72,
+            "input": [spec("prompt", "TYPE_STRING", [1], optional=False)],
+            "output": [spec("generated_text", "TYPE_STRING", [1])],
+            "parameters": {"openai_task": {"string_value": "chat"}},
+        },
+    )
+    contract = contract_for(config)
+    assert contract is not None and contract.profile == "custom"
+    assert contract.info().takes == frozenset({"stop"})
+    inputs, rules = contract.generate("Hi", SamplingOptions(), stream=True)
+    assert decoded(inputs) == {"prompt": ("BYTES", [1, 1], struct.pack("<I", 2) + b"Hi")}
+    assert rules.text_output == "generated_text"
+
+
+# -- requests built from the config ----------------------------------------------------
+
+
+def test_trtllm_request_has_the_batch_dimension_and_the_release_names() -> None:
+    contract = contract_for(ModelConfig.from_json("ensemble", trtllm_ensemble("random_seed")))
+    assert contract is not None
+    options = SamplingOptions(max_tokens=7, temperature=0.5, seed=3, stop=["\n\n", "END"])
+    inputs = decoded(contract.generate("Hi", options, stream=False)[0])
+    assert inputs["max_tokens"] == ("INT32", [1, 1], np.int32(7).tobytes())
+    assert inputs["random_seed"][:2] == ("UINT64", [1, 1])
+    assert inputs["temperature"] == ("FP32", [1, 1], np.float32(0.5).tobytes())
+    assert inputs["stop_words"][:2] == ("BYTES", [1, 2])
+    assert text_of(inputs["stop_words"][2]) == ["\n\n", "END"]
+    # Not decoupled: no streaming asked, whatever the client wanted.
+    assert inputs["stream"][2] == b"\x00"
+
+
+def test_values_a_tensor_cannot_hold_are_the_clients_400() -> None:
+    contract = contract_for(ModelConfig.from_json("ensemble", trtllm_ensemble()))
+    assert contract is not None
+    with pytest.raises(InvalidRequestError) as negative:
+        contract.generate("Hi", SamplingOptions(max_tokens=5, seed=-1), stream=False)
+    assert negative.value.param == "seed" and "UINT64" in negative.value.message
+    with pytest.raises(InvalidRequestError) as huge:
+        contract.generate("Hi", SamplingOptions(max_tokens=2**31), stream=False)
+    assert huge.value.param == "max_tokens"
+
+
+def test_vllm_sends_only_the_inputs_its_release_has() -> None:
+    options = SamplingOptions(max_tokens=5, constraint={"json_object": True})
+    old = contract_for(vllm("24.05"))
+    assert old is not None
+    sent = decoded(old.generate("Hi", options, stream=True)[0])
+    assert set(sent) == {"text_input", "stream", "sampling_parameters", "exclude_input_in_output"}
+    new = contract_for(vllm("25.05"))
+    assert new is not None
+    info = new.info()
+    options = SamplingOptions(
+        max_tokens=5, constraint={"json_object": True}, constraint_key=info.structured_outputs_key
+    )
+    params = json.loads(
+        text_of(decoded(new.generate("Hi", options, stream=True)[0])["sampling_parameters"][2])[0]
+    )
+    # The constraint is a JSON string under the release's key, as the backend reads it.
+    assert json.loads(params["guided_decoding"]) == {"json_object": True}
+
+
+# -- responses read back ---------------------------------------------------------------
+
+
+def reader(**rules: Any) -> TextReader:
+    return TextReader(TextRules(text_output="text_output", **rules), "PROMPT", lambda t: len(t))
+
+
+def test_stop_word_kept_by_the_engine_is_cut_and_ends_the_stream() -> None:
+    text = reader(stops=("END",), max_tokens=50)
+    pieces = [text.read(response(text_output=p)) for p in ("Hello wor", "ld E", "ND more")]
+    assert [p.text if p else "" for p in pieces] == ["Hello wor", "ld ", ""]
+    assert text.done
+    last = text.finish()
+    assert (last.text, last.finish_reason) == ("", "stop")
+
+
+def test_cumulative_text_holds_back_a_split_character() -> None:
+    text = reader(cumulative=True)
+    sent = [text.read(response(text_output=p)) for p in ("na", "na\ufffd", "naïve")]
+    assert [p.text if p else None for p in sent] == ["na", None, "ïve"]
+
+
+def test_delta_bytes_of_a_split_character_are_joined() -> None:
+    text = reader()
+    first = text.read(response(text_output=b"caf" + b"\xc3"))
+    second = text.read(response(text_output=b"\xa9!"))
+    assert (first and first.text, second and second.text) == ("caf", "é!")
+
+
+def test_an_echoed_prompt_is_dropped() -> None:
+    text = reader(echo="PROMPT")
+    chunk = text.read(response(final=True, text_output="PROMPT answer"))
+    assert chunk is not None and chunk.text == " answer"
+
+
+def test_without_a_finish_reason_length_is_derived_and_counts_are_estimated() -> None:
+    text = reader(max_tokens=6)  # the counter here counts characters
+    text.read(response(text_output="abcdef"))
+    last = text.finish()
+    assert (last.finish_reason, last.completion_tokens, last.prompt_tokens) == ("length", 6, 6)
+    assert last.estimated
+
+
+def test_reported_counts_and_finish_reason_are_the_models() -> None:
+    text = reader(
+        finish_output="finish_reason",
+        prompt_tokens_output="num_input_tokens",
+        completion_tokens_output="num_output_tokens",
+    )
+    first = text.read(
+        response(text_output="a", finish_reason="None", num_input_tokens=3, num_output_tokens=1)
+    )
+    text.read(response(text_output="b", finish_reason="abort", num_output_tokens=1))
+    last = text.finish()
+    assert first is not None and first.prompt_tokens == 3
+    assert (last.finish_reason, last.estimated) == ("stop", False)  # abort is no OpenAI value
+
+
+# -- speech and transcription with their own tensors -------------------------------------
+
+
+def audio_model(task: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], **p: str):
+    params = {"openai_task": task, **p}
+    return contract_for(
+        ModelConfig.from_json(
+            "m",
+            {
+                "input": inputs,
+                "output": outputs,
+                "parameters": {k: {"string_value": v} for k, v in params.items()},
+            },
+        )
+    )
+
+
+def test_fp32_speech_becomes_int16_at_the_models_rate() -> None:
+    contract = audio_model(
+        "speech",
+        [spec("input_text", "TYPE_STRING", [1])],
+        [spec("waveform", "TYPE_FP32", [-1])],
+        openai_input_text="input_text",
+        openai_output_audio="waveform",
+        sample_rate="22050",
+    )
+    assert contract is not None and contract.info().voices == ("default",)
+    message = service_pb2.ModelInferResponse()
+    message.outputs.add(name="waveform", datatype="FP32", shape=[3])
+    message.raw_output_contents.append(np.array([0.5, -1.0, 2.0], np.float32).tobytes())
+    chunk = contract.audio(streams.Outputs(message, final=True))
+    assert chunk is not None and chunk.sample_rate == 22050
+    assert chunk.samples.tolist() == [16383, -32767, 32767]
+
+
+def test_transcription_audio_is_resampled_to_the_models_rate() -> None:
+    contract = audio_model(
+        "transcription",
+        [spec("audio_samples", "TYPE_FP32", [-1])],
+        [spec("transcript", "TYPE_STRING", [1])],
+        openai_input_audio="audio_samples",
+        openai_output_text="transcript",
+        sample_rate="8000",
+    )
+    assert contract is not None and contract.info().takes == frozenset()
+    sent = decoded(contract.transcribe(np.zeros(16_000, np.float32), TranscriptionOptions()))
+    assert sent["audio_samples"][:2] == ("FP32", [8000])
+
+
+# -- tokenizers ----------------------------------------------------------------------------
+
+
+def make_tokenizer(
+    folder: Path, template: str | None = "{{ bos_token }}{{ messages[0].content }}"
+) -> Path:
+    words = {"[UNK]": 0, "hello": 1, "world": 2}
+    encoder = Encoder(WordLevel(words, unk_token="[UNK]"))
+    encoder.pre_tokenizer = Whitespace()
+    encoder.save(str(folder / "tokenizer.json"))
+    config: dict[str, Any] = {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+    if template is not None:
+        config["chat_template"] = [{"name": "default", "template": template}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_tokenizer_gives_template_special_tokens_and_counts(tmp_path: Path) -> None:
+    tokenizer = Tokenizer.load(make_tokenizer(tmp_path))
+    assert tokenizer.chat_template == "{{ bos_token }}{{ messages[0].content }}"
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<s>", "</s>")
+    assert tokenizer.count("hello world hello") == 3
+    contract = contract_for(vllm("24.05"), tokenizer=tokenizer)
+    assert contract is not None and contract.info().chat_template == tokenizer.chat_template
+    assert contract.count("hello world") == 2
+
+
+def test_a_tokenizer_that_cannot_be_read_is_left_out(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    assert Tokenizers({"m": tmp_path}).get("m") is None
