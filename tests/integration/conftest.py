@@ -4,12 +4,15 @@ the admin key unless a test makes a key of its own)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from gateway.stack.redis_server import EmbeddedRedis
 from tests.redis_server import redis_server
@@ -29,13 +32,55 @@ def redis_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRe
         server.stop()
 
 
+#: Stand-ins for other backends' models (triton_repo/README.md) that have no chat template
+#: of their own: the gateway takes theirs from a tokenizer (GATEWAY_TOKENIZERS).
+TOKENIZED_MODELS = (
+    "vllm_r24_05",
+    "vllm_r24_12",
+    "vllm_r25_05",
+    "vllm_r25_11",
+    "ensemble",
+    "tensorrt_llm_bls",
+    "tensorrt_llm_bls_r24_08",
+    "seed_llm",
+)
+#: A Llama 3-style chat template, as a tokenizer_config.json carries one.
+LLAMA3_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def byte_tokenizer(folder: Path) -> Path:
+    """A Hugging Face tokenizer whose tokens are single bytes, as the stand-ins count them,
+    with the template above: the files an operator mounts on the gateway."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    encoder = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    encoder.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    encoder.save(str(folder / "tokenizer.json"))
+    config = {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": {"content": "<|eot_id|>"},
+        "chat_template": LLAMA3_STYLE_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
 @pytest.fixture(scope="session")
-def stack(redis_store: EmbeddedRedis) -> Iterator[GatewayProcess]:
+def stack(
+    redis_store: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    tokenizer = byte_tokenizer(tmp_path_factory.mktemp("tokenizer"))
     gateway = GatewayProcess(
         models=["smollm2", "mock_chat", "piper_tts", "whisper_stt", "e5_small"],
         redis_url=redis_store.url,
-        # Small, so that the upload-limit tests send a few MB, not 25.
-        env={"GATEWAY_MAX_AUDIO_UPLOAD_MB": str(UPLOAD_LIMIT_MB)},
+        env={
+            # Small, so that the upload-limit tests send a few MB, not 25.
+            "GATEWAY_MAX_AUDIO_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
+            "GATEWAY_TOKENIZERS": json.dumps({m: str(tokenizer) for m in TOKENIZED_MODELS}),
+        },
     ).start()
     try:
         gateway.wait_ready()
