@@ -9,6 +9,7 @@ that dies is started again on its port; nginx sends its requests to the others m
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -41,6 +42,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
             value = ",".join(str(v) for v in value)
         elif isinstance(value, bool):
             value = "true" if value else "false"
+        elif isinstance(value, dict):  # read back as JSON, as pydantic-settings does
+            value = json.dumps({k: str(v) for k, v in value.items()})
         env[f"GATEWAY_{name.upper()}"] = str(value)
     return env
 
