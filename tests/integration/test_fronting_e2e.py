@@ -12,6 +12,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -49,13 +50,15 @@ def prompt_tokens(messages: list[dict[str, str]]) -> int:
 def loaded(stack: GatewayProcess) -> Iterator[GatewayProcess]:
     """Every stand-in loaded through the admin API; unloaded again afterwards."""
     names = [*VLLM, *TRTLLM, *OTHERS]
-    with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=120) as http:
-        for name in names:
-            answer = http.post(f"/admin/models/{name}/load")
-            assert answer.status_code == 200, answer.text
+    with (
+        httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=120) as http,
+        ThreadPoolExecutor(len(names)) as pool,
+    ):
+        # Triton loads (and unloads) them side by side, as several admins would.
+        loads = list(pool.map(lambda name: http.post(f"/admin/models/{name}/load"), names))
+        assert all(answer.status_code == 200 for answer in loads), [a.text for a in loads]
         yield stack
-        for name in names:
-            http.post(f"/admin/models/{name}/unload")
+        list(pool.map(lambda name: http.post(f"/admin/models/{name}/unload"), names))
 
 
 @pytest.fixture(scope="module")
