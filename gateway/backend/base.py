@@ -52,7 +52,7 @@ class ModelInfo:
     default first; empty: one kind of input."""
     max_batch_size: int = 0
     """Triton's ``max_batch_size``: the most items one request may carry (0: no batching)."""
-    profile: str = "custom"
+    profile: str = ""
     """How the gateway talks to it (``vllm``, ``trtllm``, ``custom``; see
     :mod:`gateway.backend.profiles`)."""
     release: str = ""

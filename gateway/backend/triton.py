@@ -2,10 +2,11 @@
 
 This is the only module that talks to Triton. Each model's requests are built, and its
 responses read, by the profile its config picks (:mod:`gateway.backend.profiles`: the vLLM
-backend of any release, TensorRT-LLM, or a model's own tensors). Inference goes over
-``ModelStreamInfer`` calls that are kept open and lent to one request at a time
-(:mod:`gateway.backend.grpc_streams`), decoupled model or not; cancelling the call cancels
-that request in Triton, which the model sees through ``is_cancelled()``. Admin calls use
+backend of any release, TensorRT-LLM, or a model's own tensors). A decoupled model's
+requests go over ``ModelStreamInfer`` calls that are kept open and lent to one request at a
+time (:mod:`gateway.backend.grpc_streams`), another's over one plain ``ModelInfer`` call;
+cancelling the call cancels that request in Triton, which the model sees through
+``is_cancelled()``. Admin calls use
 ``tritonclient.grpc.aio``.
 
 Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
@@ -338,7 +339,7 @@ class TritonBackend:
                 model,
                 BackendError(f"Model '{model}' sent {len(vectors)} vectors for {len(texts)}."),
             )
-        if not contract.counts_tokens() or not any(tokens):
+        if not any(tokens):  # the model reports no counts: its tokenizer's, or an estimate
             tokens = [contract.count(text) for text in texts]
         return Embeddings(
             vectors=np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1),

@@ -113,6 +113,11 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+#: The longest stop string: engines match each against every new token (and the gateway
+#: holds back text that may still become one), so its length is bounded.
+MAX_STOP_CHARS = 256
+
+
 class SamplingRequest(BaseModel):
     """What chat and legacy completions share: the model, sampling and how many choices."""
 
@@ -125,7 +130,11 @@ class SamplingRequest(BaseModel):
     n: int = Field(1, ge=1, le=128)
     response_format: ResponseFormat | None = None
     seed: int | None = None
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    stop: (
+        Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+        | Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=4)]
+        | None
+    ) = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)

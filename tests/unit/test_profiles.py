@@ -18,7 +18,8 @@ from tritonclient.grpc import service_pb2
 
 from gateway.backend import SamplingOptions, TranscriptionOptions
 from gateway.backend import grpc_streams as streams
-from gateway.backend.profiles import ModelConfig, contract_for
+from gateway.backend.profiles import ModelConfig, TensorSpec, contract_for
+from gateway.backend.profiles.config import encode
 from gateway.backend.profiles.text import TextReader, TextRules
 from gateway.backend.tokenizer import Tokenizer, Tokenizers
 from gateway.errors import InvalidRequestError
@@ -379,3 +380,17 @@ def test_tokenizer_gives_template_special_tokens_and_counts(tmp_path: Path) -> N
 def test_a_tokenizer_that_cannot_be_read_is_left_out(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text("{not json")
     assert Tokenizers({"m": tmp_path}).get("m") is None
+
+
+def test_a_number_mapped_to_a_bytes_input_is_its_text_and_floats_are_checked() -> None:
+    seed = decoded([encode(TensorSpec("seed", "BYTES", (1,)), 12345)])["seed"]
+    assert seed == ("BYTES", [1], struct.pack("<I", 5) + b"12345")
+    with pytest.raises(InvalidRequestError):
+        encode(TensorSpec("temperature", "FP16", (1,)), 70000.0, param="temperature")
+
+
+def test_long_stop_strings_cost_only_their_own_length_per_chunk() -> None:
+    text = reader(stops=("x" * 256,))
+    pieces = [text.read(response(text_output="abcd")) for _ in range(2000)]
+    whole = "".join(p.text for p in pieces if p) + text.finish().text
+    assert whole == "abcd" * 2000 and not text.done

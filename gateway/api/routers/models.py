@@ -41,7 +41,7 @@ def _public(info: ModelInfo, created: int) -> Model:
         capabilities=_capabilities(info),
         dimensions=info.dimensions if info.task == "embeddings" else None,
         voices=list(info.voices) if info.task == "speech" else None,
-        profile=info.profile,
+        profile=info.profile or None,
         backend_release=info.release or None,
         parameters=sorted(info.takes),
         ignored_parameters=sorted(info.ignores),

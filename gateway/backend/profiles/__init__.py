@@ -17,7 +17,8 @@ Triton adapter calls it and never names one.
   default tensor names).
 
 Adding a profile is adding one module that defines a :class:`Contract` subclass and
-registers it with :func:`register`; profiles are tried in registration order.
+registers it with :func:`register`; profiles are tried in registration order: custom (an
+explicit mapping wins), trtllm, vllm, then the fallback for a declared ``openai_task``.
 """
 
 from __future__ import annotations

@@ -138,6 +138,12 @@ def _shape(spec: TensorSpec, count: int, batch: int) -> list[int]:
     return [batch, *dims] if batch else dims
 
 
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def encode(
     spec: TensorSpec, values: Any, batch: int = 0, param: str | None = None
 ) -> streams.Input:
@@ -149,7 +155,11 @@ def encode(
     items: Sequence[Any] = list(values) if isinstance(values, list | tuple) else [values]
     shape = _shape(spec, len(items), batch)
     if kind == "BYTES":
-        data = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in items]
+        # Numbers mapped to a BYTES input travel as their text (bytes(5) would be 5 zeros).
+        data = [
+            v if isinstance(v, bytes) else (v if isinstance(v, str) else _text(v)).encode()
+            for v in items
+        ]
         raw = b"".join(struct.pack("<I", len(d)) + d for d in data)
         return streams.tensor(spec.name, kind, shape, raw)
     if kind == "BOOL":
@@ -167,6 +177,14 @@ def encode(
                 )
         array = np.array([int(v) for v in items], dtype=dtype)
     elif kind in _FLOAT:
+        limit = float(np.finfo(_FLOAT[kind]).max)
+        for value in items:
+            if not math.isfinite(float(value)) or abs(float(value)) > limit:
+                raise InvalidRequestError(
+                    f"{param or spec.name} is {value}, which the model's '{spec.name}' input "
+                    f"({kind}) cannot hold.",
+                    param=param or spec.name,
+                )
         array = np.asarray(items, dtype=_FLOAT[kind])
     else:
         raise InvalidRequestError(

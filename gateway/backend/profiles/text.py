@@ -121,7 +121,7 @@ class TextReader:
             # A fresh decode of the whole text: an incomplete last character (raw bytes, or
             # U+FFFD from a model that decoded it alone) waits for the next response.
             text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)
-            text = text.rstrip(_REPLACEMENT) if not self.done else text
+            text = text.rstrip(_REPLACEMENT)
             text = self._strip_echo_whole(text)
             if len(text) >= len(self._text):
                 self._text = text
@@ -159,7 +159,9 @@ class TextReader:
     def _ready(self, final: bool) -> str:
         end = len(self._text)
         if not final and not self.done:
-            end -= _stop_prefix(self._text, self.rules.stops)
+            # Only the unsent tail can hold back: the cost per chunk is bounded by the stop
+            # strings' length, not the text's.
+            end -= _stop_prefix(self._text[self._sent :], self.rules.stops)
         if end <= self._sent:
             return ""
         piece = self._text[self._sent : end]
