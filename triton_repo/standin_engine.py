@@ -32,6 +32,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -162,3 +163,23 @@ class Scheduler:
                 self._on_error(context, exc)
                 continue
             heapq.heappush(due, (max(when + delay, time.monotonic()), next(order), job, context))
+
+
+def triton_model(make: Callable[[Any, dict[str, Any]], Any]) -> type:
+    """The ``TritonPythonModel`` class of a stand-in whose rules live in a shared module:
+    ``make(pb_utils, args)`` builds the object that executes and finalizes. Each stand-in's
+    ``model.py`` is then one line of its own (which class, which release)."""
+
+    class TritonPythonModel:
+        def initialize(self, args: dict[str, Any]) -> None:
+            import triton_python_backend_utils as pb_utils
+
+            self.model = make(pb_utils, args)
+
+        def execute(self, requests: list[Any]) -> list[Any] | None:
+            return self.model.execute(requests)  # type: ignore[no-any-return]
+
+        def finalize(self) -> None:
+            self.model.finalize()
+
+    return TritonPythonModel

@@ -2,31 +2,17 @@
 
 Unlike the real BLS it does not call ``preprocessing``/``tensorrt_llm``/``postprocessing``:
 it generates with the same byte-level rules directly. The rules live in ``standin_trtllm.py``
-at the repository root (see ``../README.md``).
-"""
+at the repository root (see ``../README.md``)."""
 
-from __future__ import annotations
-
+# Shared modules sit at the repository root; no __pycache__ beside the models.
 import os
 import sys
-from typing import Any
+from functools import partial
 
-import triton_python_backend_utils as pb_utils
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-RELEASE = "r25.05"
+import standin_trtllm  # noqa: E402
+from standin_engine import triton_model  # noqa: E402
 
-
-class TritonPythonModel:
-    def initialize(self, args: dict[str, Any]) -> None:
-        # Shared modules sit at the repository root; no __pycache__ beside the models.
-        sys.dont_write_bytecode = True
-        sys.path.insert(0, os.path.dirname(args["model_repository"]))
-        import standin_trtllm
-
-        self.model = standin_trtllm.BlsStandin(pb_utils, args, RELEASE)
-
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        return self.model.execute(requests)
-
-    def finalize(self) -> None:
-        self.model.finalize()
+TritonPythonModel = triton_model(partial(standin_trtllm.BlsStandin, release="r25.05"))

@@ -1,30 +1,16 @@
 """Stand-in for a model served by Triton's vLLM backend, release 24.05.
 
-The rules live in ``standin_vllm.py`` at the repository root (see ``../README.md``).
-"""
+The rules live in ``standin_vllm.py`` at the repository root (see ``../README.md``)."""
 
-from __future__ import annotations
-
+# Shared modules sit at the repository root; no __pycache__ beside the models.
 import os
 import sys
-from typing import Any
+from functools import partial
 
-import triton_python_backend_utils as pb_utils
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-RELEASE = "24.05"
+import standin_vllm  # noqa: E402
+from standin_engine import triton_model  # noqa: E402
 
-
-class TritonPythonModel:
-    def initialize(self, args: dict[str, Any]) -> None:
-        # Shared modules sit at the repository root; no __pycache__ beside the models.
-        sys.dont_write_bytecode = True
-        sys.path.insert(0, os.path.dirname(args["model_repository"]))
-        import standin_vllm
-
-        self.model = standin_vllm.VllmStandin(pb_utils, args, RELEASE)
-
-    def execute(self, requests: list[Any]) -> None:
-        return self.model.execute(requests)
-
-    def finalize(self) -> None:
-        self.model.finalize()
+TritonPythonModel = triton_model(partial(standin_vllm.VllmStandin, release="24.05"))
