@@ -226,14 +226,20 @@ async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     first = _most_telling(errors) if errors else {"loc": (), "msg": "invalid request"}
     param = _validation_param(tuple(first.get("loc", ())))
     message = str(first.get("msg", "invalid request"))
+    code = None
     if first.get("type") == "json_invalid":
         message, param = "The request body is not valid JSON.", None
+    elif first.get("type") == "extra_forbidden":
+        # OpenAI's wording for a parameter it does not know; here also one it defines that
+        # the gateway does not implement (refused rather than silently dropped).
+        message = f"Unrecognized request argument supplied: {param}"
+        code = "unsupported_parameter"
     elif param:
         message = f"{param}: {message}"
     others = {_validation_param(tuple(e.get("loc", ()))) for e in errors} - {param}
     if others:
         message += f" (and {len(others)} more invalid parameter(s))"
-    return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+    return JSONResponse(error_body(message, "invalid_request_error", param, code), status_code=400)
 
 
 async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:

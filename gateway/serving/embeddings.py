@@ -34,7 +34,7 @@ MAX_INPUTS = 2048
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
     input: str | list[str] | list[int] | list[list[int]]

@@ -2,8 +2,8 @@
 
 Requests validate the OpenAI ranges, so bad input gets a 400 naming the parameter before
 anything reaches Triton. Fields the OpenAI API defines but the gateway cannot honour are
-rejected with a clear message (see :meth:`SamplingRequest.unsupported`); fields it does not
-know are ignored, so apps written for OpenAI keep working.
+rejected with a clear message (see :meth:`SamplingRequest.unsupported`), and so are fields
+it does not know (``extra="forbid"``: a 400 naming the field, never a silent drop).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ MAX_STOP_CHARS = 256
 class SamplingRequest(BaseModel):
     """What chat and legacy completions share: the model, sampling and how many choices."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -186,6 +186,8 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
+    store: Literal[False] | None = None
+    """Chat completions are never stored here: ``false`` is honoured, ``true`` refused."""
 
     def wants_audio(self) -> bool:
         return "audio" in (self.modalities or [])
@@ -386,7 +388,7 @@ OPENAI_VOICES = (
 
 
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
     input: str = Field(min_length=1, max_length=4096)

@@ -89,7 +89,7 @@ class TextConfig(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
     input: str | list[InputItem]

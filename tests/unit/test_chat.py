@@ -181,16 +181,31 @@ async def test_single_user_message_prompt(client: openai.AsyncOpenAI, fake: Fake
     assert fake.calls[-1].prompt == CHATML_HI
 
 
-async def test_unknown_openai_fields_are_ignored(
+async def test_fields_the_gateway_honours_are_accepted(
     http: httpx.AsyncClient, fake: FakeBackend
 ) -> None:
-    # Apps written for OpenAI send fields the gateway does not know; they must keep working.
+    # store=false is what the gateway does anyway; user and tool_choice none are honoured.
     response = await http.post(
-        "/v1/chat/completions",
-        json=chat_body(metadata={"k": "v"}, store=False, user="u1", tool_choice="none"),
+        "/v1/chat/completions", json=chat_body(store=False, user="u1", tool_choice="none")
     )
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == REPLY
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"metadata": {"k": "v"}}, {"store": True}, {"reasoning_effort": "low"}, {"top_k": 5}],
+)
+async def test_fields_it_cannot_honour_are_refused_by_name(
+    http: httpx.AsyncClient, fake: FakeBackend, field: dict[str, Any]
+) -> None:
+    """Never a silent drop: an OpenAI field the gateway does not implement, or one it does
+    not know, is a 400 naming it."""
+    response = await http.post("/v1/chat/completions", json=chat_body(**field))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == next(iter(field))
+    assert not fake.calls
 
 
 async def test_response_format_text_is_accepted(http: httpx.AsyncClient) -> None:
