@@ -6,6 +6,8 @@ unit tests.
 """
 
 from gateway.backend.base import (
+    OPTION_PARAMETERS,
+    SAMPLING_PARAMETERS,
     AudioChunk,
     Backend,
     Embeddings,
@@ -21,6 +23,8 @@ from gateway.backend.base import (
 )
 
 __all__ = [
+    "OPTION_PARAMETERS",
+    "SAMPLING_PARAMETERS",
     "AudioChunk",
     "Backend",
     "Embeddings",

@@ -10,6 +10,23 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+#: The OpenAI sampling parameters a chat model may or may not take (``ModelInfo.takes``).
+SAMPLING_PARAMETERS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "response_format",
+)
+#: Those a request's ``SamplingOptions`` carry as plain fields.
+OPTION_PARAMETERS = tuple(
+    p for p in SAMPLING_PARAMETERS if p not in ("logprobs", "response_format")
+)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -57,22 +74,7 @@ class ModelInfo:
     :mod:`gateway.backend.profiles`)."""
     release: str = ""
     """The release of its backend, as told from its config (vLLM, TensorRT-LLM)."""
-    takes: frozenset[str] = frozenset(
-        (
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "seed",
-            "stop",
-            "presence_penalty",
-            "frequency_penalty",
-            "logprobs",
-            "response_format",
-            "speed",
-            "language",
-            "prompt",
-        )
-    )
+    takes: frozenset[str] = frozenset((*SAMPLING_PARAMETERS, "speed", "language", "prompt"))
     """The OpenAI request parameters the model honours; others are refused with a 400
     unless they are in :attr:`ignores`."""
     ignores: frozenset[str] = frozenset()
@@ -82,10 +84,6 @@ class ModelInfo:
     bos_token: str | None = None
     eos_token: str | None = None
     """Special tokens of its tokenizer, for chat templates that refer to them."""
-    counts_tokens: bool = True
-    """The model reports token counts; else the gateway counts (usage says estimated)."""
-    sample_rate: int | None = None
-    """Audio models: the rate of their sample tensors (``sample_rate`` parameter)."""
 
 
 @dataclass(frozen=True)

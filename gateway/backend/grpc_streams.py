@@ -194,11 +194,11 @@ class StreamPool:
             else:
                 call.cancel()  # the client went away or the request failed: stop the model
 
-    async def infer_once(self, message: Any, timeout_s: float | None = None) -> Outputs:
+    async def infer_once(self, message: Any) -> Outputs:
         """One request to a model that sends one response (not decoupled), as a plain
         call: a refusal then comes with its status code (``grpc.aio.AioRpcError``), where
         an error on a stream carries its text only."""
-        response = await self._stub.ModelInfer(message, timeout=timeout_s)
+        response = await self._stub.ModelInfer(message)
         return Outputs(response, final=True)
 
     async def close(self) -> None:

@@ -56,7 +56,6 @@ def _template(config: dict[str, Any]) -> str | None:
 class Tokenizer:
     """What the gateway uses of one model's tokenizer files."""
 
-    source: Path
     chat_template: str | None = None
     bos_token: str | None = None
     eos_token: str | None = None
@@ -97,7 +96,6 @@ class Tokenizer:
         if not config and encoder is None and template is None:
             raise TokenizerError(f"{path} has no tokenizer_config.json or tokenizer.json")
         return cls(
-            source=path,
             chat_template=template,
             bos_token=_token(config.get("bos_token")),
             eos_token=_token(config.get("eos_token")),

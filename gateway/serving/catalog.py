@@ -16,6 +16,24 @@ from gateway.backend import Backend, ModelInfo
 from gateway.errors import InvalidRequestError, ModelNotFoundError
 
 
+def model_takes(model: ModelInfo, name: str, param: str | None = None) -> bool:
+    """Whether ``model`` takes the OpenAI parameter ``name`` that a request set: True when
+    it does, False when the operator lists it in the model's ``openai_ignore`` (the caller
+    leaves it out), else a 400 naming it (``param``: the request's name for it)."""
+    if name in model.takes:
+        return True
+    if name in model.ignores:
+        return False
+    param = param or name
+    raise InvalidRequestError(
+        f"The model '{model.name}' does not take '{param}' (its Triton config has no input "
+        f"for it; it takes: {', '.join(sorted(model.takes)) or 'none'}). Leave it out, or "
+        "ask the operator to list it in the model's openai_ignore.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
 class ModelCatalog:
     def __init__(self, backend: Backend, ttl_s: float) -> None:
         self.backend = backend

@@ -24,12 +24,12 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.backend import Backend, ModelInfo, SamplingOptions, TokenLogprob
+from gateway.backend import OPTION_PARAMETERS, Backend, ModelInfo, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
 from gateway.serving import generation
-from gateway.serving.catalog import ModelCatalog
+from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -99,18 +99,6 @@ def sampling_options(request: SamplingRequest, max_tokens: int | None = None) ->
     )
 
 
-#: SamplingOptions fields a model may not take (see ``ModelInfo.takes``).
-_OPTION_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-)
-
-
 def fit_to_model(
     model: ModelInfo, options: SamplingOptions, params: dict[str, str] | None = None
 ) -> SamplingOptions:
@@ -118,20 +106,12 @@ def fit_to_model(
     cannot take is a 400 naming it (``params`` maps a field to the request's name for it),
     unless the operator lists it in the model's ``openai_ignore``, when it is left out."""
     dropped: dict[str, Any] = {}
-    for name in _OPTION_FIELDS:
+    for name in OPTION_PARAMETERS:
         value = getattr(options, name)
-        if value is None or value == [] or name in model.takes:
+        if value is None or value == []:
             continue
-        if name not in model.ignores:
-            param = (params or {}).get(name, name)
-            raise InvalidRequestError(
-                f"The model '{model.name}' does not take '{param}' (its Triton config has "
-                f"no input for it; it takes: {', '.join(sorted(model.takes)) or 'none'}). "
-                "Leave it out, or ask the operator to list it in the model's openai_ignore.",
-                param=param,
-                code="unsupported_parameter",
-            )
-        dropped[name] = [] if name == "stop" else None
+        if not model_takes(model, name, (params or {}).get(name)):
+            dropped[name] = [] if name == "stop" else None
     return replace(options, **dropped) if dropped else options
 
 

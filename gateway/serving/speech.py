@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gateway.backend import AudioChunk, Backend
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.serving.audio import FORMATS, StreamEncoder
-from gateway.serving.catalog import ModelCatalog
+from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.protocol import OPENAI_VOICES, SpeechRequest
 from gateway.serving.sse import event, first_or_close, with_error_event
 from gateway.state.limits import Meter
@@ -58,14 +58,7 @@ class SpeechService:
     async def prepare(self, request: SpeechRequest) -> PreparedSpeech:
         model = await self.catalog.get(request.model, "speech")
         speed = request.speed
-        if speed != 1.0 and "speed" not in model.takes:
-            if "speed" not in model.ignores:
-                raise InvalidRequestError(
-                    f"The model '{model.name}' speaks at one speed (its Triton config has no "
-                    "speed input): leave speed at 1.0.",
-                    param="speed",
-                    code="unsupported_parameter",
-                )
+        if speed != 1.0 and not model_takes(model, "speed"):
             speed = 1.0
         return PreparedSpeech(
             model=request.model,

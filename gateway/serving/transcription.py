@@ -22,7 +22,7 @@ import numpy.typing as npt
 from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.errors import InvalidRequestError
 from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
-from gateway.serving.catalog import ModelCatalog
+from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.sse import event, first_or_close, with_error_event
 from gateway.state.limits import Meter
 
@@ -132,24 +132,12 @@ class TranscriptionService:
                 param="language",
                 code="unsupported_language",
             )
-        asked: dict[str, object] = {
-            "language": language,
-            "prompt": prompt,
-            "temperature": temperature or None,
-        }
-        for name, value in list(asked.items()):
-            if value and name not in info.takes:
-                if name not in info.ignores:
-                    raise InvalidRequestError(
-                        f"The model '{model}' does not take '{name}' (its Triton config has "
-                        "no input for it).",
-                        param=name,
-                        code="unsupported_parameter",
-                    )
-                asked[name] = None
-        language = str(asked["language"]) if asked["language"] else None
-        prompt = str(asked["prompt"]) if asked["prompt"] else None
-        temperature = temperature if asked["temperature"] else 0.0
+        if language and not model_takes(info, "language"):
+            language = None
+        if prompt and not model_takes(info, "prompt"):
+            prompt = None
+        if temperature and not model_takes(info, "temperature"):
+            temperature = 0.0
         if granularities and response_format != "verbose_json":
             raise InvalidRequestError(
                 "timestamp_granularities[] requires response_format 'verbose_json'.",

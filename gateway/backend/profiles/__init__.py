@@ -44,20 +44,6 @@ from gateway.errors import InvalidRequestError
 
 __all__ = ["Contract", "ModelConfig", "TensorSpec", "contract_for", "register"]
 
-#: The OpenAI sampling parameters a chat model may or may not take (as ModelInfo.takes
-#: names them); ``stop`` and ``n`` the gateway always honours itself where needed.
-SAMPLING_PARAMETERS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "logprobs",
-    "response_format",
-)
-
 
 class Contract:
     """How the gateway talks to one model. The base reads what every profile shares (the
@@ -129,8 +115,6 @@ class Contract:
             default_max_tokens=config.integer("default_max_tokens"),
             bos_token=bos,
             eos_token=eos,
-            counts_tokens=self.counts_tokens(),
-            sample_rate=self.sample_rate(),
         )
 
     def voices(self) -> tuple[str, ...]:
@@ -138,10 +122,6 @@ class Contract:
 
     def sample_rate(self) -> int | None:
         return self.config.integer("sample_rate")
-
-    def counts_tokens(self) -> bool:
-        """Whether the model reports token counts (else the gateway counts them)."""
-        return False
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` by the model's tokenizer, or the estimate without one."""

@@ -10,7 +10,6 @@ INT32) is the client's 400, not a wrapped-around value or a Triton error.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,8 +159,7 @@ def encode(
             v if isinstance(v, bytes) else (v if isinstance(v, str) else _text(v)).encode()
             for v in items
         ]
-        raw = b"".join(struct.pack("<I", len(d)) + d for d in data)
-        return streams.tensor(spec.name, kind, shape, raw)
+        return streams.texts(spec.name, data, shape)
     if kind == "BOOL":
         return streams.tensor(spec.name, kind, shape, bytes(1 if v else 0 for v in items))
     if kind in _INTEGER:

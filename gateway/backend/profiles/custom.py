@@ -34,7 +34,14 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.backend import grpc_streams as streams
-from gateway.backend.base import AudioChunk, SamplingOptions, Segment, TranscriptionOptions, Word
+from gateway.backend.base import (
+    OPTION_PARAMETERS,
+    AudioChunk,
+    SamplingOptions,
+    Segment,
+    TranscriptionOptions,
+    Word,
+)
 from gateway.backend.profiles import Contract, register
 from gateway.backend.profiles.config import ModelConfig, TensorSpec
 from gateway.backend.profiles.text import TextRules
@@ -69,14 +76,7 @@ DEFAULT_OUTPUTS = {
     "embeddings": {"embedding": "embedding", "prompt_tokens": "num_input_tokens"},
 }
 #: Chat's sampling fields a model may map (``stop`` the gateway enforces when none does).
-_CHAT_FIELDS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-)
+_CHAT_FIELDS = tuple(p for p in OPTION_PARAMETERS if p != "stop")
 _STT_RATE = 16_000
 
 
@@ -124,9 +124,6 @@ class CustomContract(Contract):
         if task == "transcription":
             return frozenset(f for f in ("language", "prompt", "temperature") if self.input(f))
         return frozenset()
-
-    def counts_tokens(self) -> bool:
-        return self.output_of("completion_tokens") is not None
 
     # -- chat --------------------------------------------------------------------------
 

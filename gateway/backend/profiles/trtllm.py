@@ -85,9 +85,6 @@ class TrtllmContract(Contract):
             taken.add("response_format")
         return frozenset(taken)
 
-    def counts_tokens(self) -> bool:
-        return self.output("num_output_tokens") is not None
-
     def _accumulates(self) -> bool:
         value = self.config.parameters.get("accumulate_tokens", "").strip().lower()
         return value in ("true", "yes", "1", "t")

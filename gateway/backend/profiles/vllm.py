@@ -25,8 +25,8 @@ import json
 from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
-from gateway.backend.base import SamplingOptions
-from gateway.backend.profiles import SAMPLING_PARAMETERS, Contract, register
+from gateway.backend.base import SAMPLING_PARAMETERS, SamplingOptions
+from gateway.backend.profiles import Contract, register
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
 
@@ -78,9 +78,6 @@ class VllmContract(Contract):
         if self.structured_outputs()[0]:
             taken.add("response_format")
         return frozenset(taken)
-
-    def counts_tokens(self) -> bool:
-        return self.has("return_num_output_tokens")
 
     def generate(
         self, prompt: str, options: SamplingOptions, stream: bool
