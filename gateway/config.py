@@ -128,6 +128,35 @@ class Settings(BaseSettings):
     max_audio_upload_mb: float = Field(25.0, gt=0)
     """Largest audio file ``/v1/audio/transcriptions`` accepts (OpenAI's limit is 25 MB)."""
 
+    # Bounds on what one request can make the system do (README "Limits"). Each is refused
+    # with a 400 (413 for sizes) naming the limit before any work starts.
+    max_request_mb: float = Field(36.0, gt=0)
+    """Largest request body the app reads (refused with 413 before it is parsed): a 25 MB
+    audio file in base64 in a chat message is about 34 MB."""
+    max_prompts: int = Field(128, ge=1)
+    """Prompts in one ``/v1/completions`` request (a list of strings)."""
+    max_choices: int = Field(128, ge=1)
+    """Generations one request asks for: prompts x ``n`` (chat: ``n``)."""
+    max_inflight_per_request: int = Field(16, ge=1)
+    """Triton requests one request keeps in flight at once (its choices and prompts run
+    this many at a time)."""
+    max_audio_seconds: float = Field(1500.0, gt=0)
+    """Longest decoded audio the gateway takes in one request or Realtime turn (seconds;
+    a small file at a low bitrate can hold hours)."""
+    max_schema_kb: int = Field(64, ge=1)
+    """Largest JSON schema (``response_format``, a tool's ``parameters``) in KB of JSON."""
+    max_stored_kb: int = Field(1024, ge=1)
+    """Largest record the gateway stores for a request (a ``/v1/responses`` response with
+    its input, a session's messages), in KB of JSON."""
+    realtime_max_buffer_mb: float = Field(15.0, gt=0)
+    """Largest Realtime input audio buffer, decoded (OpenAI's limit is 15 MB)."""
+    realtime_max_items: int = Field(256, ge=1)
+    """Conversation items a Realtime session keeps; past it, the oldest are dropped (with a
+    ``conversation.item.deleted`` event), as OpenAI truncates a full conversation."""
+    redis_maxmemory_mb: int = Field(512, ge=16)
+    """``maxmemory`` of the embedded Redis, with the ``noeviction`` policy: when full, writes
+    fail with a clear 503 instead of keys or limits being evicted silently."""
+
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding API keys (hashed), sessions, rate-limit counters and usage. Every
     replica of the gateway points at the same one."""
