@@ -125,14 +125,22 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             app.state.sessions,
             metrics,
             settings.default_max_tokens,
+            settings.max_inflight_per_request,
+            settings.max_choices,
         )
-        app.state.completions = CompletionService(active, catalog)
+        app.state.completions = CompletionService(
+            active,
+            catalog,
+            settings.max_prompts,
+            settings.max_choices,
+            settings.max_inflight_per_request,
+        )
         app.state.responses = ResponsesService(
             app.state.chat, ResponseStore(redis, settings.responses_ttl_s)
         )
         app.state.embeddings = EmbeddingService(active, catalog)
         app.state.speech = SpeechService(active, catalog)
-        app.state.transcription = TranscriptionService(active, catalog)
+        app.state.transcription = TranscriptionService(active, catalog, settings.max_audio_seconds)
         app.state.voice_models = VoiceModels(catalog, settings)
         app.state.audio_chat = AudioChat(
             active,
@@ -141,6 +149,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             app.state.voice_models,
             redis,
             settings.audio_ttl_s,
+            settings.max_audio_seconds,
         )
         app.state.realtime = RealtimeServices(
             active,
@@ -173,7 +182,12 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     app.state.metrics = metrics
     app.state.drain = Drain()
     install_handlers(app)
-    app.add_middleware(GatewayMiddleware, metrics=metrics, drain=app.state.drain)
+    app.add_middleware(
+        GatewayMiddleware,
+        metrics=metrics,
+        drain=app.state.drain,
+        max_body_mb=settings.max_request_mb,
+    )
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(responses.router)

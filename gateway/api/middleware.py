@@ -12,6 +12,11 @@ the process serves HTTP, and orchestrators send many; routing it through FastAPI
 times what uvicorn itself spends on a request (``tests/bench/cpu.py``). The route stays
 declared in the app, so it is documented in the OpenAPI schema like the others.
 
+A request body larger than ``GATEWAY_MAX_REQUEST_MB`` gets a 413 before the app reads
+it: at once when its ``Content-Length`` says so (the server holds a body to its declared
+length), else (a chunked body) once what arrived passes the limit; a chunked body is read
+here first, up to the limit, so that the answer can still be a 413.
+
 While the process drains before it stops (:class:`Drain`, started by SIGTERM), requests
 already running go on to their end and every new one but the liveness probe and
 ``/metrics`` gets a 503 with ``Retry-After`` (the OpenAI SDKs retry it, and a load balancer
@@ -70,10 +75,20 @@ class Drain:
 
 
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics, drain: Drain) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: Metrics, drain: Drain, max_body_mb: float = 36.0
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.drain = drain
+        self.max_body = int(max_body_mb * 1024 * 1024)
+        body = error_body(
+            f"The request body is larger than {max_body_mb:g} MB, the most this gateway "
+            "reads (GATEWAY_MAX_REQUEST_MB).",
+            "invalid_request_error",
+            code="request_too_large",
+        )
+        self._too_large = json.dumps(body).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -84,6 +99,10 @@ class GatewayMiddleware:
             return
         if self.drain.draining and scope["path"] != "/metrics":
             await self._refuse(scope, send)
+            return
+        bounded = await self._bounded(scope, receive)
+        if bounded is None:
+            await self._refuse_body(scope, send)
             return
         started = time.monotonic()
         # request.state is this dict (Starlette keeps it in the scope).
@@ -105,7 +124,7 @@ class GatewayMiddleware:
         in_flight.inc()
         self.drain.busy += 1
         try:
-            await self.app(scope, receive, send_wrapped)
+            await self.app(scope, bounded, send_wrapped)
         finally:
             self.drain.busy -= 1
             in_flight.dec()
@@ -124,6 +143,54 @@ class GatewayMiddleware:
         await send(_LIVE_BODY if scope["method"] == "GET" else {"type": "http.response.body"})
         self.metrics.requests.labels(LIVE_PATH, "", "200").inc()
         self.metrics.duration.labels(LIVE_PATH, "").observe(time.monotonic() - started)
+
+    async def _bounded(self, scope: Scope, receive: Receive) -> Receive | None:
+        """``receive`` for a body within the limit; None for one past it."""
+        length = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        if length is not None:
+            return receive if length.isdigit() and int(length) <= self.max_body else None
+        if not chunked:
+            return receive
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_body:
+                return None
+            if not message.get("more_body", False):
+                break
+        replay = iter(messages)
+
+        async def replayed() -> Message:
+            return next(replay, None) or await receive()
+
+        return replayed
+
+    async def _refuse_body(self, scope: Scope, send: Send) -> None:
+        body = self._too_large
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        self.metrics.requests.labels(_route_of(scope), "", "413").inc()
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         await send(_DRAINING_START)

@@ -5,6 +5,9 @@
   as text. An assistant message that carries only ``audio: {"id"}`` (an earlier spoken
   answer) stands for that answer's transcript, kept in Redis for ``GATEWAY_AUDIO_TTL_S``
   under the key that asked for it: one key cannot read another's.
+- The transcription and speech models the gateway picks are checked against the key like
+  the chat model it names (a 403 when the key may not use them), and the audio is decoded
+  off the event loop, at most ``GATEWAY_MAX_AUDIO_SECONDS`` of it per part.
 - Out: ``modalities: ["text", "audio"]`` with ``audio: {"voice", "format"}``. The answer's
   text is spoken by the speech model and returned as ``message.audio`` (``id``, base64
   ``data``, ``expires_at``, ``transcript``; ``content`` is null, as OpenAI sends it).
@@ -25,11 +28,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.backend import Backend, TranscriptionOptions
-from gateway.errors import InvalidRequestError, StoreUnavailableError
+from gateway.errors import InvalidRequestError, PermissionDeniedError, StoreUnavailableError
 from gateway.serving import generation
 from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.serving.chat import ChatService, PreparedChat
@@ -44,6 +49,7 @@ from gateway.serving.speech import PreparedSpeech, SpeechService, resolve_voice
 from gateway.serving.sse import with_done
 from gateway.serving.transcription import transcript
 from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
+from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
 from gateway.state.store import PREFIX
 
@@ -58,6 +64,22 @@ def audio_key(owner: str, audio_id: str) -> str:
     return f"{PREFIX}audio:{{{owner}}}:{audio_id}"
 
 
+def _decode(data: str, max_seconds: float) -> npt.NDArray[np.float32]:
+    """An ``input_audio`` part's base64 as samples (CPU work: run it in a thread)."""
+    return decode_to_pcm(base64.b64decode(data, validate=True), STT_RATE, max_seconds)
+
+
+def _require(key: ApiKey, model: str, use: str, param: str) -> None:
+    """403 unless ``key`` may use ``model``, which the gateway chose for the request: a
+    model used implicitly is checked like the one the request names."""
+    if not key.may_use(model):
+        raise PermissionDeniedError(
+            f"This API key may not use the model '{model}', which {use} here.",
+            param=param,
+            code="model_not_allowed",
+        )
+
+
 class AudioChat:
     def __init__(
         self,
@@ -67,6 +89,7 @@ class AudioChat:
         models: VoiceModels,
         redis: Redis,
         ttl_s: int,
+        max_audio_seconds: float = 1500.0,
     ) -> None:
         self.backend = backend
         self.chat = chat
@@ -74,6 +97,7 @@ class AudioChat:
         self.models = models
         self.redis = redis
         self.ttl_s = ttl_s
+        self.max_audio_seconds = max_audio_seconds
 
     @staticmethod
     def involved(request: ChatCompletionRequest) -> bool:
@@ -89,10 +113,10 @@ class AudioChat:
         return False
 
     async def resolve_inputs(
-        self, request: ChatCompletionRequest, owner: str, meter: Meter
+        self, request: ChatCompletionRequest, key: ApiKey, meter: Meter
     ) -> ChatCompletionRequest:
         """The request with its audio parts replaced by their transcripts, and earlier
-        spoken answers by theirs."""
+        spoken answers by theirs (``key``'s own)."""
         where: list[tuple[int, int]] = []
         jobs = []
         model: str | None = None
@@ -100,7 +124,7 @@ class AudioChat:
         for i, message in enumerate(messages):
             if message.audio is not None and message.role == "assistant":
                 if not message.content:
-                    message.content = await self._transcript_of(message.audio.id, owner, i)
+                    message.content = await self._transcript_of(message.audio.id, key.id, i)
                 message.audio = None
             if not isinstance(message.content, list):
                 continue
@@ -115,6 +139,7 @@ class AudioChat:
                     )
                 if model is None:
                     model = (await self.models.info("transcription")).name
+                    _require(key, model, "transcribes input_audio parts", param)
                 where.append((i, j))
                 jobs.append(self._transcribe(model, part.input_audio.data, param, meter))
         for (i, j), text in zip(where, await asyncio.gather(*jobs), strict=True):
@@ -138,8 +163,7 @@ class AudioChat:
 
     async def _transcribe(self, model: str, data: str, param: str, meter: Meter) -> str:
         try:
-            raw = base64.b64decode(data, validate=True)
-            audio = await asyncio.to_thread(decode_to_pcm, raw)
+            audio = await asyncio.to_thread(_decode, data, self.max_audio_seconds)
         except (binascii.Error, ValueError) as exc:
             message = str(exc) if isinstance(exc, UndecodableAudioError) else "invalid base64"
             raise InvalidRequestError(
@@ -148,10 +172,12 @@ class AudioChat:
         meter.audio_seconds_in += audio.size / STT_RATE
         return await transcript(self.backend, model, audio, TranscriptionOptions())
 
-    async def voice(self, request: ChatCompletionRequest) -> tuple[Voice, AudioOutput]:
-        """The speech model and voice for the answer; 400 for an unknown voice."""
+    async def voice(self, request: ChatCompletionRequest, key: ApiKey) -> tuple[Voice, AudioOutput]:
+        """The speech model and voice for the answer; 403 if the key may not use the
+        model, 400 for an unknown voice."""
         assert request.audio is not None
         info = await self.models.info("speech")
+        _require(key, info.name, "speaks audio answers", "modalities")
         try:
             name = resolve_voice(request.audio.voice, info.voices)
         except InvalidRequestError as exc:
@@ -169,10 +195,10 @@ class AudioChat:
         self,
         chat: PreparedChat,
         request: ChatCompletionRequest,
-        owner: str,
+        key: ApiKey,
         meter: Meter,
     ) -> ChatCompletion:
-        voice, output = await self.voice(request)
+        voice, output = await self.voice(request, key)
         completion = await self.chat.complete(chat, meter)
         message = completion.choices[0].message
         text = message.content
@@ -189,7 +215,7 @@ class AudioChat:
         body = await self.speech.stream(speech, meter)
         audio = b"".join([piece async for piece in body if isinstance(piece, bytes)])
         audio_id = f"audio_{uuid.uuid4().hex}"
-        await self._remember(owner, audio_id, text)
+        await self._remember(key.id, audio_id, text)
         message.audio = AnswerAudio(
             id=audio_id,
             data=base64.b64encode(audio).decode(),
@@ -203,7 +229,7 @@ class AudioChat:
         self,
         chat: PreparedChat,
         request: ChatCompletionRequest,
-        owner: str,
+        key: ApiKey,
         meter: Meter,
     ) -> AsyncIterator[str]:
         """SSE chunks with ``delta.audio``; raises (for a real status) if generation fails
@@ -212,11 +238,10 @@ class AudioChat:
             raise InvalidRequestError(
                 "Streamed audio output cannot be combined with tools.", param="tools"
             )
-        voice, output = await self.voice(request)
-        jobs = chat.jobs()
-        pieces = await generation.stream(self.backend, chat.model, jobs)
-        tally = generation.Tally(meter, jobs)
-        events = self._events(chat, voice, output, pieces, tally, owner, meter)
+        voice, output = await self.voice(request, key)
+        tally = await chat.tally(meter)
+        pieces = await generation.stream(self.backend, chat.model, tally)
+        events = self._events(chat, voice, output, pieces, tally, key.id, meter)
         return with_done(events, "chat")
 
     async def _events(

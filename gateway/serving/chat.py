@@ -75,11 +75,16 @@ class PreparedChat:
     """How many alternatives per token to report; None: no log probabilities."""
     session: SessionPlan | None = None
     """Set when the request continues a session: the reply is stored when it completes."""
+    flexible: bool = False
+    """The client set no ``max_tokens``: fewer may be granted under the key's ``tpm``."""
+    in_flight: int = 16
+    """How many of its choices run at once."""
     started: float = field(default_factory=time.monotonic)
 
-    def jobs(self) -> list[generation.Job]:
-        """One backend request per choice."""
-        return generation.jobs_for([self.prompt], self.options, self.n)
+    async def tally(self, meter: Meter | None) -> generation.Tally:
+        """One backend request per choice, their tokens reserved under the key's limits."""
+        jobs = generation.jobs_for([self.prompt], self.options, self.n)
+        return await generation.admit(meter or Meter(), jobs, self.flexible, self.in_flight)
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
@@ -127,6 +132,26 @@ def with_max_tokens(
     if chosen is None and model.context_length:
         chosen = max(model.context_length - estimate_tokens(prompt), 1)
     return replace(options, max_tokens=chosen or fallback)
+
+
+def check_fan_out(prompts: int, max_prompts: int, n: int, max_choices: int) -> None:
+    """400 naming the limit when a request asks for more prompts, or more generations
+    (prompts x ``n``), than one request may (``GATEWAY_MAX_PROMPTS``,
+    ``GATEWAY_MAX_CHOICES``): each is a Triton request."""
+    if prompts > max_prompts:
+        raise InvalidRequestError(
+            f"The request has {prompts} prompts; at most {max_prompts} are allowed per "
+            "request (GATEWAY_MAX_PROMPTS). Send them in several requests.",
+            param="prompt",
+            code="too_many_prompts",
+        )
+    if prompts * n > max_choices:
+        raise InvalidRequestError(
+            f"The request asks for {prompts * n} generations ({prompts} prompt(s) x n={n}); "
+            f"at most {max_choices} are allowed per request (GATEWAY_MAX_CHOICES).",
+            param="n",
+            code="too_many_choices",
+        )
 
 
 def check_max_tokens(model: ModelInfo, max_tokens: int | None, param: str) -> None:
@@ -282,6 +307,8 @@ class ChatService:
         sessions: SessionStore | None = None,
         metrics: Metrics | None = None,
         default_max_tokens: int = 1024,
+        in_flight: int = 16,
+        max_choices: int = 128,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
@@ -289,6 +316,8 @@ class ChatService:
         self.sessions = sessions
         self.metrics = metrics
         self.default_max_tokens = default_max_tokens
+        self.in_flight = in_flight
+        self.max_choices = max_choices
 
     async def prepare(
         self,
@@ -302,6 +331,7 @@ class ChatService:
         if problem is not None:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
+        check_fan_out(1, 1, request.n, self.max_choices)
         model = await self.catalog.get(request.model, "chat")
         template = model.chat_template or self.default_template
         if template is None:
@@ -365,6 +395,8 @@ class ChatService:
             tools=tools.plan,
             logprobs=top,
             session=session,
+            flexible=max_tokens is None,
+            in_flight=self.in_flight,
         )
 
     async def remember(
@@ -396,9 +428,8 @@ class ChatService:
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        jobs = chat.jobs()
-        tally = generation.Tally(meter or Meter(), jobs)
-        results = await generation.collect(self.backend, chat.model, jobs, tally)
+        tally = await chat.tally(meter)
+        results = await generation.collect(self.backend, chat.model, tally)
         choices = [self._choice(chat, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
         await self.remember(chat, message, results[0].completion_tokens)
@@ -413,9 +444,8 @@ class ChatService:
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before the first chunk of any choice."""
-        jobs = chat.jobs()
-        pieces = await generation.stream(self.backend, chat.model, jobs)
-        tally = generation.Tally(meter or Meter(), jobs)
+        tally = await chat.tally(meter)
+        pieces = await generation.stream(self.backend, chat.model, tally)
         return with_done(self._events(chat, pieces, tally), "chat")
 
     def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:

@@ -23,6 +23,7 @@ from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import (
+    check_fan_out,
     check_max_tokens,
     check_prompt,
     fit_to_model,
@@ -72,15 +73,27 @@ class _Offsets:
 
 
 class CompletionService:
-    def __init__(self, backend: Backend, catalog: ModelCatalog) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        catalog: ModelCatalog,
+        max_prompts: int = 128,
+        max_choices: int = 128,
+        in_flight: int = 16,
+    ) -> None:
         self.backend = backend
         self.catalog = catalog
+        self.max_prompts = max_prompts
+        self.max_choices = max_choices
+        self.in_flight = in_flight
 
     async def prepare(self, request: CompletionRequest) -> PreparedCompletion:
         problem = request.unsupported()
         if problem is not None:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
+        prompts = request.prompts()
+        check_fan_out(len(prompts), self.max_prompts, request.n, self.max_choices)
         model = await self.catalog.get(request.model, "chat")
         check_max_tokens(model, request.max_tokens, "max_tokens")
         top = logprob_options(
@@ -97,7 +110,6 @@ class CompletionService:
             constraint=response_constraint(request.response_format, model),
             constraint_key=model.structured_outputs_key,
         )
-        prompts = request.prompts()
         for prompt in prompts:
             if not prompt:
                 raise InvalidRequestError("A prompt must not be empty.", param="prompt")
@@ -114,15 +126,15 @@ class CompletionService:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 
-    def _jobs(self, job: PreparedCompletion) -> list[generation.Job]:
-        return generation.jobs_for(job.prompts, job.options, job.n)
+    async def _tally(self, job: PreparedCompletion, meter: Meter | None) -> generation.Tally:
+        jobs = generation.jobs_for(job.prompts, job.options, job.n)
+        return await generation.admit(meter or Meter(), jobs, in_flight=self.in_flight)
 
     async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
-        jobs = self._jobs(job)
-        tally = generation.Tally(meter or Meter(), jobs)
-        results = await generation.collect(self.backend, job.model, jobs, tally)
+        tally = await self._tally(job, meter)
+        results = await generation.collect(self.backend, job.model, tally)
         choices = []
-        for index, (spec, result) in enumerate(zip(jobs, results, strict=True)):
+        for index, (spec, result) in enumerate(zip(tally.jobs, results, strict=True)):
             echoed = spec.prompt if job.echo else ""
             logprobs = None
             if job.logprobs is not None:
@@ -148,10 +160,9 @@ class CompletionService:
     ) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body (see the chat service for the
         contract)."""
-        jobs = self._jobs(job)
-        pieces = await generation.stream(self.backend, job.model, jobs)
-        tally = generation.Tally(meter or Meter(), jobs)
-        return with_done(self._events(job, jobs, pieces, tally), "completions")
+        tally = await self._tally(job, meter)
+        pieces = await generation.stream(self.backend, job.model, tally)
+        return with_done(self._events(job, tally.jobs, pieces, tally), "completions")
 
     async def _events(
         self,

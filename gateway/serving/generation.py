@@ -5,6 +5,11 @@ concurrently, so each gets the model's full sampling and a batching engine serve
 together. :func:`collect` runs them to the end; :func:`stream` merges their chunks as they
 come, each tagged with its choice index. Tokens go to the request's meter as they arrive,
 so what was generated counts even when the client leaves early.
+
+Every caller goes the same way: :func:`admit` reserves the jobs' tokens under the key's
+``tpm`` and returns the request's :class:`Tally`; :func:`collect` or :func:`stream` runs its
+jobs, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one
+request with many choices cannot flood Triton.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
+from gateway.backend.tokenizer import estimate_tokens
 from gateway.serving.protocol import Usage
 from gateway.serving.sse import first_or_close
 from gateway.state.limits import Meter
@@ -52,12 +59,15 @@ class Generated:
 
 
 class Tally:
-    """Counts a request's tokens into its meter as they arrive: the prompt once per
-    distinct prompt, every choice's completion tokens."""
+    """A request's jobs, and its tokens counted into its meter as they arrive: the prompt
+    once per distinct prompt, every choice's completion tokens."""
 
-    def __init__(self, meter: Meter, jobs: list[Job]) -> None:
+    def __init__(self, meter: Meter, jobs: list[Job], in_flight: int = 16) -> None:
         self.meter = meter
         self.jobs = jobs
+        self.in_flight = in_flight
+        """How many of the jobs may run at once."""
+        self.gate = asyncio.Semaphore(in_flight)
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.finish_reasons: dict[int, str] = {}
@@ -88,7 +98,28 @@ class Tally:
         )
 
 
+async def admit(
+    meter: Meter, jobs: list[Job], flexible: bool = False, in_flight: int = 16
+) -> Tally:
+    """Reserves the jobs' tokens under the key's ``tpm`` (429 when they do not fit, see
+    :meth:`Meter.reserve`): the distinct prompts, estimated, and every job's
+    ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the jobs may be given
+    fewer tokens, as many as the key has left. A model that takes no ``max_tokens`` is
+    reserved one token per job and counted in full when it ends."""
+    per = jobs[0].options.max_tokens
+    prompt = sum(estimate_tokens(p) for p in {j.prompt for j in jobs})
+    granted = await meter.reserve(prompt, per or 1, len(jobs), flexible and per is not None)
+    if per is not None and granted < per:
+        jobs = [Job(j.prompt, replace(j.options, max_tokens=granted)) for j in jobs]
+    return Tally(meter, jobs, in_flight)
+
+
 async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
+    async with tally.gate:
+        return await _generated(backend, model, job, index, tally)
+
+
+async def _generated(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
     result = Generated()
     texts: list[str] = []
     finish = None
@@ -105,10 +136,12 @@ async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally)
     return result
 
 
-async def collect(backend: Backend, model: str, jobs: list[Job], tally: Tally) -> list[Generated]:
-    """Runs every job to the end, concurrently; the first failure cancels the others."""
+async def collect(backend: Backend, model: str, tally: Tally) -> list[Generated]:
+    """Runs every job to the end, concurrently (``tally.in_flight`` at a time); the first
+    failure cancels the others."""
+    jobs = tally.jobs
     if len(jobs) == 1:
-        return [await _one(backend, model, jobs[0], 0, tally)]
+        return [await _generated(backend, model, jobs[0], 0, tally)]
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(_one(backend, model, j, i, tally)) for i, j in enumerate(jobs)]
     return [task.result() for task in tasks]
@@ -118,19 +151,37 @@ async def collect(backend: Backend, model: str, jobs: list[Job], tally: Tally) -
 Piece = tuple[int, GenerationChunk | None]
 
 
-async def stream(backend: Backend, model: str, jobs: list[Job]) -> AsyncGenerator[Piece, None]:
-    """Starts every job and awaits each one's first chunk (so a request that fails up front
+#: A stream whose first chunk is not awaited before the response starts.
+_LATER: Any = object()
+
+
+async def stream(backend: Backend, model: str, tally: Tally) -> AsyncGenerator[Piece, None]:
+    """Starts the jobs and awaits each one's first chunk (so a request that fails up front
     raises before the HTTP response starts), then yields the chunks of all of them as they
-    come. Closing the generator cancels every job still running."""
+    come. Jobs beyond ``tally.in_flight`` start as earlier ones end (their failures come
+    in the stream). Closing the generator cancels every job still running."""
+    jobs = tally.jobs
     streams = [backend.generate(model, j.prompt, j.options, stream=True) for j in jobs]
+    if len(streams) > tally.in_flight:
+        streams = [_gated(tally.gate, s) for s in streams]
+    started = streams[: tally.in_flight]
     try:
-        firsts = await asyncio.gather(*(first_or_close(s) for s in streams))
+        firsts = await asyncio.gather(*(first_or_close(s) for s in started))
     except BaseException:
         await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
         raise
     if len(streams) == 1:
         return _single(streams[0], firsts[0])
-    return _merged(streams, firsts)
+    return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+
+
+async def _gated(
+    gate: asyncio.Semaphore, chunks: AsyncGenerator[GenerationChunk, None]
+) -> AsyncGenerator[GenerationChunk, None]:
+    """``chunks`` once one of the request's ``in_flight`` places is free, held to its end."""
+    async with gate, aclosing(chunks):
+        async for chunk in chunks:
+            yield chunk
 
 
 async def texts(pieces: AsyncGenerator[Piece, None], tally: Tally) -> AsyncGenerator[str, None]:
@@ -167,6 +218,8 @@ async def _merged(
         try:
             async with aclosing(chunks):
                 chunk = firsts[index]
+                if chunk is _LATER:
+                    chunk = await anext(chunks, None)
                 while chunk is not None:
                     await queue.put((index, chunk))
                     chunk = await anext(chunks, None)

@@ -871,9 +871,8 @@ class _Responder:
             }
         )
         chat = await session.services.chat.prepare(request)
-        jobs = chat.jobs()
-        self.tally = generation.Tally(admission.meter, jobs)
-        pieces = await generation.stream(session.services.backend, chat.model, jobs)
+        self.tally = await chat.tally(admission.meter)
+        pieces = await generation.stream(session.services.backend, chat.model, self.tally)
         self.started = True
         previous = session.items[-1].id if session.items else None
         session.items.append(self.item)

@@ -448,9 +448,8 @@ class ResponsesService:
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
         chat = prepared.chat
-        jobs = chat.jobs()
-        tally = generation.Tally(meter or Meter(), jobs)
-        (result,) = await generation.collect(self.chat.backend, chat.model, jobs, tally)
+        tally = await chat.tally(meter)
+        (result,) = await generation.collect(self.chat.backend, chat.model, tally)
         content: str | None = result.text
         calls: list[ParsedCall] = []
         if chat.tools is not None:
@@ -469,9 +468,8 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        jobs = chat.jobs()
-        pieces = await generation.stream(self.chat.backend, chat.model, jobs)
-        tally = generation.Tally(meter or Meter(), jobs)
+        tally = await chat.tally(meter)
+        pieces = await generation.stream(self.chat.backend, chat.model, tally)
         return self._guarded(prepared, _StreamWriter(prepared, self), pieces, tally)
 
     async def _guarded(

@@ -110,9 +110,12 @@ def to_verbose_json(job: PreparedTranscription, segments: list[Segment]) -> dict
 
 
 class TranscriptionService:
-    def __init__(self, backend: Backend, catalog: ModelCatalog) -> None:
+    def __init__(
+        self, backend: Backend, catalog: ModelCatalog, max_audio_seconds: float = 1500.0
+    ) -> None:
         self.backend = backend
         self.catalog = catalog
+        self.max_audio_seconds = max_audio_seconds
 
     async def prepare(
         self,
@@ -144,7 +147,7 @@ class TranscriptionService:
                 param="timestamp_granularities[]",
             )
         try:
-            audio = await asyncio.to_thread(decode_to_pcm, upload)
+            audio = await asyncio.to_thread(decode_to_pcm, upload, STT_RATE, self.max_audio_seconds)
         except UndecodableAudioError as exc:
             raise InvalidRequestError(
                 f"Invalid audio file: {exc}.", param="file", code="invalid_audio"

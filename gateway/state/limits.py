@@ -9,8 +9,12 @@ check and the increment cannot interleave between replicas, and the clock is Red
 - Requests and tokens are counted in one-second buckets (a hash: second -> amount); the
   window is the last 60 seconds, so the limit holds over every sliding minute. A request is
   admitted while the window's requests are under ``rpm`` and its tokens under ``tpm``.
-  Tokens are known when a request ends, so they are added then (a request in flight may
-  take the window over ``tpm`` by its own size; the next one then waits).
+- Tokens are reserved before generation starts, as OpenAI admits them: the prompt
+  (estimated) plus ``n x max_tokens`` must fit what the window has left, else a 429. A
+  request that set no ``max_tokens`` is given what is left (at most its default), so it can
+  never generate past the limit. When it ends, the reservation is settled to the real count
+  in the bucket it was taken from. Work that cannot be sized beforehand (embeddings, audio)
+  is counted when it ends.
 - Concurrency is a sorted set of leases scored by expiry. A running request renews its lease;
   a gateway that dies without releasing its leases frees them when they expire
   (``concurrency_lease_s``).
@@ -26,7 +30,9 @@ import itertools
 import logging
 import math
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -111,12 +117,56 @@ return {raw, '', 1, '', '0', tostring(requests + 1), tostring(tokens), '60',
         tostring(tok_empty)}
 """
 
+# KEYS: token buckets. ARGV: tpm, prompt tokens, tokens per generation, generations,
+# flexible (1: the request set no max_tokens, so it may be given fewer). Returns {'ok',
+# tokens granted per generation, bucket (second) of the reservation} or {'no', seconds
+# until the window frees} or {'too_large'} (the request can never fit the limit).
+_RESERVE = """
+local t = redis.call('TIME')
+local sec = tonumber(t[1])
+local now = sec + tonumber(t[2]) / 1000000
+local total, oldest = 0, sec
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local s = tonumber(all[i])
+  if s <= sec - 60 then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    total = total + tonumber(all[i + 1])
+    if s < oldest then oldest = s end
+  end
+end
+local tpm, prompt, per, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
+  tonumber(ARGV[4])
+local least = per
+if ARGV[5] == '1' then least = 1 end
+if prompt + count * least > tpm then return {'too_large'} end
+local grant = per
+if ARGV[5] == '1' then grant = math.min(per, math.floor((tpm - total - prompt) / count)) end
+if grant < least or prompt + count * grant > tpm - total then
+  return {'no', tostring(oldest + 60 - now)}
+end
+redis.call('HINCRBY', KEYS[1], sec, prompt + count * grant)
+redis.call('EXPIRE', KEYS[1], 61)
+return {'ok', tostring(grant), tostring(sec)}
+"""
+
 # KEYS: token buckets, leases, usage. ARGV: tokens, lease id, prompt tokens, completion
-# tokens, audio seconds in, audio seconds out.
+# tokens, audio seconds in, audio seconds out, tokens reserved, bucket of the reservation.
+# A reservation still in the window is settled to the real count in its own bucket (never
+# below zero); one that has left the window counts no more; without one, the tokens are
+# counted now.
 _FINISH = """
-local sec = redis.call('TIME')[1]
+local sec = tonumber(redis.call('TIME')[1])
 local tokens = tonumber(ARGV[1])
-if tokens > 0 then
+local reserved, at = tonumber(ARGV[7]), tonumber(ARGV[8])
+if reserved > 0 then
+  if at > sec - 60 then
+    local held = tonumber(redis.call('HGET', KEYS[1], at) or '0')
+    local change = math.max(tokens - reserved, -held)
+    if change ~= 0 then redis.call('HINCRBY', KEYS[1], at, change) end
+  end
+elseif tokens > 0 then
   redis.call('HINCRBY', KEYS[1], sec, tokens)
   redis.call('EXPIRE', KEYS[1], 61)
 end
@@ -163,6 +213,10 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
+#: Reserves tokens under a key's ``tpm`` (see :meth:`Meter.reserve`).
+Reserver = Callable[["Meter", int, int, int, bool], Awaitable[int]]
+
+
 @dataclass
 class Meter:
     """What one request used. The services fill it in as they learn it; it is recorded
@@ -172,10 +226,27 @@ class Meter:
     completion_tokens: int = 0
     audio_seconds_in: float = 0.0
     audio_seconds_out: float = 0.0
+    reserved: int = 0
+    """Tokens reserved under the key's ``tpm`` before generating (settled at the end)."""
+    reserved_at: int = 0
+    """The window bucket (second) of the last reservation."""
+    reserver: Reserver | None = field(default=None, repr=False)
+    """Set when the key has a ``tpm`` limit."""
 
     def add_tokens(self, prompt: int, completion: int) -> None:
         self.prompt_tokens += prompt
         self.completion_tokens += completion
+
+    async def reserve(
+        self, prompt: int, per_generation: int, generations: int, flexible: bool
+    ) -> int:
+        """Reserves ``prompt + generations x per_generation`` tokens under the key's
+        ``tpm`` before generating: a 429 when they do not fit what the window has left.
+        ``flexible`` (the client set no ``max_tokens``): fewer tokens per generation may be
+        granted, as many as fit. Returns the tokens granted per generation."""
+        if self.reserver is None:
+            return per_generation
+        return await self.reserver(self, prompt, per_generation, generations, flexible)
 
 
 @dataclass
@@ -217,6 +288,7 @@ class RateLimiter:
         self.lease_s = lease_s
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
+        self._reserve = redis.register_script(_RESERVE)
         self._renew = redis.register_script(_RENEW)
         # Lease ids: this process's random prefix and a counter (unique across replicas).
         self._lease_prefix = f"{uuid.uuid4().hex[:12]}-"
@@ -257,12 +329,52 @@ class RateLimiter:
         if int(counts[0]) != 1:
             limit, wait = str(counts[1]), float(counts[2])
             raise RateLimitError(_refusal(key, limit, wait), limit, wait, headers)
+        meter = Meter(reserver=partial(self._reserve_tokens, key) if key.tpm else None)
         if not key.max_concurrency or not lease:
-            return Admission(key=key, headers=headers)
+            return Admission(key=key, headers=headers, meter=meter)
         self._held[lease] = leases
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._keep())
-        return Admission(key=key, headers=headers, lease=lease)
+        return Admission(key=key, headers=headers, meter=meter, lease=lease)
+
+    @needs_store
+    async def _reserve_tokens(
+        self,
+        key: ApiKey,
+        meter: Meter,
+        prompt: int,
+        per_generation: int,
+        generations: int,
+        flexible: bool,
+    ) -> int:
+        """:meth:`Meter.reserve` for a key with a ``tpm`` limit, in one script run."""
+        assert key.tpm is not None
+        _, tokens, _ = _keys(key.id)
+        result = await self._reserve(
+            keys=[tokens],
+            args=[key.tpm, prompt, per_generation, generations, int(flexible)],
+        )
+        wanted = prompt + generations * per_generation
+        if result[0] == "too_large":
+            least = prompt + generations * (1 if flexible else per_generation)
+            raise RateLimitError(
+                f"Request too large for API key '{key.name}' on tokens per minute (TPM): "
+                f"limit {key.tpm}, requested {least} (the prompt, estimated, plus n x "
+                "max_tokens). Reduce the prompt, n or max_tokens.",
+                "tokens",
+                0.0,  # retrying will not help; the SDKs retry a 429 anyway
+                {},
+            )
+        if result[0] == "no":
+            wait = float(result[1])
+            message = _refusal(key, "tokens", wait).replace(
+                ". Please", f" (this request needs {wanted}). Please", 1
+            )
+            raise RateLimitError(message, "tokens", wait, {})
+        granted = int(result[1])
+        meter.reserved += prompt + generations * granted
+        meter.reserved_at = int(result[2])
+        return granted
 
     async def _keep(self) -> None:
         """Renews every lease this process holds, all in one round trip, a few times per
@@ -305,6 +417,8 @@ class RateLimiter:
                     meter.completion_tokens,
                     round(meter.audio_seconds_in, 3),
                     round(meter.audio_seconds_out, 3),
+                    meter.reserved,
+                    meter.reserved_at,
                 ],
             )
         except RedisError as exc:

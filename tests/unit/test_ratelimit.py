@@ -73,21 +73,70 @@ async def test_concurrent_requests_never_exceed_the_rpm(http: httpx.AsyncClient)
     assert sorted(r.status_code for r in responses) == [200] * 5 + [429] * 7
 
 
-async def test_tokens_per_minute_counts_what_requests_used(http: httpx.AsyncClient) -> None:
-    key = (await new_key(http, tpm=5))["key"]
-    first = await http.post(CHAT, json=chat_body(), headers=bearer(key))
-    assert first.status_code == 200
-    assert first.headers["x-ratelimit-remaining-tokens"] == "5"
-    used = first.json()["usage"]["total_tokens"]
-    assert used >= 5  # the fake's prompt and reply together
+async def test_tokens_are_reserved_at_admission_as_prompt_plus_n_times_max_tokens(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    key = (await new_key(http, tpm=300))["key"]
+    refused = await http.post(CHAT, json=chat_body(n=4, max_tokens=100), headers=bearer(key))
+    error = assert_openai_error(refused, 429, code="rate_limit_exceeded", type="tokens")
+    assert "Request too large" in error["message"] and "limit 300" in error["message"]
+    assert fake.calls == []  # refused before anything reached the model
+    admitted = await http.post(CHAT, json=chat_body(n=2, max_tokens=100), headers=bearer(key))
+    assert admitted.status_code == 200, admitted.text
+
+
+async def test_a_reservation_holds_while_its_request_runs_and_settles_to_what_it_used(
+    http: httpx.AsyncClient, stream_http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    key = (await new_key(http, tpm=300))["key"]
+    fake.reply = " ".join(f"w{i}" for i in range(20))
+    fake.token_delay_s = 0.01
+    body = chat_body(stream=True, max_tokens=200)
+    async with stream_http.stream("POST", CHAT, json=body, headers=bearer(key)) as stream:
+        assert stream.status_code == 200
+        # 200 tokens are reserved for the running stream: another 200 do not fit.
+        refused = await http.post(CHAT, json=chat_body(max_tokens=200), headers=bearer(key))
+        error = assert_openai_error(refused, 429, type="tokens")
+        assert "tokens per minute" in error["message"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        await stream.aread()
+    # The stream used about 25 tokens, not 200: the window has room again.
+    again = await http.post(CHAT, json=chat_body(max_tokens=200), headers=bearer(key))
+    assert again.status_code == 200, again.text
+    assert int(again.headers["x-ratelimit-remaining-tokens"]) > 200
+
+
+async def test_without_max_tokens_a_request_generates_only_what_the_key_has_left(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    key = (await new_key(http, tpm=40))["key"]
+    fake.reply = " ".join(f"w{i}" for i in range(100))
+    answer = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+    assert answer.status_code == 200, answer.text
+    granted = fake.calls[-1].options.max_tokens
+    assert granted is not None and 0 < granted < 40  # not the model's default of ~2000
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+    # The window is full now: the next request is refused until it frees.
     refused = await http.post(CHAT, json=chat_body(), headers=bearer(key))
-    error = assert_openai_error(refused, 429, type="tokens")
-    assert "tokens per minute" in error["message"]
-    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert_openai_error(refused, 429, type="tokens")
 
 
-async def test_streamed_tokens_count_too(http: httpx.AsyncClient) -> None:
-    key = (await new_key(http, tpm=5))["key"]
+async def test_reservations_are_exact_across_concurrent_requests(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    key = (await new_key(http, tpm=1000))["key"]
+    fake.reply = " ".join(f"w{i}" for i in range(30))
+    fake.token_delay_s = 0.01  # every request still runs when the last one is admitted
+    body = chat_body(max_tokens=300, stream=True)
+    responses = await asyncio.gather(
+        *(http.post(CHAT, json=body, headers=bearer(key)) for _ in range(8))
+    )
+    assert sorted(r.status_code for r in responses) == [200] * 3 + [429] * 5
+
+
+async def test_streamed_tokens_count_too(http: httpx.AsyncClient, fake: FakeBackend) -> None:
+    key = (await new_key(http, tpm=40))["key"]
+    fake.reply = " ".join(f"w{i}" for i in range(100))
     streamed = await http.post(CHAT, json=chat_body(stream=True), headers=bearer(key))
     assert streamed.status_code == 200
     refused = await http.post(CHAT, json=chat_body(), headers=bearer(key))

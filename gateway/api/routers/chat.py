@@ -41,17 +41,17 @@ async def create_chat_completion(
     meter = admission.use_model(body.model)
     audio = AudioChat.involved(body)
     if audio:
-        body = await audio_chat.resolve_inputs(body, admission.key.id, meter)
+        body = await audio_chat.resolve_inputs(body, admission.key, meter)
     prepared = await chat.prepare(body, session_id, owner=admission.key.id)
     headers = {"X-Session-ID": session_id} if session_id else {}
     if audio and body.wants_audio():
         if body.stream:
-            events = await audio_chat.stream(prepared, body, admission.key.id, meter)
+            events = await audio_chat.stream(prepared, body, admission.key, meter)
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
             )
         spoken = await cancel_on_disconnect(
-            request, audio_chat.complete(prepared, body, admission.key.id, meter)
+            request, audio_chat.complete(prepared, body, admission.key, meter)
         )
         return Response(spoken.model_dump_json(), media_type="application/json", headers=headers)
     if body.stream:

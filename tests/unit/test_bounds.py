@@ -1,0 +1,156 @@
+"""What one request can make the gateway do is bounded (README "Limits"), and every model a
+request makes the gateway use is checked against the caller's key."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncGenerator
+
+import httpx
+import pytest
+
+from gateway.backend import GenerationChunk, SamplingOptions
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import (
+    assert_openai_error,
+    bearer,
+    chat_body,
+    make_settings,
+    new_key,
+    serve,
+)
+from tests.unit.test_transcription import tone_file
+
+VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
+
+
+def audio_part(seconds: float) -> dict[str, object]:
+    data = base64.b64encode(tone_file(seconds)).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
+async def test_a_huge_fan_out_is_refused_at_once_and_nothing_reaches_the_model(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    body = {"model": "fake-chat", "prompt": ["hi"] * 5000, "n": 128}
+    started = time.monotonic()
+    refused = await http.post("/v1/completions", json=body)
+    assert time.monotonic() - started < 1
+    error = assert_openai_error(refused, 400, param="prompt", code="too_many_prompts")
+    assert "GATEWAY_MAX_PROMPTS" in error["message"]
+    too_many = await http.post(
+        "/v1/completions", json={"model": "fake-chat", "prompt": ["a", "b", "c"], "n": 50}
+    )
+    error = assert_openai_error(too_many, 400, param="n", code="too_many_choices")
+    assert "150 generations" in error["message"]
+    assert fake.calls == []
+
+
+async def test_chat_n_is_bounded_by_the_choices_setting(fake: FakeBackend) -> None:
+    async with serve(make_settings(max_choices=4), fake) as (_, http, _sdk):
+        refused = await http.post("/v1/chat/completions", json=chat_body(n=5))
+        assert_openai_error(refused, 400, param="n", code="too_many_choices")
+        assert (await http.post("/v1/chat/completions", json=chat_body(n=4))).status_code == 200
+
+
+class CountingBackend(FakeBackend):
+    """Counts the generations running at once."""
+
+    running: int = 0
+    most: int = 0
+
+    async def generate(
+        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+    ) -> AsyncGenerator[GenerationChunk, None]:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(0.01)
+            async for chunk in super().generate(model, prompt, options, stream):
+                yield chunk
+        finally:
+            self.running -= 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_keeps_at_most_its_share_of_triton_requests_in_flight(
+    stream: bool,
+) -> None:
+    backend = CountingBackend()
+    backend.token_delay_s = 0.005
+    settings = make_settings(max_inflight_per_request=3)
+    async with serve(settings, backend) as (_, http, _sdk):
+        body = {"model": "fake-chat", "prompt": ["one", "two"], "n": 5, "stream": stream}
+        response = await http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+    assert len(backend.calls) == 10  # every choice was generated ...
+    assert backend.most == 3  # ... never more than three at a time
+
+
+async def test_a_body_past_the_limit_is_refused_before_it_is_read(fake: FakeBackend) -> None:
+    async with serve(make_settings(max_request_mb=0.01), fake) as (_, http, _sdk):
+        big = chat_body(messages=[{"role": "user", "content": "x" * 20_000}])
+        refused = await http.post("/v1/chat/completions", json=big)
+        error = assert_openai_error(refused, 413, code="request_too_large")
+        assert "GATEWAY_MAX_REQUEST_MB" in error["message"]
+
+        async def chunks() -> AsyncGenerator[bytes, None]:  # no Content-Length: chunked
+            for _ in range(20):
+                yield b" " * 1024
+            yield b'{"model": "fake-chat"}'
+
+        chunked = await http.post("/v1/chat/completions", content=chunks())
+        assert_openai_error(chunked, 413, code="request_too_large")
+        small = await http.post("/v1/chat/completions", json=chat_body())
+        assert small.status_code == 200
+    assert fake.calls == [fake.calls[-1]]  # only the small request reached the model
+
+
+async def test_decoded_audio_is_bounded_in_seconds(fake: FakeBackend) -> None:
+    settings = make_settings(models=VOICE_MODELS, max_audio_seconds=2)
+    async with serve(settings, fake) as (_, http, _sdk):
+        files = {"file": ("long.wav", tone_file(3), "audio/wav")}
+        refused = await http.post(
+            "/v1/audio/transcriptions", data={"model": "fake-stt"}, files=files
+        )
+        error = assert_openai_error(refused, 400, param="file")
+        assert "GATEWAY_MAX_AUDIO_SECONDS" in error["message"]
+        part = await http.post(
+            "/v1/chat/completions",
+            json=chat_body(messages=[{"role": "user", "content": [audio_part(3)]}]),
+        )
+        assert "GATEWAY_MAX_AUDIO_SECONDS" in assert_openai_error(part, 400)["message"]
+        assert fake.transcribe_calls == []
+
+
+async def test_models_the_voice_chain_uses_are_checked_against_the_key(
+    fake: FakeBackend,
+) -> None:
+    async with serve(make_settings(models=VOICE_MODELS), fake) as (_, admin, _sdk):
+        key = (await new_key(admin, models=["fake-chat"]))["key"]
+        heard = await admin.post(
+            "/v1/chat/completions",
+            json=chat_body(messages=[{"role": "user", "content": [audio_part(0.5)]}]),
+            headers=bearer(key),
+        )
+        error = assert_openai_error(heard, 403, code="model_not_allowed")
+        assert "'fake-stt'" in error["message"]
+        assert error["param"] == "messages.[0].content.[0].input_audio"
+        spoken = await admin.post(
+            "/v1/chat/completions",
+            json=chat_body(modalities=["text", "audio"], audio={"voice": "alloy"}),
+            headers=bearer(key),
+        )
+        error = assert_openai_error(spoken, 403, code="model_not_allowed")
+        assert "'fake-tts'" in error["message"]
+        assert fake.transcribe_calls == [] and fake.speech_calls == [] and fake.calls == []
+        # A key that may use all three gets its spoken answer.
+        everything = (await new_key(admin, models=VOICE_MODELS))["key"]
+        allowed = await admin.post(
+            "/v1/chat/completions",
+            json=chat_body(modalities=["text", "audio"], audio={"voice": "alloy"}),
+            headers=bearer(everything),
+        )
+        assert allowed.status_code == 200, allowed.text
