@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections import Counter
@@ -75,6 +76,43 @@ def test_an_upload_over_the_limit_gets_413_in_the_openai_body(stack: GatewayProc
             model="whisper_stt", file=("big.wav", b"\0" * (UPLOAD_LIMIT_MB + 2) * MB)
         )
     assert caught.value.status_code == 413
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    assert match, status
+    return int(match.group(1)) / 1024
+
+
+def test_a_fan_out_or_an_oversized_body_is_refused_at_once_and_costs_nothing(
+    stack: GatewayProcess,
+) -> None:
+    replicas = stack.replica_addresses()
+    pids = [stack.replica_pid(address) for address in replicas]
+    before = [_rss_mb(pid) for pid in pids]
+    fan_out = {"model": "mock_chat", "prompt": ["hi"] * 5000, "n": 128}
+    for _ in range(10):
+        started = time.monotonic()
+        response = httpx.post(
+            stack.base_url + "/v1/completions", json=fan_out, headers=stack.headers, timeout=10
+        )
+        assert time.monotonic() - started < 1
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "too_many_prompts"
+    for address in replicas:  # the app's own cap, behind nginx's: no body is read
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 900000000\r\n\r\n{"
+            )
+            head = raw.recv(4096).decode()
+        assert head.startswith("HTTP/1.1 413"), head
+        assert "GATEWAY_MAX_REQUEST_MB" in head
+    after = [_rss_mb(pid) for pid in pids]
+    assert all(a - b < 20 for a, b in zip(after, before, strict=True)), (before, after)
+    assert _chat(stack).status_code == 200  # and the stack serves on
 
 
 def test_requests_spread_over_both_replicas(stack: GatewayProcess) -> None:
