@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import secrets
 import signal
 import sys
@@ -22,7 +21,7 @@ import types
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
@@ -32,7 +31,7 @@ from gateway.app import create_app
 from gateway.backend import pool
 from gateway.config import Settings, weak_key_problem
 from gateway.errors import GatewayError
-from gateway.stack import processes
+from gateway.stack import processes, secret_file
 from gateway.stack.nginx import EmbeddedNginx, EmbeddedNginxError
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import Replica, ReplicaError, metrics_dir, settings_env
@@ -43,6 +42,7 @@ from gateway.stack.triton_server import (
     EmbeddedTritonError,
     ensure_port_free,
     free_port,
+    is_loopback,
 )
 from gateway.state import store
 from gateway.state.keys import ApiKey, KeyCreate, KeyStore
@@ -162,24 +162,46 @@ def admin_key(settings: Settings) -> Settings:
     if settings.admin_key is not None:
         return settings
     path = settings.run_dir / "admin_key"
-    key = path.read_text().strip() if path.is_file() else ""
-    if weak_key_problem(key):
-        key = f"sk-gw-{secrets.token_urlsafe(32)}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(key + "\n")
-        os.chmod(path, 0o600)
+    key, made = secret_file.keep(
+        path,
+        usable=lambda kept: weak_key_problem(kept) is None,
+        make=lambda: f"sk-gw-{secrets.token_urlsafe(32)}",
+    )
+    if made:
         # Printed once, when made; later starts only say where it is (logs keep stdout).
         print(
             f"Admin key (generated, kept in {path}; set GATEWAY_ADMIN_KEY to choose one):\n  {key}",
             flush=True,
         )
     else:
-        os.chmod(path, 0o600)
         print(f"Admin key: the one in {path}", flush=True)
     return settings.model_copy(update={"admin_key": SecretStr(key)})
 
 
+def redis_password(settings: Settings, make: bool = True) -> Settings:
+    """Settings whose ``redis_url`` (what every replica connects with) carries the embedded
+    Redis's password: the URL's own, else the one kept in ``<run_dir>/redis_password``
+    (mode 600), which ``make`` generates on the first start so that every later one keeps
+    it. ``gateway keys`` reads it (``make=False``) to reach the Redis ``gateway up`` runs.
+    A Redis that ``gateway up`` does not start is left as its URL says."""
+    url = urlsplit(settings.redis_url)
+    embedded = url.scheme == "redis" and is_loopback(url.hostname or "127.0.0.1")
+    if not settings.embedded_redis or not embedded or url.password:
+        return settings
+    path = settings.run_dir / "redis_password"
+    if make:
+        password, _ = secret_file.keep(path, usable=bool, make=lambda: secrets.token_hex(32))
+    elif path.is_file():
+        password = path.read_text().strip()
+    else:
+        return settings
+    user, _, hosts = url.netloc.rpartition("@")
+    with_password = urlunsplit(url._replace(netloc=f"{user}:{password}@{hosts}"))
+    return settings.model_copy(update={"redis_url": with_password})
+
+
 def _redis(settings: Settings) -> EmbeddedRedis:
+    """The embedded Redis at the host and port of ``redis_url``, with its password."""
     url = urlsplit(settings.redis_url)
     if url.scheme in (store.SENTINEL_SCHEME, store.CLUSTER_SCHEME):
         raise EmbeddedRedisError(
@@ -187,14 +209,27 @@ def _redis(settings: Settings) -> EmbeddedRedis:
             "start those itself; set GATEWAY_EMBEDDED_REDIS=false (or pass --redis-url)"
         )
     host, port = url.hostname or "127.0.0.1", url.port or 6379
+    if not is_loopback(host):
+        raise EmbeddedRedisError(
+            f"the embedded Redis listens on loopback only, and GATEWAY_REDIS_URL names "
+            f"{host}: use 127.0.0.1, or set GATEWAY_EMBEDDED_REDIS=false to use a Redis "
+            "of your own there"
+        )
     ensure_port_free(
         host,
         port,
         "Redis",
         "GATEWAY_REDIS_URL (or use the Redis already there: GATEWAY_EMBEDDED_REDIS=false)",
     )
-    redis = EmbeddedRedis(settings.run_dir / "redis", port, host)
-    print(f"Starting Redis on {host}:{port} (data: {redis.directory})", flush=True)
+    password = unquote(url.password) if url.password else None
+    redis = EmbeddedRedis(
+        settings.run_dir / "redis", port, host, password, settings.redis_maxmemory_mb
+    )
+    print(
+        f"Starting Redis on {host}:{port} (data: {redis.directory}, "
+        f"maxmemory {settings.redis_maxmemory_mb} MB)",
+        flush=True,
+    )
     return redis
 
 
@@ -208,6 +243,12 @@ def _triton(settings: Settings) -> EmbeddedTriton | None:
             "itself; set GATEWAY_EMBEDDED_TRITON=false (or pass --triton-url) to use those"
         )
     host, _, port = settings.triton_url.rpartition(":")
+    if host and not is_loopback(host):
+        raise EmbeddedTritonError(
+            f"the embedded Triton listens on loopback only, and GATEWAY_TRITON_URL names "
+            f"{host}: use 127.0.0.1, or set GATEWAY_EMBEDDED_TRITON=false to use a Triton "
+            "of your own there"
+        )
     triton = EmbeddedTriton(
         repository=settings.model_repository,
         models=settings.models,
@@ -294,6 +335,7 @@ def _up(settings: Settings, parts: _Parts) -> int:
     # Each part is known to the cleanup before it starts, so a failed or interrupted start
     # (Ctrl-C while the models load, say) still stops it.
     if settings.embedded_redis:
+        settings = redis_password(settings)
         parts.redis = _redis(settings)
         parts.redis.start()
     parts.triton = _triton(settings)
@@ -321,7 +363,9 @@ def _up(settings: Settings, parts: _Parts) -> int:
         settings.host,
         settings.port,
         settings.nginx_internal_port,
-        settings.max_audio_upload_mb,
+        # nginx takes every body the gateway may accept (a JSON body with base64 audio is
+        # larger than the upload limit); the gateway's own 413s answer the rest.
+        max(settings.max_audio_upload_mb, settings.max_request_mb),
     )
     parts.nginx.start()
     print(
@@ -473,6 +517,15 @@ def _run(command: Callable[[], Coroutine[Any, Any, None]]) -> int:
     return 0
 
 
+def _refused(exc: ValidationError) -> str:
+    """One line per refused setting, named by its variable; never its value (it may be a
+    secret, see :class:`Settings`)."""
+    return "\n".join(
+        f"  GATEWAY_{'__'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+        for error in exc.errors(include_url=False, include_input=False)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -480,10 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings() if args.command == "keys" else _settings(args)
     except ValidationError as exc:
-        print(f"error: invalid settings:\n{exc}", file=sys.stderr)
+        print(f"error: invalid settings:\n{_refused(exc)}", file=sys.stderr)
         return 2
     if args.command == "keys":
-        return _run(lambda: _keys_command(args, settings))
+        return _run(lambda: _keys_command(args, redis_password(settings, make=False)))
     if args.command == "serve":
         return serve(settings)
     return up(settings)

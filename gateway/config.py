@@ -53,8 +53,14 @@ def weak_key_problem(key: str) -> str | None:
 class Settings(BaseSettings):
     """Configuration of the gateway and of the Triton server it may start."""
 
+    # A refused value is never echoed in a settings error: it may be a secret (the admin
+    # key, a Redis URL with its password), and the error names the setting anyway.
     model_config = SettingsConfigDict(
-        env_prefix="GATEWAY_", env_file=".env", env_nested_delimiter="__", extra="ignore"
+        env_prefix="GATEWAY_",
+        env_file=".env",
+        env_nested_delimiter="__",
+        extra="ignore",
+        hide_input_in_errors=True,
     )
 
     host: str = "127.0.0.1"

@@ -14,18 +14,26 @@
     ├── BackendError                  500 server_error / model_error
     ├── BackendUnavailableError       503 server_error / backend_unavailable (Retry-After)
     ├── StoreUnavailableError         503 server_error / store_unavailable (Retry-After)
+    │   └── StoreFullError            503 server_error / store_full (Retry-After)
     └── BackendTimeoutError           504 server_error / backend_timeout
 
 Routers never catch exceptions: the handlers installed by :func:`install_handlers` render
 these, FastAPI's validation errors (as 400, like OpenAI) and anything unexpected (500),
 always in the OpenAI error body. Errors after a stream began are rendered by the chat
 service as an SSE ``error`` event with the same body (see :func:`error_body`).
+
+No internals reach a client: what Redis, gRPC or Triton said (peer addresses, file paths,
+tracebacks) is an error's ``detail``, which the handlers log with the request's id; the
+client reads a fixed message that carries that id, and the ``X-Request-ID`` header.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -54,9 +62,13 @@ class GatewayError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        detail: str | None = None,
     ):
+        """``message`` is what the client reads; ``detail``, what went wrong inside (a
+        server's own words), is only logged."""
         super().__init__(message)
         self.message = message
+        self.detail = detail
         self.param = param
         self.headers = headers or {}
         if self.retry_after_s is not None:
@@ -159,11 +171,25 @@ class BackendUnavailableError(GatewayError):
 
 class StoreUnavailableError(GatewayError):
     """Redis (keys, limits, sessions, usage) cannot be reached: nothing that needs it is let
-    through."""
+    through. Clients read the same message whatever Redis said (its words are ``detail``)."""
 
     status_code = 503
     code = "store_unavailable"
     retry_after_s = 1
+    reason = "The gateway's store (Redis) is unreachable; try again shortly."
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(self.reason, detail=detail)
+
+
+class StoreFullError(StoreUnavailableError):
+    """Redis refused a write because it reached its ``maxmemory``: with the ``noeviction``
+    policy no key, session or rate-limit window is dropped to make room, so the request is
+    refused instead; stored data expiring frees room again."""
+
+    code = "store_full"
+    retry_after_s = 30
+    reason = "The gateway's store is full; try again later."
 
 
 class BackendTimeoutError(GatewayError):
@@ -210,17 +236,52 @@ def _most_telling(errors: list[Any]) -> Any:
     return sorted(errors, key=lambda e: str(e.get("type", "")).endswith("_type"))[0]
 
 
+#: The header of a request's id: nginx sets it (the client's own when it looks like an id,
+#: else a random one) and returns it; a client talking to a replica directly may send one.
+REQUEST_ID_HEADER = "X-Request-ID"
+#: What nginx accepts as a client's id (nginx/gateway.conf.template): nothing else reaches
+#: a log line.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id(request: Request) -> str:
+    """The id of ``request``: its ``X-Request-ID`` when that looks like an id, else a new
+    random one (nginx's form: 32 hex digits)."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def _answer(
+    request: Request, body: dict[str, Any], status: int, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """An error response that names its request: the ``X-Request-ID`` header, and for a
+    server error (whose details went only to the log) the id in the message as well, for
+    the client to quote."""
+    rid = request_id(request)
+    if status >= 500:
+        body["error"]["message"] += f" (request id: {rid})"
+    return JSONResponse(
+        body, status_code=status, headers={**(headers or {}), REQUEST_ID_HEADER: rid}
+    )
+
+
 async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)  # registered for GatewayError only
     metrics = getattr(request.app.state, "metrics", None)
     if isinstance(exc, RateLimitError) and metrics is not None:
         metrics.rate_limited.labels(exc.limit).inc()
+    response = _answer(request, exc.body(), exc.status_code, exc.headers)
     if exc.status_code >= 500:
-        logger.warning("%s: %s", type(exc).__name__, exc.message)
-    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+        logger.warning(
+            "request %s: %s: %s",
+            response.headers[REQUEST_ID_HEADER],
+            type(exc).__name__,
+            exc.detail or exc.message,
+        )
+    return response
 
 
-async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     first = _most_telling(errors) if errors else {"loc": (), "msg": "invalid request"}
@@ -239,13 +300,13 @@ async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     others = {_validation_param(tuple(e.get("loc", ()))) for e in errors} - {param}
     if others:
         message += f" (and {len(others)} more invalid parameter(s))"
-    return JSONResponse(error_body(message, "invalid_request_error", param, code), status_code=400)
+    return _answer(request, error_body(message, "invalid_request_error", param, code), 400)
 
 
-async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     body = error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "invalid_request_error"))
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    return _answer(request, body, exc.status_code, exc.headers)
 
 
 async def _on_client_gone(_: Request, exc: Exception) -> Response:
@@ -253,10 +314,11 @@ async def _on_client_gone(_: Request, exc: Exception) -> Response:
     return Response(status_code=499)
 
 
-async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error", exc_info=exc)
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     body = error_body("The server had an error while processing your request.", "server_error")
-    return JSONResponse(body, status_code=500)
+    response = _answer(request, body, 500)
+    logger.error("request %s: unhandled error", response.headers[REQUEST_ID_HEADER], exc_info=exc)
+    return response
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -10,10 +10,17 @@ cancelling the call cancels that request in Triton, which the model sees through
 ``tritonclient.grpc.aio``.
 
 Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
-DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the client
+DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the gateway
 as text only (Triton 2.51's ``triton_grpc_error`` mode, which would carry the code, crashes
-the server on an error after the first response), so it becomes a 500 ``model_error``
-carrying the model's message.
+the server on an error after the first response), so it becomes a 500 ``model_error``.
+
+What gRPC, Triton or a model said is kept from inference clients (it names peer addresses,
+``ipv4:127.0.0.1:8001``, and model files, and Python-backend models and TensorRT-LLM's BLS
+send whole tracebacks): it is the error's ``detail``, logged with the request id, and the
+client reads a fixed message. Two kinds of text pass: INVALID_ARGUMENT and a prompt too long
+for the context are the server's verdict on the request's own input, which the client must
+read to fix it; and the admin API's load and unload errors, whose caller is the operator who
+must fix the model.
 """
 
 from __future__ import annotations
@@ -55,16 +62,22 @@ from gateway.errors import (
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
-    """Maps a gRPC status (name, e.g. ``UNAVAILABLE``) to the gateway error of that kind."""
+    """Maps a gRPC status (name, e.g. ``UNAVAILABLE``) to the gateway error of that kind;
+    the status and its message are the detail (see the module docstring)."""
+    detail = f"{code}: {message}"
     if code in ("UNAVAILABLE", "CANCELLED"):
-        return BackendUnavailableError(f"Triton is unavailable: {message}")
+        return BackendUnavailableError(
+            "The model server (Triton) is unavailable; try again shortly.", detail=detail
+        )
     if code == "DEADLINE_EXCEEDED":
-        return BackendTimeoutError(f"Triton did not answer in time: {message}")
+        return BackendTimeoutError(
+            "The model server (Triton) did not answer in time.", detail=detail
+        )
     if code == "NOT_FOUND" and model is not None:
         return ModelNotFoundError(model)
     if code == "INVALID_ARGUMENT":
         return InvalidRequestError(message)
-    return BackendError(f"Triton error ({code}): {message}")
+    return BackendError("The model server (Triton) failed to serve the request.", detail=detail)
 
 
 #: How engines refuse a prompt too long for the context: vLLM's OpenAI server (and the models
@@ -81,7 +94,7 @@ def _model_error(model: str, message: str) -> GatewayError:
     """An error response of a model on a stream."""
     if any(sign in message for sign in _CONTEXT_EXCEEDED):
         return InvalidRequestError(message, code="context_length_exceeded")
-    return BackendError(f"Model '{model}' failed: {message}")
+    return BackendError(f"The model '{model}' failed to serve the request.", detail=message)
 
 
 def _from_client_error(exc: InferenceServerException, model: str | None = None) -> GatewayError:

@@ -31,10 +31,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from gateway.backend import Backend, TranscriptionOptions
-from gateway.errors import InvalidRequestError, PermissionDeniedError, StoreUnavailableError
+from gateway.errors import InvalidRequestError, PermissionDeniedError
 from gateway.serving import generation
 from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.serving.chat import ChatService, PreparedChat
@@ -51,7 +50,7 @@ from gateway.serving.transcription import transcript
 from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
-from gateway.state.store import PREFIX
+from gateway.state.store import PREFIX, needs_store
 
 _FORMATS = {"pcm16": "pcm"}  # OpenAI's chat audio format names -> the speech encoder's
 
@@ -148,11 +147,9 @@ class AudioChat:
             content[j] = ContentPart(type="text", text=text)
         return request.model_copy(update={"messages": messages})
 
+    @needs_store
     async def _transcript_of(self, audio_id: str, owner: str, index: int) -> str:
-        try:
-            transcript = await self.redis.get(audio_key(owner, audio_id))
-        except RedisError as exc:
-            raise StoreUnavailableError(f"Redis is unavailable: {exc}") from exc
+        transcript = await self.redis.get(audio_key(owner, audio_id))
         if transcript is None:
             raise InvalidRequestError(
                 f"Audio '{audio_id}' is unknown or has expired.",
@@ -185,11 +182,9 @@ class AudioChat:
             raise
         return Voice(info.name, name), request.audio
 
+    @needs_store
     async def _remember(self, owner: str, audio_id: str, transcript: str) -> None:
-        try:
-            await self.redis.set(audio_key(owner, audio_id), transcript, ex=self.ttl_s)
-        except RedisError as exc:
-            raise StoreUnavailableError(f"Redis is unavailable: {exc}") from exc
+        await self.redis.set(audio_key(owner, audio_id), transcript, ex=self.ttl_s)
 
     async def complete(
         self,

@@ -53,7 +53,7 @@ def failure(exc: Exception, what: str) -> dict[str, Any]:
     """The OpenAI error body for a failure after a stream began (logged here; call it from
     the ``except`` block): the error's own for a gateway error, a generic one otherwise."""
     if isinstance(exc, GatewayError):
-        logger.warning("%s stream failed: %s", what, exc.message)
+        logger.warning("%s stream failed: %s", what, exc.detail or exc.message)
         return exc.body()
     logger.exception("%s stream failed", what)
     return error_body("The server had an error while streaming.", "server_error")

@@ -54,9 +54,9 @@ def render(
     max_upload_mb: float,
 ) -> Path:
     """Fills ``prefix`` for ``nginx -p PREFIX/ -c nginx.conf``; returns the rendered
-    ``gateway.conf``. The body cap is the gateway's upload limit plus 1 MiB of multipart
-    overhead, so every file the gateway accepts gets through and the gateway's own 413
-    answers files just over it."""
+    ``gateway.conf``. The body cap is the largest body the gateway accepts (its upload or
+    its request limit) plus 1 MiB of multipart overhead, so every body the gateway accepts
+    gets through and the gateway's own 413 answers bodies just over its limits."""
     template = (NGINX_DIR / "gateway.conf.template").read_text()
     text = string.Template(template).safe_substitute(
         GATEWAY_UPSTREAMS=upstream_lines(upstreams),

@@ -89,6 +89,7 @@ def spawn(
     *,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
+    stdin: int | IO[Any] | None = None,
     stdout: int | IO[Any] | None = None,
     stderr: int | IO[Any] | None = None,
 ) -> subprocess.Popen[bytes]:
@@ -99,6 +100,7 @@ def spawn(
         list(command),
         env=env,
         cwd=cwd,
+        stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,

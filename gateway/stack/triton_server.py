@@ -11,11 +11,19 @@ site-packages, whose numpy may be 2.x, which the stub's bindings misread (BYTES 
 arrive corrupted). Its ``sys.path`` does start with the working directory, so the server
 runs with its working directory at this environment's site-packages: the environment's
 packages, numpy < 2 included, are found first.
+
+It listens on loopback only: ``--grpc-address``, ``--http-address`` and
+``--metrics-address`` name the host of ``triton_url``, which ``gateway up`` requires to be a
+loopback address. The other front ends Triton 2.51 has (SageMaker, Vertex AI) take no bind
+address, so they are turned off explicitly (Vertex AI would otherwise start by itself when
+``AIP_MODE=PREDICTION`` is in the environment). Its environment has no ``GATEWAY_*``
+variables: model code has no business with the gateway's admin key or Redis password.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import signal
 import socket
@@ -87,7 +95,7 @@ class TritonInstall:
         return python_dir.parent
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (libdir, str(self.libs), env.get("LD_LIBRARY_PATH", "")) if p
@@ -105,6 +113,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an IPv4 or an IPv6 address, bracketed or not) is this
+    machine's loopback, which no other machine can reach."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
@@ -175,6 +195,8 @@ class EmbeddedTriton:
             f"--grpc-address={self.host}",
             f"--http-address={self.host}",
             f"--metrics-address={self.host}",
+            "--allow-sagemaker=false",
+            "--allow-vertex-ai=false",
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
             "--log-verbose=0",

@@ -6,7 +6,10 @@ processes behave as one. When Redis cannot be reached, a request that needs it f
 (at once when refused, after ``redis_timeout_s`` per try when unanswered) with
 :class:`StoreUnavailableError`; nothing waits and nothing is let
 through. The client's pool reconnects on the next command, so the gateway recovers by itself
-when Redis returns.
+when Redis returns. A Redis that refuses a write because it is full (``maxmemory`` with the
+``noeviction`` policy) gives :class:`StoreFullError`, also a 503.
+
+A Redis URL may carry a password: messages show it as :func:`redacted`.
 """
 
 from __future__ import annotations
@@ -15,18 +18,23 @@ import functools
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import ClusterDownError, RedisClusterException, ResponseError
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    RedisClusterException,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.errors import StoreUnavailableError
+from gateway.errors import StoreFullError, StoreUnavailableError
 
 #: Every key the gateway writes starts with this, so it can share a Redis with other apps.
 PREFIX = "gw:"
@@ -37,6 +45,16 @@ T = TypeVar("T")
 
 SENTINEL_SCHEME = "redis+sentinel"
 CLUSTER_SCHEME = "redis+cluster"
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password (if any) shown as ``***``, for messages and logs."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    user, _, hosts = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:***@{hosts}"))
 
 
 def connect(url: str, timeout_s: float) -> Redis:
@@ -77,7 +95,7 @@ def connect(url: str, timeout_s: float) -> Redis:
 def _cluster(url: str, timeout_s: float) -> Redis:
     nodes, password = _nodes(url)
     if urlsplit(url).path.strip("/"):
-        raise ValueError(f"{url!r}: a Redis Cluster has one database; give no path")
+        raise ValueError(f"{redacted(url)!r}: a Redis Cluster has one database; give no path")
     cluster = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in nodes],
         password=password,
@@ -100,7 +118,7 @@ def _nodes(url: str) -> tuple[list[tuple[str, int]], str | None]:
     for node in hosts.split(","):
         host, _, port = node.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"{url!r}: each node must be host:port, got {node!r}")
+            raise ValueError(f"{redacted(url)!r}: each node must be host:port, got {node!r}")
         nodes.append((host.strip("[]"), int(port)))
     return nodes, password
 
@@ -111,27 +129,29 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str |
     nodes, password = _nodes(url)
     path = [p for p in urlsplit(url).path.split("/") if p]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ValueError(f"{url!r}: the path must be /service_name or /service_name/db")
+        raise ValueError(f"{redacted(url)!r}: the path must be /service_name or /service_name/db")
     return nodes, path[0], int(path[1]) if len(path) == 2 else 0, password
 
 
 def needs_store(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Marks a coroutine that talks to Redis: connection failures and timeouts become
-    :class:`StoreUnavailableError` (503). Other Redis errors are bugs and stay 500s."""
+    :class:`StoreUnavailableError`, a write refused for want of memory
+    :class:`StoreFullError` (both 503; what Redis said is only logged). Other Redis errors
+    are bugs and stay 500s."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await fn(*args, **kwargs)
+        except OutOfMemoryError as exc:
+            raise StoreFullError(f"Redis: {exc}") from exc
         except (
             RedisConnectionError,
             RedisTimeoutError,
             ClusterDownError,
             RedisClusterException,
         ) as exc:
-            raise StoreUnavailableError(
-                "The gateway's store (Redis) is unreachable; try again shortly."
-            ) from exc
+            raise StoreUnavailableError(f"Redis: {type(exc).__name__}: {exc}") from exc
 
     return wrapper
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import stat
 import subprocess
 import sys
 
 import httpx
 import openai
 import pytest
+import redis
 
 from tests.stack import ROOT, GatewayProcess, free_port
 
@@ -33,7 +35,8 @@ def test_taken_port_fails_with_a_clear_message() -> None:
 
 
 def test_unreachable_triton_gives_503_and_the_gateway_keeps_serving() -> None:
-    gateway = GatewayProcess(triton_url=f"127.0.0.1:{free_port()}").start()
+    triton_port = free_port()
+    gateway = GatewayProcess(triton_url=f"127.0.0.1:{triton_port}").start()
     try:
         gateway.wait_ready(60, path="/health/live")
         assert httpx.get(gateway.base_url + "/health/ready").status_code == 503
@@ -44,6 +47,31 @@ def test_unreachable_triton_gives_503_and_the_gateway_keeps_serving() -> None:
             )
         assert info.value.status_code == 503
         assert info.value.body["code"] == "backend_unavailable"
+        # No peer address: the client gets the request id nginx gave it, the log the rest.
+        message = info.value.body["message"]
+        assert "127.0.0.1" not in message and str(triton_port) not in message
+        request_id = info.value.response.headers["x-request-id"]
+        assert request_id in message
         assert httpx.get(gateway.base_url + "/health/live").status_code == 200
+        _embedded_redis_is_private(gateway)
     finally:
         assert gateway.stop() == 0
+    assert f"request {request_id}: " in gateway.output()
+
+
+def _embedded_redis_is_private(gateway: GatewayProcess) -> None:
+    """The embedded Redis wants the password ``gateway up`` keeps in its run dir (600),
+    which every replica has, and which nothing printed; it is bounded in memory."""
+    with redis.Redis(port=gateway.redis_port) as anonymous, pytest.raises(redis.RedisError):
+        anonymous.set("gw:key:{forged}", '{"role": "admin"}')
+    kept = gateway.run_dir / f"gateway-{gateway.port}" / "redis_password"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    password = kept.read_text().strip()
+    assert password not in gateway.output()
+    # Both replicas write keys, limits and usage with it.
+    for _ in range(4):
+        gateway.create_key("private")
+    with redis.Redis(port=gateway.redis_port, password=password) as owner:
+        assert owner.config_get("maxmemory")["maxmemory"] == str(512 * 1024 * 1024)
+        assert owner.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        assert owner.scard("gw:keys") == 4

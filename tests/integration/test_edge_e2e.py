@@ -162,7 +162,7 @@ def test_every_metric_the_dashboard_queries_exists_after_traffic(stack: GatewayP
         pass
     # A model failure mid-stream (a Triton error) and a rate-limit refusal.
     failing = [{"role": "user", "content": "[mock:fail_after=1] hi"}]
-    with pytest.raises(openai.APIError, match="failure requested"):
+    with pytest.raises(openai.APIError, match="failed to serve the request"):
         for _ in client.chat.completions.create(model="mock_chat", messages=failing, stream=True):
             pass
     created = stack.create_key("m", rpm=1)

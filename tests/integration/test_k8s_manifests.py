@@ -4,6 +4,7 @@ error), and the pieces fit together as the gateway needs them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -12,6 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.app import create_app
+from gateway.config import Settings
 from tests.stack import ROOT
 
 KUBERNETES = "1.32.0"
@@ -76,3 +79,40 @@ def test_the_pieces_fit_together(overlay: str) -> None:
     assert gpus == (1 if overlay == "gpu" else None)
     ingress = find(objects, "Ingress", "gateway")["metadata"]["annotations"]
     assert ingress["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    # Redis refuses writes when full (the gateway's 503 store_full) before the kubelet
+    # kills it for passing its memory limit, and never evicts keys or limits.
+    redis = find(objects, "StatefulSet", "redis")["spec"]["template"]["spec"]["containers"][0]
+    args = redis["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    maxmemory = args[args.index("--maxmemory") + 1]
+    assert maxmemory.endswith("mb") and redis["resources"]["limits"]["memory"].endswith("Gi")
+    assert int(maxmemory[:-2]) < 1024 * int(redis["resources"]["limits"]["memory"][:-2])
+
+
+def _routed(paths: list[dict[str, Any]], path: str) -> bool:
+    """Whether an Ingress rule's ``paths`` send a request for ``path`` to a backend, as
+    Kubernetes defines the match: Exact, the whole path; Prefix, whole path elements."""
+    for entry in paths:
+        if entry["pathType"] == "Exact":
+            if path == entry["path"]:
+                return True
+        elif path == entry["path"] or path.startswith(entry["path"].rstrip("/") + "/"):
+            return True
+    return False
+
+
+def test_the_ingress_routes_the_public_paths_but_not_metrics() -> None:
+    [rule] = find(render("cpu"), "Ingress", "gateway")["spec"]["rules"]
+    paths = rule["http"]["paths"]
+    assert {p["backend"]["service"]["name"] for p in paths} == {"gateway"}
+    # Prometheus scrapes the pods themselves; from outside, /metrics is the ingress's 404.
+    for hidden in ("/metrics", "/metrics/", "/metrics/anything"):
+        assert not _routed(paths, hidden), hidden
+    # Everything else the gateway serves stays reachable: every route in its OpenAPI
+    # schema, and the pages it leaves out of it.
+    schema = create_app(Settings(_env_file=None)).openapi()["paths"]  # type: ignore[call-arg]
+    assert "/metrics" in schema
+    public = {re.sub(r"\{[^}]*\}", "x", path) for path in schema} - {"/metrics"}
+    public |= {"/", "/playground", "/playground/assets/app.js", "/docs", "/openapi.json"}
+    assert {"/v1/chat/completions", "/admin/keys", "/health/ready"} <= public
+    assert [path for path in sorted(public) if not _routed(paths, path)] == []

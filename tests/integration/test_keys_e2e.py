@@ -39,7 +39,8 @@ def keys_cli(redis: EmbeddedRedis, *args: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [sys.executable, "-m", "gateway", "keys", *args],
         cwd=ROOT,
-        env={**os.environ, "GATEWAY_REDIS_URL": redis.url},
+        # Not the embedded Redis: its password file (.run/) is not the test Redis's.
+        env={**os.environ, "GATEWAY_REDIS_URL": redis.url, "GATEWAY_EMBEDDED_REDIS": "false"},
         capture_output=True,
         text=True,
         timeout=60,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from gateway import cli
 from gateway.config import Settings
 
 
@@ -64,6 +65,22 @@ def test_invalid_values_are_rejected(
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError):
         settings()
+
+
+def test_a_refused_admin_key_is_never_echoed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    weak = "hunter2-hunter2-hunter2-hunter2-hunter2"
+    monkeypatch.setenv("GATEWAY_ADMIN_KEY", weak)
+    with pytest.raises(ValidationError) as refused:
+        settings()
+    assert "GATEWAY_ADMIN_KEY is refused" in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+    # The command says which setting is refused and why, never its value.
+    assert cli.main(["keys", "list"]) == 2
+    printed = capsys.readouterr().err
+    assert "GATEWAY_ADMIN_KEY" in printed and "too easy to guess" in printed
+    assert "hunter2" not in printed
 
 
 def test_env_file_is_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 import httpx
@@ -244,6 +246,29 @@ async def test_backend_down_is_503(
     assert raised.value.status_code == 503
 
 
+async def test_errors_name_their_request_id_which_the_log_has_too(
+    http: httpx.AsyncClient, fake: FakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.up = False
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        given = await http.post(CHAT, json=chat_body(), headers={"X-Request-ID": "req-42.a"})
+        # No id, or one nginx would not take either: a new one.
+        made = await http.post(CHAT, json=chat_body(), headers={"X-Request-ID": "x" * 129})
+    error = assert_openai_error(given, 503, code="backend_unavailable")
+    assert given.headers["x-request-id"] == "req-42.a"
+    assert "req-42.a" in error["message"]
+    new_id = made.headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", new_id)
+    assert new_id in made.json()["error"]["message"]
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("req-42.a" in line for line in logged)
+    assert any(new_id in line for line in logged)
+    # A client error carries the id in its header; its message is about the request only.
+    refused = await http.post(CHAT, json=chat_body(temperature=3))
+    assert refused.headers["x-request-id"]
+    assert "request id" not in refused.json()["error"]["message"]
+
+
 async def test_backend_going_down_after_the_catalog_was_read_is_503(
     http: httpx.AsyncClient, fake: FakeBackend
 ) -> None:
@@ -261,7 +286,7 @@ async def test_model_failure_without_streaming_is_500(
     error = assert_openai_error(
         await http.post(CHAT, json=chat_body()), 500, type="server_error", code="model_error"
     )
-    assert "injected failure" in error["message"]
+    assert "request id" in error["message"]
     with pytest.raises(openai.InternalServerError):
         await client.chat.completions.create(model="fake-chat", messages=USER_HI)
 
