@@ -117,7 +117,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.catalog = catalog
         app.state.keys = KeyStore(redis, settings.admin_key)
         app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
-        app.state.sessions = SessionStore(redis, settings.session_ttl_s)
+        app.state.sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb)
         app.state.chat = ChatService(
             active,
             catalog,
@@ -136,7 +136,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             settings.max_inflight_per_request,
         )
         app.state.responses = ResponsesService(
-            app.state.chat, ResponseStore(redis, settings.responses_ttl_s)
+            app.state.chat,
+            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb),
         )
         app.state.embeddings = EmbeddingService(active, catalog)
         app.state.speech = SpeechService(active, catalog)

@@ -8,6 +8,10 @@ and answered as a response object whose ``output`` holds a ``message`` item and/
 ``function_call`` items. Errors name the Responses parameter (``input``, ``text.format``,
 ``max_output_tokens``), not the chat one.
 
+Every parameter of OpenAI's ``ResponseCreateParams`` is honoured or refused (400
+``unsupported_parameter`` naming it), never dropped: undeclared ones by ``extra="forbid"``,
+declared ones the gateway cannot serve by :meth:`ResponsesRequest.unsupported`.
+
 Streaming sends OpenAI's event sequence, every event with a ``sequence_number``:
 ``response.created``, ``response.in_progress``, then per output item ``output_item.added``,
 (``content_part.added``, ``output_text.delta``..., ``output_text.done``,
@@ -15,7 +19,9 @@ Streaming sends OpenAI's event sequence, every event with a ``sequence_number``:
 ``output_item.done``, and finally ``response.completed`` (``response.incomplete`` when
 ``max_output_tokens`` cut it). A failure after the stream began sends ``error`` and then
 ``response.failed``. With ``store`` the response is kept (see
-:mod:`gateway.state.responses`) once it has finished.
+:mod:`gateway.state.responses`) once it has finished: a record over the store's size bound
+is refused before generating when the input alone is too large, and otherwise fails the
+response rather than being stored in part.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
-from gateway.serving.chat import ChatService, PreparedChat
+from gateway.serving.chat import ChatService, PreparedChat, _logprob_items
 from gateway.serving.protocol import FUNCTION_NAME, ChatCompletionRequest, Usage
 from gateway.serving.sse import failure
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, assemble
@@ -62,7 +69,7 @@ class InputItem(BaseModel):
 
 
 class FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     type: str
     name: str | None = None
     description: str | None = None
@@ -76,6 +83,7 @@ class ToolChoiceFunction(BaseModel):
 
 
 class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, pattern=FUNCTION_NAME)
     description: str | None = None
@@ -84,8 +92,15 @@ class TextFormat(BaseModel):
 
 
 class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     format: TextFormat | None = None
+
+
+#: The one ``include`` value the gateway can fill.
+LOGPROBS = "message.output_text.logprobs"
+#: OpenAI's bounds on ``metadata``: 16 pairs, keys of 64 characters, values of 512.
+MetadataKey = Annotated[str, Field(max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
 
 
 class ResponsesRequest(BaseModel):
@@ -100,20 +115,57 @@ class ResponsesRequest(BaseModel):
     tools: list[FunctionTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
+    """Honoured by keeping the first calls of the answer (OpenAI: further calls are
+    ignored)."""
     text: TextConfig | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    truncation: Literal["auto", "disabled"] | None = None
     stream: bool | None = False
     store: bool | None = True
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = Field(None, max_length=16)
-    user: str | None = None
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
+    prompt: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None
+    # Hints for OpenAI's own systems: abuse detection (user, safety_identifier), its prompt
+    # cache (prompt_cache_key) and processing tier (service_tier). Accepting them is
+    # harmless: nothing here has such a system, and the answer echoes them (the tier as
+    # "default", the one that served it).
+    user: str | None = None
+    safety_identifier: str | None = Field(None, max_length=64)
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS in (self.include or [])
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.background:
             return "background", "Background responses are not supported by this gateway."
         if self.conversation is not None:
             return "conversation", "Conversations are not supported; use previous_response_id."
+        if self.prompt is not None:
+            return "prompt", "Prompt templates are not supported; send input and instructions."
+        if self.reasoning is not None and any(
+            value is not None and (key, value) != ("effort", "none")
+            for key, value in self.reasoning.items()
+        ):
+            return "reasoning", "Reasoning is not supported: these models do not reason."
+        if self.truncation == "auto":
+            return "truncation", (
+                "truncation 'auto' is not supported: a conversation longer than the model's "
+                "context is a 400 (context_length_exceeded), never shortened."
+            )
+        for index, value in enumerate(self.include or []):
+            if value != LOGPROBS:
+                return f"include[{index}]", (
+                    f"include '{value}' is not supported; only '{LOGPROBS}' is."
+                )
+        if self.top_logprobs is not None and not self.wants_logprobs():
+            return "top_logprobs", f"top_logprobs needs include ['{LOGPROBS}']."
         if isinstance(self.input, list) and not self.input:
             return "input", "input must not be empty."
         return None
@@ -126,7 +178,8 @@ class PreparedResponse:
     chat: PreparedChat
     owner: str
     input_items: list[dict[str, Any]]
-    """The request's input items with ids, as ``input_items`` lists them."""
+    """The conversation this response answers, as items with ids (what ``input_items``
+    lists): the previous response's input items and output, then the request's input."""
     messages: list[dict[str, Any]]
     """The conversation before the reply: stored chain + new input (no instructions)."""
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -261,6 +314,7 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
 #: Chat parameter names -> the Responses parameter they came from.
 _PARAMS = [
     (re.compile(r"^messages\b.*"), "input"),
+    (re.compile(r"^logprobs"), "include"),
     (re.compile(r"^response_format\.json_schema\.?"), "text.format."),
     (re.compile(r"^response_format"), "text.format"),
     (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
@@ -287,8 +341,17 @@ def _usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _logprobs(chat: PreparedChat, tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """The tokens as an ``output_text`` part lists them (none unless asked for)."""
+    if chat.logprobs is None:
+        return []
+    return [item.model_dump() for item in _logprob_items(tokens, chat.logprobs)]
+
+
+def _message_item(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "id": item_id,
         "type": "message",
@@ -332,11 +395,15 @@ def _response_object(
         "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
         "model": request.model,
         "output": output,
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
+        "prompt_cache_key": request.prompt_cache_key,
         "reasoning": {"effort": None, "summary": None},
+        "safety_identifier": request.safety_identifier,
+        "service_tier": "default",
         "store": request.store is not False,
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "text": {
@@ -348,12 +415,40 @@ def _response_object(
         },
         "tool_choice": tool_choice,
         "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
+        "top_logprobs": request.top_logprobs,
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "truncation": "disabled",
         "usage": _usage(usage) if usage is not None else None,
         "user": request.user,
         "metadata": request.metadata or {},
     }
+
+
+def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
+    """What is stored of a response: the object, the conversation it answered as items, and
+    the conversation with its answer as chat messages (what a continuation reads)."""
+    output = response["output"]
+    reply: dict[str, Any] = {"role": "assistant", "content": None}
+    texts = [p["text"] for item in output if item["type"] == "message" for p in item["content"]]
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    if texts:
+        reply["content"] = "".join(texts)
+    if calls:
+        reply["tool_calls"] = calls
+    return StoredResponse(
+        owner=prepared.owner,
+        response=response,
+        input_items=prepared.input_items,
+        messages=[*prepared.messages, reply],
+    )
 
 
 class ResponsesService:
@@ -366,9 +461,11 @@ class ResponsesService:
         if problem is not None:
             raise InvalidRequestError(problem[1], param=problem[0], code="unsupported_parameter")
         history: list[dict[str, Any]] = []
+        earlier: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
             previous = await self.store.get(owner, request.previous_response_id)
             history = previous.messages
+            earlier = [*previous.input_items, *previous.response["output"]]
         new, items = input_messages(request.input)
         messages = history + new
         system = [{"role": "system", "content": request.instructions}]
@@ -385,6 +482,8 @@ class ResponsesService:
             "tool_choice": tool_choice,
             "parallel_tool_calls": request.parallel_tool_calls,
             "response_format": _response_format(request.text),
+            "logprobs": request.wants_logprobs() or None,
+            "top_logprobs": request.top_logprobs,
         }
         try:
             chat_request = ChatCompletionRequest.model_validate(body)
@@ -398,14 +497,18 @@ class ResponsesService:
         except InvalidRequestError as exc:
             exc.param = _responses_param(exc.param)
             raise
-        return PreparedResponse(
+        prepared = PreparedResponse(
             id=new_id("resp"),
             request=request,
             chat=chat,
             owner=owner,
-            input_items=items,
+            input_items=[*earlier, *items],
             messages=messages,
         )
+        if request.store is not False:
+            # What is known before generating (all but the answer) must fit the store.
+            self.store.encode(_record(prepared, _response_object(prepared, "in_progress", [])))
+        return prepared
 
     async def _finish(
         self,
@@ -417,31 +520,7 @@ class ResponsesService:
         """The final response object; stored (with ``store``) before it is returned."""
         response = _response_object(prepared, status, output, usage)
         if prepared.request.store is not False:
-            reply: dict[str, Any] = {"role": "assistant", "content": None}
-            texts = [
-                p["text"] for item in output if item["type"] == "message" for p in item["content"]
-            ]
-            calls = [
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]},
-                }
-                for item in output
-                if item["type"] == "function_call"
-            ]
-            if texts:
-                reply["content"] = "".join(texts)
-            if calls:
-                reply["tool_calls"] = calls
-            await self.store.save(
-                StoredResponse(
-                    owner=prepared.owner,
-                    response=response,
-                    input_items=prepared.input_items,
-                    messages=[*prepared.messages, reply],
-                )
-            )
+            await self.store.save(_record(prepared, response))
         return response
 
     async def create(
@@ -454,10 +533,12 @@ class ResponsesService:
         calls: list[ParsedCall] = []
         if chat.tools is not None:
             content, calls = assemble(chat.tools.new_parser(), result.text)
+        calls = calls[: prepared.request.max_tool_calls]
         status = "incomplete" if result.finish_reason == "length" else "completed"
         output = []
         if content or not calls:
-            output.append(_message_item(new_id("msg"), content or "", status))
+            logprobs = _logprobs(chat, result.logprobs)
+            output.append(_message_item(new_id("msg"), content or "", status, logprobs))
         for call in calls:
             output.append(_call_item(new_id("fc"), call.id, call.name, call.arguments, "completed"))
         return await self._finish(prepared, status, output, tally.usage())
@@ -505,7 +586,10 @@ class _StreamWriter:
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
         """The item being written: a message (its text so far) or a function call."""
-        self.calls: dict[int, dict[str, Any]] = {}
+        self.pending: list[TokenLogprob] = []
+        """Log probabilities of tokens not yet sent with a text delta."""
+        self.logprobs: list[dict[str, Any]] = []
+        """Those sent with the open message's deltas."""
 
     def event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -521,6 +605,7 @@ class _StreamWriter:
             events += self._close("completed")
             self.open = _message_item(new_id("msg"), "", "in_progress")
             self.open["text"] = ""
+            self.logprobs = []
             index = self._index()
             item = {k: v for k, v in self.open.items() if k != "text"}
             events.append(self.event("response.output_item.added", output_index=index, item=item))
@@ -537,6 +622,8 @@ class _StreamWriter:
         if not text:
             return events
         self.open["text"] += text
+        logprobs = self._take_logprobs()
+        self.logprobs += logprobs
         events.append(
             self.event(
                 "response.output_text.delta",
@@ -544,14 +631,22 @@ class _StreamWriter:
                 output_index=self._index(),
                 content_index=0,
                 delta=text,
-                logprobs=[],
+                logprobs=logprobs,
             )
         )
         return events
 
+    def _take_logprobs(self) -> list[dict[str, Any]]:
+        logprobs = _logprobs(self.prepared.chat, self.pending)
+        self.pending = []
+        return logprobs
+
     def _calls(self, delta: ParserDelta) -> list[str]:
         events = []
         for piece in delta.calls:
+            limit = self.prepared.request.max_tool_calls
+            if limit is not None and piece.index >= limit:
+                continue
             if piece.id is not None:
                 events += self._close("completed")
                 self.open = _call_item(new_id("fc"), piece.id, piece.name or "", "", "in_progress")
@@ -582,12 +677,14 @@ class _StreamWriter:
         index = self._index()
         events = []
         if item["type"] == "message":
-            text = item.pop("text")
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            logprobs = self.logprobs + self._take_logprobs()
+            item = _message_item(item["id"], item["text"], status, logprobs)
+            (part,) = item["content"]
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            events.append(self.event("response.output_text.done", **ids, text=text, logprobs=[]))
+            events.append(
+                self.event("response.output_text.done", **ids, text=part["text"], logprobs=logprobs)
+            )
             events.append(self.event("response.content_part.done", **ids, part=part))
-            item = _message_item(item["id"], text, status)
         else:
             events.append(
                 self.event(
@@ -628,6 +725,7 @@ class _StreamWriter:
                 # Counted before the text is sent (a client may leave mid-stream).
                 tally.add(index, chunk)
                 finish = chunk.finish_reason or finish
+                self.pending += chunk.logprobs
                 if chunk.text:
                     for item in self._feed(chunk.text, parser):
                         yield item

@@ -10,14 +10,16 @@ enforced or refused, never ignored.
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
+from collections import OrderedDict
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from gateway.backend import ModelInfo
+from gateway.config import Settings
 from gateway.errors import InvalidRequestError
 from gateway.serving.protocol import ChatTool, ResponseFormat
 
@@ -31,30 +33,63 @@ def _refuse(model: ModelInfo, kind: str, param: str, what: str) -> InvalidReques
     )
 
 
-def check_schema(schema: Any, param: str) -> dict[str, Any]:
-    """A JSON Schema, or a 400 naming ``param`` that says what is wrong with it."""
+#: The default of ``settings.max_schema_kb``, for a caller that passes no limit.
+DEFAULT_MAX_SCHEMA_KB: int = Settings.model_fields["max_schema_kb"].default
+#: How many schema checks are remembered, and how much of a problem's text (it can quote
+#: the schema): the cache holds digests and short verdicts, never schemas.
+_CHECKS_KEPT = 256
+_PROBLEM_CHARS = 500
+_checks: OrderedDict[bytes, str | None] = OrderedDict()
+
+
+def check_schema(schema: Any, param: str, max_kb: int = DEFAULT_MAX_SCHEMA_KB) -> dict[str, Any]:
+    """A JSON Schema, or a 400 naming ``param`` that says what is wrong with it: not an
+    object, larger than ``max_kb`` KB of JSON (``settings.max_schema_kb``), or invalid.
+    Callers: ``response_format`` (and Responses ``text.format``) through
+    :func:`response_constraint`, a tool's ``parameters`` in :mod:`gateway.serving.tools`."""
     if not isinstance(schema, dict):
         raise InvalidRequestError("The schema must be a JSON object.", param=param)
-    problem = _schema_problem(json.dumps(schema, sort_keys=True))
+    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    size = len(canonical.encode())
+    if size > max_kb * 1024:
+        raise InvalidRequestError(
+            f"The schema is {size:,} bytes of JSON; the gateway takes schemas of at most "
+            f"{max_kb} KB (max_schema_kb).",
+            param=param,
+            code="schema_too_large",
+        )
+    problem = _schema_problem(canonical)
     if problem is not None:
         raise InvalidRequestError(problem, param=param, code="invalid_json_schema")
     return schema
 
 
-@functools.lru_cache(maxsize=1024)
 def _schema_problem(canonical: str) -> str | None:
-    """What is wrong with a schema (None when nothing is), remembered per distinct schema:
-    the metaschema check costs about 2 ms, and agents send the same tools on every call."""
+    """What is wrong with a schema (None when nothing is), remembered for the latest
+    distinct schemas by a hash of their canonical JSON: the metaschema check costs about
+    2 ms, and agents send the same tools on every call."""
+    digest = hashlib.sha256(canonical.encode()).digest()
+    if digest in _checks:
+        _checks.move_to_end(digest)
+        return _checks[digest]
+    problem = None
     try:
         Draft202012Validator.check_schema(json.loads(canonical))
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
-        return f"Invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
-    return None
+        problem = f"Invalid JSON Schema{f' at {where}' if where else ''}: {exc.message}"
+        if len(problem) > _PROBLEM_CHARS:
+            problem = problem[: _PROBLEM_CHARS - 1] + "…"
+    _checks[digest] = problem
+    if len(_checks) > _CHECKS_KEPT:
+        _checks.popitem(last=False)
+    return problem
 
 
 def response_constraint(
-    response_format: ResponseFormat | None, model: ModelInfo
+    response_format: ResponseFormat | None,
+    model: ModelInfo,
+    max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
 ) -> dict[str, Any] | None:
     """The constraint a ``response_format`` asks for (None for plain text)."""
     if response_format is None or response_format.type == "text":
@@ -70,7 +105,7 @@ def response_constraint(
             param="response_format.json_schema",
         )
     schema = spec.schema_ if spec.schema_ is not None else {"type": "object"}
-    check_schema(schema, "response_format.json_schema.schema")
+    check_schema(schema, "response_format.json_schema.schema", max_schema_kb)
     if "json" not in model.structured_outputs:
         raise _refuse(model, "json", "response_format", "a JSON schema")
     return {"json": schema}

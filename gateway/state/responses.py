@@ -2,11 +2,15 @@
 ``input_items`` and ``DELETE`` read, kept in Redis so any replica continues any conversation.
 
 A response made with ``store`` (the default) is kept under the key that made it, for
-``responses_ttl_s`` seconds. Its record holds the public response object, the request's own
-input items (with ids) and the whole conversation up to and including this response's
-output, as chat messages: continuing it is one Redis read, however long the chain. Another
-key's response does not exist for a caller, exactly as an unknown id (404); ids carry 192
-random bits.
+``responses_ttl_s`` seconds. Its record holds the public response object, the conversation
+it answered as input items (with ids: what ``input_items`` lists) and the whole
+conversation up to and including this response's output, as chat messages: listing or
+continuing it is one Redis read, however long the chain, and deleting an earlier response
+of the chain changes neither. Another key's response does not exist for a caller, exactly
+as an unknown id (404); ids carry 192 random bits.
+
+A record is at most ``max_stored_kb`` KB of JSON: a larger one is refused with a 400 naming
+``store`` and is not written at all.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ from typing import Any
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from gateway.errors import NotFoundError
+from gateway.config import Settings
+from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.state.store import PREFIX, needs_store
+
+#: The default of ``settings.max_stored_kb``, for a store given no bound.
+DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
 
 
 def new_id(prefix: str) -> str:
@@ -31,7 +39,8 @@ class StoredResponse(BaseModel):
     response: dict[str, Any]
     """The response object as the API returns it."""
     input_items: list[dict[str, Any]]
-    """This request's input items, with ids, in order."""
+    """The conversation the response answered, as items with ids, oldest first: the
+    previous response's input items and output, then the request's own input items."""
     messages: list[dict[str, Any]]
     """The conversation up to and including this response's output (chat messages;
     ``instructions`` are not carried over, as with OpenAI)."""
@@ -42,18 +51,38 @@ def not_found(response_id: str) -> NotFoundError:
 
 
 class ResponseStore:
-    def __init__(self, redis: Redis, ttl_s: int) -> None:
+    def __init__(
+        self, redis: Redis, ttl_s: int, max_stored_kb: int = DEFAULT_MAX_STORED_KB
+    ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
+        self.max_stored_kb = max_stored_kb
 
     @staticmethod
     def _key(owner: str, response_id: str) -> str:
         return f"{PREFIX}response:{owner}:{response_id}"
 
+    def encode(self, stored: StoredResponse) -> str:
+        """The record as it is stored, or a 400 naming ``store`` when it is larger than
+        ``max_stored_kb``."""
+        raw = stored.model_dump_json()
+        size = len(raw.encode())
+        if size > self.max_stored_kb * 1024:
+            raise InvalidRequestError(
+                f"Stored with its input, the conversation before it and its output, this "
+                f"response is {size:,} bytes of JSON; the gateway stores at most "
+                f"{self.max_stored_kb} KB per response (max_stored_kb). Send a shorter "
+                "input, or store: false.",
+                param="store",
+                code="stored_record_too_large",
+            )
+        return raw
+
     @needs_store
     async def save(self, stored: StoredResponse) -> None:
+        """Stores the record whole, or nothing (a 400 when it is too large)."""
         key = self._key(stored.owner, str(stored.response["id"]))
-        await self.redis.set(key, stored.model_dump_json(), ex=self.ttl_s)
+        await self.redis.set(key, self.encode(stored), ex=self.ttl_s)
 
     @needs_store
     async def get(self, owner: str, response_id: str) -> StoredResponse:

@@ -13,6 +13,11 @@ without the model's tokenizer, erring long (a token per 3 bytes of text; the rep
 is the model's own), and room is kept for the reply (``max_tokens``, or a quarter of the
 context, at most 1,024 tokens).
 
+A session is at most ``max_stored_kb`` KB of JSON: the oldest turns are dropped to keep it
+so, and a turn that does not fit even alone is a 400 naming ``messages``: from :func:`plan`
+before generating when its messages alone are too large (given the store's bound), else
+from :meth:`SessionStore.save_turn`, which then writes nothing.
+
 A system (or developer) message in a request becomes the session's system message; a request
 without one keeps the stored one.
 """
@@ -29,8 +34,12 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
+from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.state.store import PREFIX, needs_store
+
+#: The default of ``settings.max_stored_kb``, for a store given no bound.
+DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _PER_MESSAGE = 4  # the chat template's tokens around a message
@@ -125,14 +134,40 @@ def check_id(session_id: str) -> str:
     return session_id
 
 
+def _json_size(record: BaseModel) -> int:
+    return len(record.model_dump_json().encode())
+
+
+def _oldest_to_drop(shell: Session, turns: list[Turn], max_stored_kb: int) -> int:
+    """How many of the oldest ``turns`` must go for ``shell`` holding the others to be at
+    most ``max_stored_kb`` KB of JSON; a 400 when the newest one does not fit alone."""
+    sizes = [_json_size(turn) for turn in turns]
+    size = _json_size(shell) + sum(sizes) + len(sizes) - 1  # the commas between turns
+    dropped = 0
+    while size > max_stored_kb * 1024:
+        if dropped == len(sizes) - 1:
+            raise InvalidRequestError(
+                f"The session's newest turn alone, with the system message, is {size:,} bytes "
+                f"of JSON; a session stores at most {max_stored_kb} KB (max_stored_kb). Send "
+                "shorter messages, or no X-Session-ID.",
+                param="messages",
+                code="stored_record_too_large",
+            )
+        size -= sizes[dropped] + 1
+        dropped += 1
+    return dropped
+
+
 def plan(
     session: Session,
     messages: list[dict[str, Any]],
     context_length: int | None,
     max_tokens: int | None,
+    max_stored_kb: int | None = None,
 ) -> SessionPlan:
     """Puts the stored turns before ``messages`` (OpenAI messages as dicts, content as
-    text), keeping the newest turns that fit the context."""
+    text), keeping the newest turns that fit the context and, with ``max_stored_kb`` (the
+    store's), that leave room for the new messages in the stored session."""
     systems = [m["content"] for m in messages if m["role"] == "system"]
     new = [m for m in messages if m["role"] != "system"]
     system = "\n".join(systems) if systems else session.system
@@ -147,11 +182,15 @@ def plan(
         budget -= turn.tokens
         kept += 1
     turns = session.turns[len(session.turns) - kept :]
+    if max_stored_kb is not None:
+        shell = session.model_copy(update={"system": system, "turns": []})
+        new_turn = Turn(messages=[Message(**m) for m in new], tokens=0)
+        turns = turns[_oldest_to_drop(shell, [*turns, new_turn], max_stored_kb) :]
     return SessionPlan(
         session_id=session.id,
         owner=session.owner,
         system=system,
-        dropped=len(session.turns) - kept,
+        dropped=len(session.turns) - len(turns),
         history=[m.public() for turn in turns for m in turn.messages],
         new=new,
     )
@@ -166,9 +205,12 @@ def _not_found(session_id: str) -> NotFoundError:
 
 
 class SessionStore:
-    def __init__(self, redis: Redis, ttl_s: int) -> None:
+    def __init__(
+        self, redis: Redis, ttl_s: int, max_stored_kb: int = DEFAULT_MAX_STORED_KB
+    ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
+        self.max_stored_kb = max_stored_kb
 
     @needs_store
     async def _read(self, session_id: str, owner: str) -> Session | None:
@@ -194,8 +236,9 @@ class SessionStore:
     @needs_store
     async def save_turn(self, plan: SessionPlan, reply: dict[str, Any], reply_tokens: int) -> None:
         """Stores the plan's new messages and the reply (an assistant message) as the newest
-        turn, dropping the turns that no longer fit. Optimistic (``WATCH``): a turn saved
-        meanwhile by another request of the same session is kept."""
+        turn, dropping the turns that no longer fit (the context, then ``max_stored_kb``).
+        Optimistic (``WATCH``): a turn saved meanwhile by another request of the same
+        session is kept."""
         turn = Turn(
             messages=[*(Message(**m) for m in plan.new), Message(**reply)],
             tokens=sum(message_tokens(m) for m in plan.new) + reply_tokens + _PER_MESSAGE,
@@ -211,9 +254,11 @@ class SessionStore:
                         if raw is not None
                         else Session.new(plan.session_id, plan.owner)
                     )
-                    session.turns = [*session.turns[plan.dropped :], turn]
                     session.system = plan.system
                     session.updated_at = int(time.time())
+                    turns = [*session.turns[plan.dropped :], turn]
+                    shell = session.model_copy(update={"turns": []})
+                    session.turns = turns[_oldest_to_drop(shell, turns, self.max_stored_kb) :]
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.set(key, session.model_dump_json(), ex=self.ttl_s)
                     await pipe.execute()

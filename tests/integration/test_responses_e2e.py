@@ -31,6 +31,10 @@ class City(pydantic.BaseModel):
     country: str
 
 
+class Poem(pydantic.BaseModel):
+    poem: str
+
+
 def replica_client(stack: GatewayProcess, address: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://{address}/v1", api_key=stack.admin_key, max_retries=0)
 
@@ -88,6 +92,55 @@ def test_stream_helper_and_parse(client: openai.OpenAI) -> None:
         max_output_tokens=64,
     )
     assert isinstance(parsed.output_parsed, City)
+
+
+def test_constrained_strings_are_valid_json_even_when_the_model_wants_a_raw_tab(
+    client: openai.OpenAI,
+) -> None:
+    # An earlier answer with raw tabs inside a JSON string makes smollm2 write them again;
+    # JSON forbids raw control characters in strings, so the grammar must too (parse fails
+    # on a raw tab).
+    parsed = client.responses.parse(
+        model="smollm2",
+        input=[
+            {"role": "user", "content": "Answer with tabs between words: red green blue"},
+            {"role": "assistant", "content": '{"poem": "red\tgreen\tblue"}'},
+            {"role": "user", "content": "Now: one two three"},
+        ],
+        text_format=Poem,
+        temperature=0,
+        max_output_tokens=32,
+    )
+    assert isinstance(parsed.output_parsed, Poem)
+
+
+def test_a_schema_is_enforced_exactly_or_refused(client: openai.OpenAI) -> None:
+    # A backslash in an enum value is JSON's escape, not the grammar's: the value comes back
+    # as it was given.
+    path = {
+        "type": "object",
+        "properties": {"path": {"enum": ["C:\\dir", 'a"b']}},
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+    answer = client.responses.create(
+        model="smollm2",
+        input="Which path?",
+        text={"format": {"type": "json_schema", "name": "path", "schema": path}},
+        temperature=0,
+        max_output_tokens=16,
+    )
+    assert json.loads(answer.output_text)["path"] in path["properties"]["path"]["enum"]
+    # A grammar llama.cpp cannot parse would constrain nothing: refused instead (the error
+    # a model sends on its stream carries no status, so it reads as the model's failure).
+    digits = {"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\d+$"}}}
+    with pytest.raises(openai.APIStatusError, match="cannot enforce this JSON schema"):
+        client.responses.create(
+            model="smollm2",
+            input="A number?",
+            text={"format": {"type": "json_schema", "name": "digits", "schema": digits}},
+            max_output_tokens=8,
+        )
 
 
 def test_function_tool_round_trip_on_smollm2(client: openai.OpenAI) -> None:

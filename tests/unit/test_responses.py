@@ -1,6 +1,7 @@
 """/v1/responses through the official SDK against the fake backend (which answers
 ``fake.reply`` word by word) and a real Redis: output items, stored conversations,
-retrieval, input items, deletion, per-key isolation, streaming events, tools, parse, errors."""
+retrieval, input items, deletion, per-key isolation, streaming events, tools, parse, errors,
+logprobs, the bounds on what is stored, and parameters refused rather than ignored."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import openai
 import pydantic
 import pytest
 
-from gateway.backend.fake import FakeBackend
+from gateway.backend import ModelInfo
+from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
 from tests.unit.conftest import assert_openai_error, new_key, sdk
 
 CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
@@ -327,3 +329,203 @@ async def test_usage_and_limits_count_responses(http: httpx.AsyncClient, fake: F
     assert usage["requests"] == 2
     assert usage["completion_tokens"] == 2 * len(fake.reply.split())
     assert usage["prompt_tokens"] == 2 * first.usage.input_tokens
+
+
+async def test_metadata_is_bounded_as_openai_bounds_it(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient
+) -> None:
+    most = {f"k{i:02}" + "k" * 61: "v" * 512 for i in range(16)}
+    response = await client.responses.create(model="fake-chat", input="Hi", metadata=most)
+    assert (await client.responses.retrieve(response.id)).metadata == most
+    for metadata in (
+        {**most, "one": "more"},
+        {"k" * 65: "v"},
+        {"k": "v" * 513},
+    ):
+        reply = await http.post(
+            "/v1/responses", json={"model": "fake-chat", "input": "Hi", "metadata": metadata}
+        )
+        error = assert_openai_error(reply, 400)
+        assert error["param"].startswith("metadata")
+
+
+def _long_model(fake: FakeBackend) -> str:
+    """A chat model whose config states no context length: only the store bounds its input."""
+    fake.model_list.append(ModelInfo("fake-long", "chat", True, TOOLS_TEMPLATE))
+    return "fake-long"
+
+
+async def test_a_response_too_large_to_store_is_refused_before_generating(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # Stored twice (as input items and as chat messages): about 1.2 MB of JSON.
+    body = {"model": _long_model(fake), "input": "x" * 600_000}
+    error = assert_openai_error(await http.post("/v1/responses", json=body), 400, param="store")
+    assert "max_stored_kb" in error["message"] and "1024 KB" in error["message"]
+    assert fake.calls == []
+    unstored = await http.post("/v1/responses", json={**body, "store": False})
+    assert unstored.status_code == 200
+
+
+async def test_an_answer_that_makes_the_record_too_large_is_not_stored(
+    http: httpx.AsyncClient, fake: FakeBackend, client: openai.AsyncOpenAI
+) -> None:
+    # The input fits the store (about 0.95 MB recorded); with the answer (50 KB, recorded
+    # twice) the response does not.
+    fake.reply = " ".join(["y" * 99] * 500)
+    body = {"model": _long_model(fake), "input": "x" * 490_000}
+    assert_openai_error(await http.post("/v1/responses", json=body), 400, param="store")
+    streamed = await http.post("/v1/responses", json={**body, "stream": True})
+    events = sse_events(streamed.text)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert "max_stored_kb" in events[-2]["message"]
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(events[0]["response"]["id"])
+
+
+async def test_input_items_of_a_chained_response_list_the_conversation_it_answered(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    first = await client.responses.create(model="fake-chat", input="one")
+    fake.reply = "four"
+    second = await client.responses.create(
+        model="fake-chat",
+        input=[{"role": "user", "content": "three"}],
+        previous_response_id=first.id,
+    )
+    listed = await client.responses.input_items.list(second.id)
+    texts = [item.content[0].text for item in listed.data]  # type: ignore[union-attr]
+    assert texts == ["three", first.output_text, "one"]
+    assert listed.data[1].id == first.output[0].id  # the earlier output item, as it was
+    assert [i.type for i in listed.data] == ["message"] * 3
+    assert [i.role for i in listed.data] == ["user", "assistant", "user"]  # type: ignore[union-attr]
+    oldest = await client.responses.input_items.list(second.id, order="asc", limit=2)
+    assert [i.content[0].text for i in oldest.data] == ["one", first.output_text]  # type: ignore[union-attr]
+    assert oldest.has_more is True
+    rest = await client.responses.input_items.list(second.id, order="asc", after=oldest.last_id)
+    assert [i.content[0].text for i in rest.data] == ["three"]  # type: ignore[union-attr]
+    # The chain is copied: deleting the first response leaves the second's listing whole.
+    await client.responses.delete(first.id)
+    assert len((await client.responses.input_items.list(second.id)).data) == 3
+
+
+async def test_output_text_logprobs_when_included(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    response = await client.responses.create(
+        model="fake-chat",
+        input="Hi",
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
+    (part,) = response.output[0].content  # type: ignore[union-attr]
+    assert part.logprobs is not None
+    assert "".join(lp.token for lp in part.logprobs) == part.text == fake.reply
+    first = part.logprobs[0]
+    assert first.logprob == pytest.approx(-0.1) and first.bytes == list(b"Hello")
+    assert [alt.token for alt in first.top_logprobs] == ["Hello", "alt1"]
+    assert fake.calls[-1].options.logprobs == 2
+    plain = await client.responses.create(model="fake-chat", input="Hi")
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+
+
+async def test_streamed_logprobs_come_with_each_delta(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    body = {
+        "model": "fake-chat",
+        "input": "Hi",
+        "stream": True,
+        "include": ["message.output_text.logprobs"],
+    }
+    events = sse_events((await http.post("/v1/responses", json=body)).text)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert all(len(d["logprobs"]) == 1 and d["logprobs"][0]["token"] == d["delta"] for d in deltas)
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == [d["logprobs"][0] for d in deltas]
+    final = events[-1]["response"]["output"][0]["content"][0]
+    assert final["logprobs"] == done["logprobs"] and final["logprobs"][0]["top_logprobs"] == []
+
+
+async def test_max_tool_calls_keeps_the_first_calls(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    other = CALL.replace("Paris", "Oslo")
+    fake.reply = CALL + other
+    both = await client.responses.create(
+        model="fake-chat",
+        input="Weather?",
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    assert [item.type for item in both.output] == ["function_call", "function_call"]
+    one = await client.responses.create(
+        model="fake-chat",
+        input="Weather?",
+        tools=[WEATHER],  # type: ignore[list-item]
+        max_tool_calls=1,
+    )
+    assert one.max_tool_calls == 1
+    (call,) = one.output
+    assert json.loads(call.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    body = {"model": "fake-chat", "input": "Weather?", "tools": [WEATHER], "max_tool_calls": 1}
+    events = sse_events((await http.post("/v1/responses", json={**body, "stream": True})).text)
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert len(added) == 1
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["function_call"]
+    zero = await http.post("/v1/responses", json={**body, "max_tool_calls": 0})
+    assert_openai_error(zero, 400, param="max_tool_calls")
+
+
+async def test_hints_are_accepted_and_echoed(client: openai.AsyncOpenAI) -> None:
+    response = await client.responses.create(
+        model="fake-chat",
+        input="Hi",
+        user="u-1",
+        safety_identifier="hashed-user",
+        prompt_cache_key="cache-1",
+        service_tier="flex",
+        truncation="disabled",
+        reasoning={"effort": None},
+    )
+    assert response.status == "completed" and response.user == "u-1"
+    assert response.safety_identifier == "hashed-user"
+    assert response.prompt_cache_key == "cache-1"
+    assert response.service_tier == "default"  # the tier that served it
+    assert response.truncation == "disabled"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"truncation": "auto"}, "truncation"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning"),
+        ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 6}, "top_logprobs"),
+        ({"model": "fake-plain", "include": ["message.output_text.logprobs"]}, "include"),
+    ],
+)
+async def test_parameters_it_cannot_honour_are_refused_with_the_reason(
+    http: httpx.AsyncClient, fake: FakeBackend, body: dict[str, Any], param: str
+) -> None:
+    reply = await http.post("/v1/responses", json={"model": "fake-chat", "input": "Hi", **body})
+    error = assert_openai_error(reply, 400, param=param, code="unsupported_parameter")
+    assert not error["message"].startswith("Unrecognized")  # understood, not unknown
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"text": {"format": {"type": "text", "extra": 1}}}, "text.format.extra"),
+        ({"tools": [{**WEATHER, "defer_loading": True}]}, "tools.[0].defer_loading"),
+    ],
+)
+async def test_unknown_fields_of_text_and_tools_are_refused(
+    http: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
+    reply = await http.post("/v1/responses", json={"model": "fake-chat", "input": "Hi", **body})
+    assert_openai_error(reply, 400, param=param, code="unsupported_parameter")

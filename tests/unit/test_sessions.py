@@ -1,12 +1,17 @@
-"""Chat sessions stored in Redis: continued, owned by their key, trimmed to the context."""
+"""Chat sessions stored in Redis: continued, owned by their key, trimmed to the context and
+to the stored-size bound."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from gateway.backend.fake import FakeBackend
-from gateway.state.sessions import Session, Turn, estimate_tokens, plan
+from gateway.backend import ModelInfo
+from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
+from gateway.errors import InvalidRequestError
+from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state import store
+from gateway.state.sessions import Message, Session, SessionStore, Turn, estimate_tokens, plan
 from tests.unit.conftest import REPLY, assert_openai_error, bearer, chat_body, new_key
 
 CHAT = "/v1/chat/completions"
@@ -155,3 +160,57 @@ def test_plan_keeps_the_newest_turns_within_the_budget() -> None:
     # Without max_tokens a quarter of the context is kept for the reply.
     assert plan(session, new, context_length=1000, max_tokens=None).dropped == 1
     assert plan(session, new, context_length=4000, max_tokens=None).dropped == 0
+
+
+def _turn(text: str) -> Turn:
+    return Turn(messages=[Message(role="user", content=text)], tokens=1)
+
+
+def test_plan_keeps_the_newest_turns_that_fit_the_stored_size() -> None:
+    # A context that never binds: here only the store's bound (1 KB) drops turns.
+    turns = [_turn(f"{i}" * 200) for i in range(4)]
+    session = Session(id="p", owner="k", created_at=0, updated_at=0, turns=turns)
+    new = [{"role": "user", "content": "n" * 200}]
+    result = plan(session, new, context_length=10**6, max_tokens=10, max_stored_kb=1)
+    assert result.dropped == 2
+    assert [m["content"][0] for m in result.history] == ["2", "3"]
+    assert plan(session, new, context_length=10**6, max_tokens=10).dropped == 0
+    with pytest.raises(InvalidRequestError) as refused:
+        plan(session, [{"role": "user", "content": "n" * 1100}], 10**6, 10, max_stored_kb=1)
+    assert refused.value.param == "messages" and "max_stored_kb" in refused.value.message
+
+
+async def test_a_saved_session_never_exceeds_the_stored_size(redis_server: EmbeddedRedis) -> None:
+    redis = store.connect(redis_server.url, 1.0)
+    sessions = SessionStore(redis, ttl_s=60, max_stored_kb=1)
+    try:
+        for index in range(4):
+            stored = await sessions.open("s", "k")
+            turn = plan(stored, [{"role": "user", "content": f"{index}" * 200}], 10**6, 10)
+            await sessions.save_turn(turn, {"role": "assistant", "content": "ok"}, 1)
+            saved = await sessions.get("s", "k")
+            assert len(saved.model_dump_json().encode()) <= 1024
+        kept = (await sessions.get("s", "k")).public()["messages"]
+        assert [m["content"][0] for m in kept] == ["2", "o", "3", "o"]
+        stored = await sessions.open("s", "k")
+        huge = plan(stored, [{"role": "user", "content": "h" * 2000}], 10**6, 10)
+        with pytest.raises(InvalidRequestError):
+            await sessions.save_turn(huge, {"role": "assistant", "content": "ok"}, 1)
+        assert (await sessions.get("s", "k")).public()["messages"] == kept  # nothing written
+    finally:
+        await redis.aclose()
+
+
+async def test_a_turn_too_large_to_store_is_a_400_and_leaves_the_session_as_it_was(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # A model whose config states no context length: only the store bounds the session.
+    fake.model_list.append(ModelInfo("fake-long", "chat", True, TOOLS_TEMPLATE))
+    head = {"X-Session-ID": "big"}
+    first = chat_body(model="fake-long", messages=[{"role": "user", "content": "One."}])
+    assert (await http.post(CHAT, json=first, headers=head)).status_code == 200
+    huge = chat_body(model="fake-long", messages=[{"role": "user", "content": "x" * 1_100_000}])
+    error = assert_openai_error(await http.post(CHAT, json=huge, headers=head), 400)
+    assert error["param"] == "messages" and "max_stored_kb" in error["message"]
+    contents = [m["content"] for m in (await http.get("/v1/sessions/big")).json()["messages"]]
+    assert contents == ["One.", REPLY]

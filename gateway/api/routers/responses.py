@@ -46,7 +46,9 @@ async def list_input_items(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
-    """The request's input items, paginated as OpenAI lists are (``after`` an item id)."""
+    """The conversation the response answered, as items: with ``previous_response_id``, the
+    earlier inputs and outputs, then its own input (newest first by default), paginated as
+    OpenAI lists are (``after`` an item id)."""
     items = (await responses.store.get(caller.id, response_id)).input_items
     if order == "desc":
         items = items[::-1]

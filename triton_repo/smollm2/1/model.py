@@ -41,7 +41,9 @@ def find_weights() -> str:
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
-        # Shared modules sit at the repository root, beside the model folders.
+        # Shared modules sit at the repository root, beside the model folders; this
+        # model's own (json_grammar) sits beside this file, a folder Triton's Python stub
+        # puts on sys.path itself.
         # No __pycache__ beside the models: Triton would list it as a model.
         sys.dont_write_bytecode = True
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
@@ -53,6 +55,7 @@ class TritonPythonModel:
         # another process. (Read once, when llama_cpp loads libgomp; a setting given wins.)
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "300")
+        import json_grammar
         import llama_batching
         import llama_cpp
         import llama_sampling
@@ -64,6 +67,7 @@ class TritonPythonModel:
         self.batching = llama_batching
         self.lib = llama_cpp
         self.grammar_from = LlamaGrammar
+        self.json_grammar = json_grammar
         parameters = vllm_contract.decoupled_parameters(pb_utils, args)
         self.n_ctx = int(parameters.get("context_length", "8192"))
         self.max_logprobs = int(parameters.get("max_logprobs", "20"))
@@ -151,7 +155,8 @@ class TritonPythonModel:
 
     def _grammar(self, constraint: dict[str, Any] | None) -> Any:
         """A llama.cpp grammar for a structured-output constraint (JSON Schema -> GBNF by
-        llama-cpp-python), built once per distinct constraint."""
+        :mod:`json_grammar`, llama-cpp-python's converter made to write valid JSON only),
+        built once per distinct constraint."""
         if constraint is None:
             return None
         kind, value = next(iter(constraint.items()))
@@ -166,13 +171,23 @@ class TritonPythonModel:
                 if kind == "json_object":
                     from llama_cpp.llama_grammar import JSON_GBNF
 
-                    grammar = self.grammar_from.from_string(JSON_GBNF, verbose=False)
+                    gbnf = JSON_GBNF
                 else:
-                    grammar = self.grammar_from.from_json_schema(json.dumps(value), verbose=False)
+                    gbnf = self.json_grammar.from_schema(value)
             except Exception as exc:  # the converter's own errors, for an unusable schema
                 raise self.contract.InvalidRequest(
                     f"smollm2 cannot build a grammar from this JSON schema: {exc}"
                 ) from exc
+            # llama.cpp parses a grammar only when a sampler is made of it, and a sampler
+            # of a grammar it cannot parse constrains nothing: refused here instead.
+            parsed = self.lib.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+            if not parsed:
+                raise self.contract.InvalidRequest(
+                    "smollm2 cannot enforce this JSON schema: llama.cpp cannot parse the "
+                    "grammar made of it (a pattern with an escape such as \\d?)"
+                )
+            self.lib.llama_sampler_free(parsed)
+            grammar = self.grammar_from.from_string(gbnf, verbose=False)
             if len(self._grammars) >= 64:
                 self._grammars.pop(next(iter(self._grammars)))
             self._grammars[key] = grammar
