@@ -4,24 +4,39 @@ A :class:`RealtimeSession` owns one connection's conversation. The router feeds 
 client's events (:meth:`RealtimeSession.handle`) and it sends server events through the
 ``send`` callback it was given. What happens to a spoken turn:
 
-1. ``input_audio_buffer.append``: 24 kHz pcm16 is resampled to 16 kHz (PyAV) and kept; with
-   ``server_vad`` it also goes through Silero VAD (:mod:`gateway.serving.vad`), which
-   reports ``speech_started`` / ``speech_stopped``. Speech that starts while a response
-   plays cancels it (barge-in, ``interrupt_response``).
+1. ``input_audio_buffer.append``: the base64 is decoded, 24 kHz pcm16 resampled to 16 kHz
+   (PyAV) and kept; with ``server_vad`` it also goes through Silero VAD
+   (:mod:`gateway.serving.vad`), which reports ``speech_started`` / ``speech_stopped``.
+   That is CPU work (seconds for minutes of audio), so it runs in a worker thread, one
+   append after the other: the other streams of the process go on meanwhile. Speech that
+   starts while a response plays cancels it (barge-in, ``interrupt_response``).
 2. The turn is committed (silence after speech, or ``input_audio_buffer.commit``): a user
    item is added and its audio transcribed by the transcription model. While the VAD waits
    for the silence to last ``silence_duration_ms``, the audio so far is already being
    transcribed; if the user goes on speaking that guess is dropped, else it is the
    transcript, so the wait hides the transcription.
-3. A response (automatic after a VAD turn, or ``response.create``): the conversation is
-   rendered with the chat model's template and generated; its text streams as transcript
-   (or text) deltas and is spoken sentence by sentence (:mod:`gateway.serving.voice`).
-   ``response.cancel``, barge-in or a closed connection stop the Triton requests.
+3. A response (automatic after a VAD turn, or ``response.create``): the conversation (or
+   the response's own ``input``) is rendered with the chat model's template and
+   generated; its text streams as transcript (or text) deltas and is spoken sentence by
+   sentence (:mod:`gateway.serving.voice`). ``response.cancel``, barge-in or a closed
+   connection stop the Triton requests. A response with ``conversation: "none"`` is
+   out of band: its answer is not added to the conversation.
 
 Work runs in order on one worker task (a transcription, then the response that needs it),
 so the receive loop never waits for a model and audio keeps flowing into the VAD.
-Every response is admitted under the key's rate limits like a request and its tokens and
-audio seconds are recorded as usage when it ends.
+
+Every request a session makes of a model is admitted under the key's limits like any
+request (:meth:`RealtimeSession._admit`: one against ``rpm``, no concurrency slot of its
+own, as the connection holds one), its models checked against the key, and what it used
+recorded as usage when it ends: each response, and each transcription (a turn's, with the
+guesses made while it was spoken). The models the session's settings make it use (chat,
+transcription and, for spoken answers, speech) are checked when it opens and at every
+``session.update``, which applies whole or not at all.
+
+Every field of a client event is honoured or refused by name, as OpenAI refuses them:
+``unknown_parameter`` for a field the API does not define, ``unsupported_parameter`` for
+one this gateway does not implement (tools, noise reduction, semantic VAD...). What a
+client can make a session hold is bounded (:class:`Bounds`).
 """
 
 from __future__ import annotations
@@ -33,9 +48,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import av
@@ -44,27 +59,55 @@ import numpy.typing as npt
 
 from gateway.backend import Backend, TranscriptionOptions
 from gateway.config import Settings
-from gateway.errors import GatewayError, InvalidRequestError
+from gateway.errors import GatewayError, InvalidRequestError, PermissionDeniedError
 from gateway.metrics import Metrics
 from gateway.serving import generation
 from gateway.serving.audio import PCM_RATE, STT_RATE
-from gateway.serving.catalog import ModelCatalog
+from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.chat import ChatService
 from gateway.serving.protocol import ChatCompletionRequest
 from gateway.serving.speech import resolve_voice
-from gateway.serving.vad import SpeechStarted, SpeechStopped, TurnDetector, VadSettings
+from gateway.serving.vad import (
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    VadEvent,
+    VadSettings,
+)
 from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
-from gateway.state.keys import KeyStore
-from gateway.state.limits import Admission, Meter, RateLimiter
+from gateway.state.keys import ApiKey, KeyStore
+from gateway.state.limits import Admission, RateLimiter
 
 logger = logging.getLogger("gateway.realtime")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+Audio = npt.NDArray[np.float32]
 
 #: OpenAI refuses to commit less than 100 ms of audio.
 MIN_COMMIT_MS = 100
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
-_BYTES_PER_MS = PCM_RATE * 2 // 1000
+_PCM_BYTES_PER_S = PCM_RATE * 2
+#: Bytes of the client's pcm16 per sample kept (16 kHz): the buffer's size as it was sent.
+_PCM_BYTES_PER_KEPT = _PCM_BYTES_PER_S // STT_RATE
+
+#: Transcriptions and responses a session may have waiting: a conversation has two at
+#: most (a turn's transcription, then its answer); past it, an event that would add one is
+#: refused, so a client cannot queue work (and the audio it holds) without end.
+MAX_QUEUED_JOBS = 16
+#: The longest id a client may give an item.
+MAX_ITEM_ID_CHARS = 64
+#: ``metadata`` as OpenAI bounds it: pairs, and characters of a key and of a value.
+METADATA_PAIRS = 16
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
+#: Base64 characters decoded in one call (a multiple of 4: whole groups of 3 bytes).
+_B64_PIECE = 64 * 1024
+#: A client event larger than this is parsed in a worker thread (an append of minutes of
+#: audio takes tens of milliseconds to parse); smaller ones are not worth the hop.
+_PARSE_IN_THREAD_BYTES = 64 * 1024
+#: Model names of OpenAI's own that mean "the gateway's default" (``gpt-realtime``,
+#: ``whisper-1``, ``gpt-4o-transcribe``...).
+_OPENAI_MODEL_PREFIXES = ("gpt-", "whisper-")
 
 
 def _id(prefix: str) -> str:
@@ -73,6 +116,35 @@ def _id(prefix: str) -> str:
 
 class ClientEventError(InvalidRequestError):
     """A client event the session cannot act on: sent back as an ``error`` event."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a client can make one session hold (README "Limits"). An event past a bound is
+    refused with an ``error`` event naming it, and the session stays as it was."""
+
+    buffer_bytes: int
+    """The input audio buffer, as the pcm16 the client sent (``realtime_max_buffer_mb``)."""
+    audio_seconds: float
+    """The audio of one turn: the buffer, or an ``input_audio`` part (``max_audio_seconds``)."""
+    items: int
+    """Conversation items kept; past it the oldest are dropped (``realtime_max_items``)."""
+    text_bytes: int
+    """Text kept (``max_stored_kb``): instructions, a transcription prompt, one item; and
+    all items together (past it the oldest are dropped)."""
+    message_bytes: int
+    """One client event (``realtime_max_message_mb``; uvicorn refuses larger ones first)."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> Bounds:
+        mb = 1024 * 1024
+        return cls(
+            buffer_bytes=int(settings.realtime_max_buffer_mb * mb),
+            audio_seconds=settings.max_audio_seconds,
+            items=settings.realtime_max_items,
+            text_bytes=settings.max_stored_kb * 1024,
+            message_bytes=int(settings.realtime_max_message_mb * mb),
+        )
 
 
 @dataclass
@@ -94,6 +166,7 @@ class SessionConfig:
     speed: float = 1.0
     max_output_tokens: int | None = None
     temperature: float | None = None
+    tool_choice: str = "auto"
 
     def to_json(self, session_id: str) -> dict[str, Any]:
         detection: dict[str, Any] | None = None
@@ -122,8 +195,12 @@ class SessionConfig:
             "output_modalities": self.output_modalities,
             "instructions": self.instructions,
             "tools": [],
-            "tool_choice": "auto",
+            "tool_choice": self.tool_choice,
             "max_output_tokens": self.max_output_tokens or "inf",
+            # A conversation that outgrows the model's context is not cut to fit: the
+            # response fails with context_length_exceeded (OpenAI's "disabled").
+            "truncation": "disabled",
+            "tracing": None,
             "audio": {
                 "input": {
                     "format": PCM_FORMAT,
@@ -168,26 +245,35 @@ class Item:
                 parts.append(text)
         return " ".join(parts)
 
+    @property
+    def size(self) -> int:
+        """Bytes of text it holds (what :attr:`Bounds.text_bytes` counts)."""
+        return len(self.text().encode("utf-8"))
+
+    def audio_part(self) -> int:
+        """The index of its ``input_audio`` part (the one a transcript goes into)."""
+        return next(i for i, part in enumerate(self.content) if part["type"] == "input_audio")
+
 
 class InputAudio:
     """The input audio buffer: 24 kHz pcm16 in, 16 kHz float kept (what VAD and the
-    transcription model take), with where it starts in the session's audio."""
+    transcription model take). Positions count 16 kHz samples of all the audio the session
+    was sent, as the VAD's do, so their times agree."""
 
     def __init__(self) -> None:
         self._resampler = av.AudioResampler(format="flt", layout="mono", rate=STT_RATE)
         self._pts = 0
-        self.parts: list[npt.NDArray[np.float32]] = []
-        self.size = 0
-        self.start_ms = 0  # where the buffer starts, in the session's audio
-        self.total_ms = 0.0  # all audio appended in the session
+        self.parts: list[Audio] = []
+        self.start = 0  # where the buffer starts
+        self.size = 0  # samples kept
 
-    def append(self, pcm: bytes) -> npt.NDArray[np.float32]:
+    def append(self, pcm: bytes) -> Audio:
+        """Keeps ``pcm`` and returns it as 16 kHz audio (CPU work: run it in a thread)."""
         samples = np.frombuffer(pcm, dtype="<i2")
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = PCM_RATE
         frame.pts = self._pts
         self._pts += samples.size
-        self.total_ms += samples.size * 1000 / PCM_RATE
         out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
         audio = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
         self.parts.append(audio)
@@ -195,32 +281,72 @@ class InputAudio:
         return audio
 
     @property
-    def end_ms(self) -> int:
-        return self.start_ms + self.size * 1000 // STT_RATE
+    def end(self) -> int:
+        return self.start + self.size
 
-    def audio(self, from_ms: int | None = None) -> npt.NDArray[np.float32]:
+    @property
+    def start_ms(self) -> int:
+        return self.start * 1000 // STT_RATE
+
+    @property
+    def end_ms(self) -> int:
+        return self.end * 1000 // STT_RATE
+
+    @property
+    def pcm_bytes(self) -> int:
+        """What the buffered audio was as the client sent it."""
+        return self.size * _PCM_BYTES_PER_KEPT
+
+    def audio(self, from_ms: int | None = None) -> Audio:
+        """A copy of the buffered audio from ``from_ms`` (CPU work for a long buffer)."""
         whole = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.float32)
-        skip = max(0, (from_ms or self.start_ms) - self.start_ms) * STT_RATE // 1000
+        skip = max(0, (from_ms or 0) * STT_RATE // 1000 - self.start)
         return whole[skip:]
 
-    def take(self, from_ms: int | None = None) -> npt.NDArray[np.float32]:
+    def take(self, from_ms: int | None = None) -> Audio:
         """The buffered audio (from ``from_ms``), and the buffer emptied."""
         audio = self.audio(from_ms)
         self.clear()
         return audio
 
     def clear(self) -> None:
-        self.start_ms = self.end_ms
+        self.start = self.end
         self.parts = []
         self.size = 0
+
+    def drop_before(self, at_ms: int) -> None:
+        """Forgets the audio before ``at_ms``: silence the VAD has judged, which no turn will
+        ever include, so a microphone left open does not fill the buffer."""
+        drop = min(self.size, at_ms * STT_RATE // 1000 - self.start)
+        if drop <= 0:
+            return
+        self.start += drop
+        self.size -= drop
+        while drop:
+            head = self.parts[0]
+            if head.size > drop:
+                self.parts[0] = head[drop:]
+                break
+            self.parts.pop(0)
+            drop -= head.size
 
 
 @dataclass
 class Response:
     id: str
+    model: str
     modalities: list[str]
     instructions: str
     max_output_tokens: int | None
+    voice: str
+    conversation: bool = True
+    """False for an out-of-band response (``conversation: "none"``): its answer is not
+    added to the conversation, and it may be asked for while the conversation's own runs
+    (it runs next: a session's work runs in order)."""
+    input: list[tuple[Item, Audio | None]] | None = None
+    """The items it answers instead of the conversation (``input``), with the audio of
+    those still to transcribe."""
+    metadata: dict[str, str] | None = None
     reason: str = "client_cancelled"
     """Why it was cancelled, if it is (``turn_detected`` for barge-in)."""
     task: asyncio.Task[None] | None = None
@@ -234,7 +360,70 @@ class _Guess:
 
     from_ms: int
     voiced_windows: int  # the detector's mark when it was made
-    task: asyncio.Task[str]
+    task: asyncio.Task[str | None]
+
+
+class _Transcription:
+    """One transcription request: admitted under the key's limits once (the guesses made
+    while a turn was spoken and the turn's own transcript share it), then recorded with the
+    seconds of audio it transcribed."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.model = session.config.transcription_model
+        uses = [(self.model, "session.audio.input.transcription.model", _TRANSCRIBES)]
+        self.admitted = asyncio.create_task(session._admit(uses))
+        self.finished = False
+
+    async def run(self, audio: Audio) -> str:
+        """The transcript of ``audio``, once the request is admitted (a refusal raises)."""
+        await asyncio.shield(self.admitted)
+        return await self.session._transcribe(self.model, audio)
+
+    async def finish(self, seconds: float) -> None:
+        """Records the request (the first call only) with ``seconds`` of audio."""
+        if self.finished:
+            return
+        self.finished = True
+        self.session._transcriptions.discard(self)
+        try:
+            admission = await self.admitted
+        except GatewayError:
+            return  # refused: nothing ran
+        admission.meter.audio_seconds_in += seconds
+        await self.session.services.settle(admission)
+
+
+_ANSWERS = "answers in this session"
+_TRANSCRIBES = "transcribes this session's audio"
+_SPEAKS = "speaks this session's answers"
+#: (model, the parameter that chose it, what it does)
+_Use = tuple[str, str, str]
+
+
+def _uses(config: SessionConfig, speech_model: str) -> list[_Use]:
+    """The models ``config`` makes a session use: its chat model, the transcription model
+    (any audio a client sends is transcribed for the chat model) and, for spoken answers,
+    the speech model."""
+    uses = [
+        (config.model, "session.model", _ANSWERS),
+        (config.transcription_model, "session.audio.input.transcription.model", _TRANSCRIBES),
+    ]
+    if config.output_modalities == ["audio"]:
+        uses.append((speech_model, "session.output_modalities", _SPEAKS))
+    return uses
+
+
+def _require(key: ApiKey, uses: list[_Use]) -> None:
+    """403 unless ``key`` may use every model of ``uses``: the models a session uses
+    without naming them are checked like the one it names."""
+    for model, param, use in uses:
+        if not key.may_use(model):
+            raise PermissionDeniedError(
+                f"This API key may not use the model '{model}', which {use}.",
+                param=param,
+                code="model_not_allowed",
+            )
 
 
 class RealtimeServices:
@@ -252,6 +441,7 @@ class RealtimeServices:
         metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.bounds = Bounds.of(settings)
         self.backend = backend
         self.catalog = catalog
         self.chat = chat
@@ -260,23 +450,28 @@ class RealtimeServices:
         self.keys = keys
         self.metrics = metrics
 
-    async def chat_model(self, requested: str | None) -> str:
-        """The chat model a session asked for: one of ours by name, or the default for an
-        OpenAI realtime model name (``gpt-realtime``...) or none; 404 for anything else."""
+    async def model_for(self, task: str, requested: str | None, param: str) -> str:
+        """The model of ``task`` a session asked for: one of ours by name, or the default
+        for one of OpenAI's names (``gpt-realtime``, ``whisper-1``...) or none; a 404 (or a
+        400 for a model of another task) naming ``param`` for anything else."""
         if requested:
             found = await self.catalog.find(requested)
-            if found is not None and found.task == "chat":
+            if found is not None and found.task == task:
                 return requested
-            if not requested.startswith("gpt-"):
-                await self.catalog.get(requested, "chat")  # raises the right 404 or 400
-        return await self.models.pick("chat")
+            if not requested.startswith(_OPENAI_MODEL_PREFIXES):
+                try:
+                    await self.catalog.get(requested, task)  # raises the right 404 or 400
+                except GatewayError as exc:
+                    exc.param = param
+                    raise
+        return await self.models.pick(task)
 
     async def open(
-        self, requested_model: str | None, presented_key: str, send: Send
+        self, requested_model: str | None, key: ApiKey, presented_key: str, send: Send
     ) -> RealtimeSession:
-        model = await self.chat_model(requested_model)
+        """A session of ``key`` (403 unless it may use the models the session will)."""
+        model = await self.model_for("chat", requested_model, "model")
         info = await self.models.info("speech")
-        speech = info.name
         config = SessionConfig(
             model=model,
             voice=info.voices[0] if info.voices else "alloy",
@@ -284,7 +479,30 @@ class RealtimeServices:
             instructions=self.settings.realtime_instructions,
             temperature=self.settings.realtime_temperature,
         )
-        return RealtimeSession(self, config, speech, presented_key, send)
+        _require(key, _uses(config, info.name))
+        return RealtimeSession(self, config, info.name, key, presented_key, send)
+
+    async def settle(self, admission: Admission) -> None:
+        """Records what a session's request used (never raises)."""
+        await self.limiter.finish(admission)
+        if self.metrics is not None:
+            self.metrics.record_usage(admission)
+
+
+_Handler = Callable[["RealtimeSession", dict[str, Any]], Awaitable[None]]
+
+#: The fields of the parts of a message item a client sends, by part type.
+_PART_FIELDS = {
+    "input_text": {"type", "text"},
+    "input_audio": {"type", "audio", "transcript"},
+    "output_text": {"type", "text"},
+    "output_audio": {"type", "audio", "transcript"},
+}
+_ROLE_PARTS = {
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "output_audio"),
+}
 
 
 class RealtimeSession:
@@ -293,12 +511,16 @@ class RealtimeSession:
         services: RealtimeServices,
         config: SessionConfig,
         speech_model: str,
+        key: ApiKey,
         presented_key: str,
         send: Send,
     ) -> None:
         self.services = services
         self.config = config
         self.speech_model = speech_model
+        self.key = key
+        """The key the session was opened with: ``session.update`` checks models against
+        it. Each request is admitted with the key as it is then (:meth:`_admit`)."""
         self.presented_key = presented_key
         self._send = send
         self.id = _id("sess")
@@ -307,16 +529,19 @@ class RealtimeSession:
         self.detector: TurnDetector | None = (
             TurnDetector(config.vad) if config.vad is not None else None
         )
-        self.meter = Meter()
-        """What the connection used outside responses (transcriptions no response
-        followed); recorded when it closes."""
-        self._pending_audio_in = 0.0
         self._speech_item: str | None = None  # the item id of the speech in progress
         self._speech_start_ms = 0
         self._guess: _Guess | None = None
-        self._jobs: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._turn: _Transcription | None = None
+        """The transcription request of the speech in progress (made by its first guess)."""
+        self._transcriptions: set[_Transcription] = set()
+        """Transcription requests not yet recorded (recorded at the latest on close)."""
+        self._jobs: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue(MAX_QUEUED_JOBS)
         self._worker: asyncio.Task[None] | None = None
         self.response: Response | None = None
+        """The conversation's response, queued or running (one at a time)."""
+        self.responses: dict[str, Response] = {}
+        """Every response queued or running, out-of-band ones included."""
         self.closed = False
 
     # --- sending ------------------------------------------------------------------------
@@ -338,16 +563,17 @@ class RealtimeSession:
 
     async def close(self) -> None:
         """The connection is gone: stops the work in progress (and its Triton requests)
-        and records what the session used outside responses."""
+        and records the transcription requests not yet recorded."""
         self.closed = True
-        if self.response is not None and self.response.task is not None:
-            self.response.task.cancel()
-        if self._guess is not None:
-            self._guess.task.cancel()
+        for response in self.responses.values():
+            if response.task is not None:
+                response.task.cancel()
+        self._drop_guess()
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
-        self.meter.audio_seconds_in += self._pending_audio_in
+        for request in list(self._transcriptions):
+            await request.finish(0.0)
 
     async def _work(self) -> None:
         while True:
@@ -363,142 +589,263 @@ class RealtimeSession:
                 logger.exception("realtime job failed")
                 await self.error(GatewayError("The server had an error in this session."))
 
+    def _check_room(self) -> None:
+        if self._jobs.full():
+            raise ClientEventError(
+                f"The session already has {MAX_QUEUED_JOBS} transcriptions and responses "
+                "waiting; wait for them to finish.",
+                code="too_many_pending_jobs",
+            )
+
+    async def _admit(self, uses: list[_Use]) -> Admission:
+        """A request of this session (a response, a transcription) admitted under the key's
+        limits like any request, without a concurrency slot of its own (the connection
+        holds one), its models checked against the key; the first one names it in usage
+        and metrics. A 429 or 403 raises here."""
+        services = self.services
+        admission = await services.limiter.admit(
+            services.keys, self.presented_key, hold_lease=False
+        )
+        try:
+            _require(admission.key, uses)
+        except GatewayError:
+            await services.limiter.finish(admission)
+            raise
+        admission.model = uses[0][0]
+        return admission
+
     # --- client events ------------------------------------------------------------------
 
     async def handle(self, raw: str | bytes) -> None:
-        """Acts on one client event; a bad one gets an ``error`` event, nothing more."""
+        """Acts on one client event (the caller hands them over one at a time, in order);
+        a bad one gets an ``error`` event, nothing more."""
         event_id = None
         try:
-            try:
-                event = json.loads(raw)
-            except ValueError as exc:
+            limit = self.services.bounds.message_bytes
+            if len(raw) > limit:
                 raise ClientEventError(
-                    f"The event is not valid JSON: {exc}.", code="invalid_json"
-                ) from exc
+                    f"The event is {len(raw):,} bytes; at most {limit:,} are allowed "
+                    "(GATEWAY_REALTIME_MAX_MESSAGE_MB).",
+                    code="message_too_large",
+                )
+            event = await _parse(raw)
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ClientEventError(
                     "An event must be a JSON object with a 'type'.", param="type"
                 )
             event_id = event.get("event_id")
-            handler = self._handlers.get(event["type"])
-            if handler is None:
+            found = self._handlers.get(event["type"])
+            if found is None:
                 raise ClientEventError(
                     f"Unknown event type '{event['type']}'.", param="type", code="invalid_event"
                 )
+            handler, fields = found
+            _fields(event, "", {"type", "event_id", *fields})
             await handler(self, event)
         except GatewayError as exc:
             await self.error(exc, event_id if isinstance(event_id, str) else None)
 
     async def _session_update(self, event: dict[str, Any]) -> None:
-        session = _object(event.get("session"), "session")
-        config = self.config
-        kind = session.get("type", "realtime")
+        config = await self._configured(_object(event.get("session"), "session"))
+        _require(self.key, _uses(config, self.speech_model))
+        await self._apply(config)
+        await self.emit("session.updated", session=config.to_json(self.id))
+
+    async def _configured(self, spec: dict[str, Any]) -> SessionConfig:
+        """The session's settings with ``spec`` (a ``session.update``'s session) applied:
+        a new object, so a refused field leaves the session's own as they were."""
+        _fields(spec, "session", _SESSION_FIELDS)
+        kind = spec.get("type", "realtime")
         if kind != "realtime":
             raise ClientEventError(
                 f"Session type '{kind}' is not supported; use 'realtime'.", param="session.type"
             )
-        if session.get("model"):
-            config.model = await self.services.chat_model(str(session["model"]))
-        if "instructions" in session:
-            config.instructions = str(session["instructions"] or "")
-        if "output_modalities" in session:
+        _refuse_tools(spec, "session")
+        if spec.get("include"):
+            raise _unsupported(
+                "session.include",
+                "Log probabilities of input transcriptions are not reported by this gateway.",
+            )
+        if spec.get("tracing") is not None:
+            raise _unsupported(
+                "session.tracing",
+                "Tracing to OpenAI's dashboard does not exist here (the gateway's logs and "
+                "metrics trace sessions); send null.",
+            )
+        if spec.get("truncation", "disabled") != "disabled":
+            raise _unsupported(
+                "session.truncation",
+                "Only truncation 'disabled' is supported: a conversation that outgrows the "
+                "model's context is not cut, the response fails with "
+                "context_length_exceeded (delete items to make room).",
+            )
+        config = replace(self.config)
+        if spec.get("model") is not None:
+            requested = _string(spec["model"], "session.model")
+            config.model = await self.services.model_for("chat", requested, "session.model")
+        if "instructions" in spec:
+            config.instructions = self._kept(spec["instructions"], "session.instructions")
+        if "output_modalities" in spec:
             config.output_modalities = _modalities(
-                session["output_modalities"], "session.output_modalities"
+                spec["output_modalities"], "session.output_modalities"
             )
-        if "max_output_tokens" in session:
+        if "max_output_tokens" in spec:
             config.max_output_tokens = _max_tokens(
-                session["max_output_tokens"], "session.max_output_tokens"
+                spec["max_output_tokens"], "session.max_output_tokens"
             )
-        if session.get("tools"):
-            raise ClientEventError(
-                "Tools are not supported in Realtime sessions by this gateway.",
-                param="session.tools",
-                code="unsupported_parameter",
-            )
-        audio = _object(session.get("audio") or {}, "session.audio")
-        self._update_input(_object(audio.get("input") or {}, "session.audio.input"))
-        output = _object(audio.get("output") or {}, "session.audio.output")
-        _check_format(output.get("format"), "session.audio.output.format")
-        if "voice" in output:
-            info = await self.services.catalog.get(self.speech_model, "speech")
-            voice = output["voice"]
-            name = voice.get("id") if isinstance(voice, dict) else voice
-            config.voice = resolve_voice(str(name), info.voices)
-        if "speed" in output:
-            speed = output["speed"]
-            if not isinstance(speed, int | float) or not 0.25 <= speed <= 4.0:
-                raise ClientEventError(
-                    "speed must be a number from 0.25 to 4.0.",
-                    param="session.audio.output.speed",
-                )
-            config.speed = float(speed)
-        await self.emit("session.updated", session=config.to_json(self.id))
+        if spec.get("tool_choice") is not None:
+            config.tool_choice = spec["tool_choice"]
+        audio = _object(spec.get("audio") or {}, "session.audio")
+        _fields(audio, "session.audio", {"input", "output"})
+        await self._configure_input(config, _object(audio.get("input") or {}, _INPUT))
+        await self._configure_output(config, _object(audio.get("output") or {}, _OUTPUT))
+        return config
 
-    def _update_input(self, audio_in: dict[str, Any]) -> None:
-        config = self.config
-        _check_format(audio_in.get("format"), "session.audio.input.format")
-        if "transcription" in audio_in:
-            transcription = audio_in["transcription"]
+    async def _configure_input(self, config: SessionConfig, spec: dict[str, Any]) -> None:
+        _fields(spec, _INPUT, {"format", "transcription", "noise_reduction", "turn_detection"})
+        _check_format(spec.get("format"), f"{_INPUT}.format")
+        if spec.get("noise_reduction") is not None:
+            raise _unsupported(
+                f"{_INPUT}.noise_reduction",
+                "Noise reduction is not available in this gateway; send null.",
+            )
+        if "transcription" in spec:
+            transcription = spec["transcription"]
             config.transcribe_events = transcription is not None
-            if transcription:
-                spec = _object(transcription, "session.audio.input.transcription")
-                config.language = spec.get("language") or None
-                config.prompt = spec.get("prompt") or None
-        if "turn_detection" not in audio_in:
-            return
-        detection = audio_in["turn_detection"]
-        if detection is None:
-            config.vad = None
-            self.detector = None
-            return
-        spec = _object(detection, "session.audio.input.turn_detection")
-        if spec.get("type", "server_vad") != "server_vad":
-            raise ClientEventError(
-                f"Turn detection '{spec.get('type')}' is not supported; use 'server_vad' or null.",
-                param="session.audio.input.turn_detection.type",
-                code="unsupported_parameter",
-            )
-        base = config.vad or VadSettings()
-        threshold = spec.get("threshold", base.threshold)
-        padding = spec.get("prefix_padding_ms", base.prefix_padding_ms)
-        silence = spec.get("silence_duration_ms", base.silence_duration_ms)
-        if not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
-            raise ClientEventError(
-                "threshold must be from 0.0 to 1.0.",
-                param="session.audio.input.turn_detection.threshold",
-            )
-        for name, value in (("prefix_padding_ms", padding), ("silence_duration_ms", silence)):
-            if not isinstance(value, int) or not 0 <= value <= 10_000:
-                raise ClientEventError(
-                    f"{name} must be an integer from 0 to 10000.",
-                    param=f"session.audio.input.turn_detection.{name}",
+            if transcription is not None:
+                where = f"{_INPUT}.transcription"
+                await self._configure_transcription(config, _object(transcription, where))
+        if "turn_detection" in spec:
+            detection = spec["turn_detection"]
+            if detection is None:
+                config.vad = None
+            else:
+                _configure_vad(config, _object(detection, f"{_INPUT}.turn_detection"))
+
+    async def _configure_transcription(self, config: SessionConfig, spec: dict[str, Any]) -> None:
+        where = f"{_INPUT}.transcription"
+        _fields(spec, where, {"model", "language", "prompt", "delay", "keywords", "languages"})
+        for name in ("delay", "keywords", "languages"):
+            if spec.get(name) is not None:
+                raise _unsupported(
+                    f"{where}.{name}",
+                    f"'{name}' is not supported by this gateway's transcription models; "
+                    "use 'language' and 'prompt'.",
                 )
-        config.create_response = bool(spec.get("create_response", config.create_response))
-        config.interrupt_response = bool(spec.get("interrupt_response", config.interrupt_response))
-        settings = VadSettings(float(threshold), padding, silence)
-        if settings != config.vad or self.detector is None:
-            config.vad = settings
-            self.detector = TurnDetector(settings)
+        if spec.get("model") is not None:
+            requested = _string(spec["model"], f"{where}.model")
+            config.transcription_model = await self.services.model_for(
+                "transcription", requested, f"{where}.model"
+            )
+        info = await self.services.catalog.get(config.transcription_model, "transcription")
+        language = self._kept(spec.get("language"), f"{where}.language")
+        prompt = self._kept(spec.get("prompt"), f"{where}.prompt")
+        if language and info.languages and language not in info.languages:
+            raise ClientEventError(
+                f"The model '{info.name}' does not transcribe language '{language}'; it "
+                f"supports: {', '.join(info.languages)}.",
+                param=f"{where}.language",
+                code="unsupported_language",
+            )
+        # As /v1/audio/transcriptions: refused unless the operator lists it as ignored.
+        if language and not model_takes(info, "language", f"{where}.language"):
+            language = ""
+        if prompt and not model_takes(info, "prompt", f"{where}.prompt"):
+            prompt = ""
+        config.language, config.prompt = language or None, prompt or None
+
+    async def _configure_output(self, config: SessionConfig, spec: dict[str, Any]) -> None:
+        _fields(spec, _OUTPUT, {"format", "voice", "speed"})
+        _check_format(spec.get("format"), f"{_OUTPUT}.format")
+        if "voice" in spec:
+            config.voice = await self._voice(spec["voice"], f"{_OUTPUT}.voice")
+        if "speed" in spec:
+            speed = spec["speed"]
+            param = f"{_OUTPUT}.speed"
+            if not isinstance(speed, int | float) or not 0.25 <= speed <= 4.0:
+                raise ClientEventError("speed must be a number from 0.25 to 4.0.", param=param)
+            info = await self.services.catalog.get(self.speech_model, "speech")
+            config.speed = float(speed) if model_takes(info, "speed", param) else 1.0
+
+    async def _voice(self, value: object, param: str) -> str:
+        """A voice of the session's speech model (an OpenAI voice name means its default)."""
+        info = await self.services.catalog.get(self.speech_model, "speech")
+        if isinstance(value, dict):
+            _fields(value, param, {"id"})
+            value = value.get("id")
+        if not isinstance(value, str):
+            raise ClientEventError("voice must be a voice name or {'id': name}.", param=param)
+        try:
+            return resolve_voice(value, info.voices)
+        except InvalidRequestError as exc:
+            raise ClientEventError(exc.message, param=param) from exc
+
+    def _kept(self, value: object, param: str) -> str:
+        """Text the session keeps (instructions, a prompt): a string (null: empty) of at
+        most :attr:`Bounds.text_bytes`."""
+        if value is None:
+            return ""
+        text = _string(value, param, empty=True)
+        limit = self.services.bounds.text_bytes
+        if len(text.encode("utf-8")) > limit:
+            raise ClientEventError(
+                f"{param} is longer than {limit:,} bytes, the most a session keeps "
+                "(GATEWAY_MAX_STORED_KB).",
+                param=param,
+                code="string_above_max_length",
+            )
+        return text
+
+    async def _apply(self, config: SessionConfig) -> None:
+        """Makes ``config`` the session's; new VAD settings start a new detector where the
+        audio is now (the speech in progress, if any, is forgotten)."""
+        if config.vad != self.config.vad:
+            self._drop_guess()
+            await self._end_turn()
+            self._speech_item = None
+            self.detector = TurnDetector(config.vad, self.buffer.end) if config.vad else None
+        self.config = config
 
     async def _append(self, event: dict[str, Any]) -> None:
         data = event.get("audio")
         if not isinstance(data, str):
             raise ClientEventError("audio must be base64-encoded pcm16.", param="audio")
-        pcm = _b64(data, "audio")
-        if not pcm:
-            return
-        audio = self.buffer.append(pcm)
-        if self.detector is None:
-            return
-        for found in self.detector.feed(audio):
+        for found in await asyncio.to_thread(self._ingest, data):
             if isinstance(found, SpeechStarted):
                 await self._speech_started(found.at_ms)
             elif isinstance(found, SpeechStopped):
                 await self._speech_stopped(found.at_ms)
-        if self.detector.speaking and self._guess is None:
-            self._maybe_guess()
+        detector = self.detector
+        if detector is None:
+            return
+        if not detector.speaking:
+            self.buffer.drop_before(detector.position_ms - detector.settings.prefix_padding_ms)
+        elif self._guess is None:
+            await self._maybe_guess()
 
-    def _maybe_guess(self) -> None:
+    def _ingest(self, data: str) -> list[VadEvent]:
+        """Decodes an append's audio, keeps it and runs the VAD over it: CPU work, run in a
+        worker thread. Nothing else touches the buffer or the detector meanwhile, as the
+        session handles one event at a time (so appends also stay in order). Past the
+        buffer's bounds nothing is kept."""
+        pcm = _b64(data, "audio")
+        if not pcm:
+            return []
+        bounds = self.services.bounds
+        size = self.buffer.pcm_bytes + len(pcm)
+        if size > bounds.buffer_bytes:
+            raise ClientEventError(
+                f"The input audio buffer would hold {size:,} bytes of audio; at most "
+                f"{bounds.buffer_bytes:,} are allowed (GATEWAY_REALTIME_MAX_BUFFER_MB). "
+                "Commit or clear the buffer first.",
+                param="audio",
+                code="input_audio_buffer_full",
+            )
+        _check_seconds(size, bounds, "audio")
+        audio = self.buffer.append(pcm)
+        return self.detector.feed(audio) if self.detector is not None else []
+
+    async def _maybe_guess(self) -> None:
         """When the user has gone quiet, transcribe the turn so far while the VAD waits."""
         detector = self.detector
         if detector is None or not detector.silent_ms or self._speech_item is None:
@@ -506,8 +853,10 @@ class RealtimeSession:
         if detector.silent_ms < min(200, detector.settings.silence_duration_ms // 2):
             return
         from_ms = max(self._speech_start_ms, self.buffer.start_ms)
-        audio = self.buffer.audio(from_ms)
-        task = asyncio.create_task(self._transcribe(audio))
+        audio = await asyncio.to_thread(self.buffer.audio, from_ms)
+        if self._turn is None:
+            self._turn = self._new_transcription()
+        task = asyncio.create_task(_guessed(self._turn, audio))
         self._guess = _Guess(from_ms, detector.voiced_windows, task)
 
     def _drop_guess(self) -> None:
@@ -515,8 +864,21 @@ class RealtimeSession:
             self._guess.task.cancel()
             self._guess = None
 
+    async def _end_turn(self) -> None:
+        """The speech in progress will not be committed: its request, if a guess made one,
+        is recorded with no audio."""
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            await turn.finish(0.0)
+
+    def _new_transcription(self) -> _Transcription:
+        request = _Transcription(self)
+        self._transcriptions.add(request)
+        return request
+
     async def _speech_started(self, at_ms: int) -> None:
         self._drop_guess()
+        await self._end_turn()
         self._speech_item = _id("item")
         self._speech_start_ms = at_ms
         await self.emit(
@@ -535,11 +897,12 @@ class RealtimeSession:
         if guess is not None and (guess.from_ms != from_ms or guess.voiced_windows != voiced):
             guess.task.cancel()
             guess = None
-        audio = self.buffer.take(from_ms)
+        audio = await asyncio.to_thread(self.buffer.take, from_ms)
+        turn, self._turn = self._turn, None
         self._speech_item = None
-        await self._commit(item_id, audio, guess.task if guess else None)
+        await self._commit(item_id, audio, guess.task if guess else None, turn)
         if self.config.create_response:
-            self._queue_response(self._new_response({}), time.monotonic())
+            self._queue_response(await self._new_response({}), time.monotonic())
 
     async def _commit_event(self, event: dict[str, Any]) -> None:
         if self.buffer.end_ms - self.buffer.start_ms < MIN_COMMIT_MS:
@@ -552,12 +915,14 @@ class RealtimeSession:
         self._drop_guess()
         item_id = self._speech_item or _id("item")
         self._speech_item = None
+        turn, self._turn = self._turn, None
         if self.detector is not None:
             self.detector.reset()
-        await self._commit(item_id, self.buffer.take(), None)
+        await self._commit(item_id, await asyncio.to_thread(self.buffer.take), None, turn)
 
     async def _clear(self, event: dict[str, Any]) -> None:
         self._drop_guess()
+        await self._end_turn()
         self.buffer.clear()
         self._speech_item = None
         if self.detector is not None:
@@ -565,96 +930,179 @@ class RealtimeSession:
         await self.emit("input_audio_buffer.cleared")
 
     async def _commit(
-        self, item_id: str, audio: npt.NDArray[np.float32], guess: asyncio.Task[str] | None
+        self,
+        item_id: str,
+        audio: Audio,
+        guess: asyncio.Task[str | None] | None,
+        turn: _Transcription | None,
     ) -> None:
+        if self._jobs.full():
+            if guess is not None:
+                guess.cancel()
+            if turn is not None:
+                await turn.finish(0.0)
+            self._check_room()
         previous = self.items[-1].id if self.items else None
         item = Item(item_id, "user", [{"type": "input_audio", "transcript": None}], "completed")
         self.items.append(item)
         await self.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
         await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=previous)
-        self._jobs.put_nowait(lambda: self._transcribe_item(item, audio, guess))
+        self._jobs.put_nowait(lambda: self._transcribe_item(item, audio, guess, turn))
+        await self._keep_bounded()
 
-    async def _transcribe(self, audio: npt.NDArray[np.float32]) -> str:
+    async def _transcribe(self, model: str, audio: Audio) -> str:
         options = TranscriptionOptions(language=self.config.language, prompt=self.config.prompt)
-        segments = self.services.backend.transcribe(self.config.transcription_model, audio, options)
+        segments = self.services.backend.transcribe(model, audio, options)
         async with aclosing(segments):
             texts = [segment.text async for segment in segments]
         return "".join(texts).strip()
 
+    async def _transcript(
+        self,
+        audio: Audio,
+        request: _Transcription | None = None,
+        guess: asyncio.Task[str | None] | None = None,
+    ) -> str:
+        """The transcript of ``audio``: ``guess``'s if it has one, else made under
+        ``request`` (a new request if none), which is then recorded."""
+        request = request or self._new_transcription()
+        seconds = 0.0
+        try:
+            text = await guess if guess is not None else None
+            if text is None:
+                text = await request.run(audio)
+            seconds = audio.size / STT_RATE
+            return text
+        finally:
+            await asyncio.shield(request.finish(seconds))
+
     async def _transcribe_item(
-        self, item: Item, audio: npt.NDArray[np.float32], guess: asyncio.Task[str] | None
+        self,
+        item: Item,
+        audio: Audio,
+        guess: asyncio.Task[str | None] | None,
+        request: _Transcription | None,
     ) -> None:
-        seconds = audio.size / STT_RATE
-        transcript = await guess if guess is not None else await self._transcribe(audio)
-        self._pending_audio_in += seconds
-        item.content[0]["transcript"] = transcript
+        index = item.audio_part()
+        try:
+            transcript = await self._transcript(audio, request, guess)
+        except GatewayError as exc:
+            if self.config.transcribe_events:
+                await self.emit(
+                    "conversation.item.input_audio_transcription.failed",
+                    item_id=item.id,
+                    content_index=index,
+                    error=exc.body()["error"],
+                )
+            else:
+                await self.error(exc)
+            await self.emit("conversation.item.done", item=item.to_json())
+            return
+        item.content[index]["transcript"] = transcript
         if self.config.transcribe_events:
             await self.emit(
                 "conversation.item.input_audio_transcription.completed",
                 item_id=item.id,
-                content_index=0,
+                content_index=index,
                 transcript=transcript,
-                usage={"type": "duration", "seconds": round(seconds, 3)},
+                usage={"type": "duration", "seconds": round(audio.size / STT_RATE, 3)},
             )
         await self.emit("conversation.item.done", item=item.to_json())
+        await self._keep_bounded()
 
     async def _item_create(self, event: dict[str, Any]) -> None:
-        spec = _object(event.get("item"), "item")
-        if spec.get("type", "message") != "message":
-            raise ClientEventError(
-                f"Items of type '{spec.get('type')}' are not supported; send messages.",
-                param="item.type",
-                code="unsupported_parameter",
-            )
-        role = spec.get("role")
-        if role not in ("user", "assistant", "system"):
-            raise ClientEventError(
-                "role must be 'user', 'assistant' or 'system'.", param="item.role"
-            )
-        content = spec.get("content")
-        if not isinstance(content, list) or not content:
-            raise ClientEventError("content must be a non-empty list.", param="item.content")
-        parts: list[dict[str, Any]] = []
-        audio: npt.NDArray[np.float32] | None = None
-        allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",)}.get(
-            role, ("output_text", "output_audio")
-        )
-        for index, part in enumerate(content):
-            part = _object(part, f"item.content[{index}]")
-            kind = part.get("type")
-            if kind not in allowed:
-                raise ClientEventError(
-                    f"A {role} message takes parts of type {' or '.join(allowed)}.",
-                    param=f"item.content[{index}].type",
-                )
-            if kind == "input_audio" and part.get("audio"):
-                if audio is not None:
-                    raise ClientEventError(
-                        "A message takes one input_audio part.", param="item.content"
-                    )
-                audio = _pcm_to_stt(_b64(part["audio"], f"item.content[{index}].audio"))
-                parts.append({"type": "input_audio", "transcript": None})
-            elif kind in ("input_text", "output_text"):
-                parts.append({"type": kind, "text": str(part.get("text") or "")})
-            else:
-                parts.append({"type": kind, "transcript": str(part.get("transcript") or "")})
-        item_id = spec.get("id") or _id("item")
-        if any(existing.id == item_id for existing in self.items):
-            raise ClientEventError(f"Item '{item_id}' already exists.", param="item.id")
-        item = Item(str(item_id), role, parts)
+        item, audio = await self._parse_item(_object(event.get("item"), "item"), "item")
+        if any(existing.id == item.id for existing in self.items):
+            raise ClientEventError(f"Item '{item.id}' already exists.", param="item.id")
         previous = event.get("previous_item_id")
         position = len(self.items)
         if previous == "root":
             position = 0
         elif previous:
             position = self._index(previous, "previous_item_id") + 1
+        if audio is not None:
+            self._check_room()
         prior = self.items[position - 1].id if position else None
         self.items.insert(position, item)
         await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=prior)
         if audio is None:
             await self.emit("conversation.item.done", item=item.to_json())
-            return
-        self._jobs.put_nowait(lambda: self._transcribe_item(item, audio, None))
+        else:
+            self._jobs.put_nowait(lambda: self._transcribe_item(item, audio, None, None))
+        await self._keep_bounded()
+
+    async def _parse_item(self, spec: dict[str, Any], param: str) -> tuple[Item, Audio | None]:
+        """A message a client sent (an item to add, or one of a response's ``input``) and
+        the audio of its ``input_audio`` part, decoded (in a worker thread)."""
+        kind = spec.get("type", "message")
+        if kind != "message":
+            raise _unsupported(
+                f"{param}.type", f"Items of type '{kind}' are not supported; send messages."
+            )
+        _fields(spec, param, {"type", "id", "object", "role", "status", "content"})
+        item_id = spec.get("id") or _id("item")
+        if not isinstance(item_id, str) or len(item_id) > MAX_ITEM_ID_CHARS:
+            raise ClientEventError(
+                f"id must be a string of at most {MAX_ITEM_ID_CHARS} characters.",
+                param=f"{param}.id",
+            )
+        role = spec.get("role")
+        if role not in _ROLE_PARTS:
+            raise ClientEventError(
+                "role must be 'user', 'assistant' or 'system'.", param=f"{param}.role"
+            )
+        content = spec.get("content")
+        if not isinstance(content, list) or not content:
+            raise ClientEventError("content must be a non-empty list.", param=f"{param}.content")
+        parts: list[dict[str, Any]] = []
+        audio: Audio | None = None
+        allowed = _ROLE_PARTS[role]
+        for index, part in enumerate(content):
+            where = f"{param}.content[{index}]"
+            part = _object(part, where)
+            kind = part.get("type")
+            if kind not in allowed:
+                raise ClientEventError(
+                    f"A {role} message takes parts of type {' or '.join(allowed)}.",
+                    param=f"{where}.type",
+                )
+            _fields(part, where, _PART_FIELDS[kind])
+            if kind in ("input_text", "output_text"):
+                text = _string(part.get("text"), f"{where}.text", empty=True)
+                parts.append({"type": kind, "text": text})
+                continue
+            if part.get("audio") is not None:
+                if kind == "output_audio":
+                    raise _unsupported(
+                        f"{where}.audio",
+                        "An assistant message's audio cannot be added (as in OpenAI's API); "
+                        "send its transcript.",
+                    )
+                if audio is not None:
+                    raise ClientEventError(
+                        "A message takes one input_audio part.", param=f"{param}.content"
+                    )
+                audio = await asyncio.to_thread(self._decode, part["audio"], f"{where}.audio")
+                parts.append({"type": kind, "transcript": None})
+                continue
+            transcript = _string(part.get("transcript"), f"{where}.transcript", empty=True)
+            parts.append({"type": kind, "transcript": transcript})
+        item = Item(item_id, role, parts)
+        limit = self.services.bounds.text_bytes
+        if item.size > limit:
+            raise ClientEventError(
+                f"The item holds {item.size:,} bytes of text; at most {limit:,} are allowed "
+                "(GATEWAY_MAX_STORED_KB).",
+                param=f"{param}.content",
+                code="string_above_max_length",
+            )
+        return item, audio
+
+    def _decode(self, data: object, param: str) -> Audio:
+        """An ``input_audio`` part's audio, as 16 kHz samples (CPU work: run in a thread)."""
+        pcm = _b64(data, param)
+        _check_seconds(len(pcm), self.services.bounds, param)
+        return _pcm_to_stt(pcm)
 
     def _index(self, item_id: object, param: str) -> int:
         for index, item in enumerate(self.items):
@@ -663,6 +1111,16 @@ class RealtimeSession:
         raise ClientEventError(
             f"Item with item_id '{item_id}' not found.", param=param, code="item_not_found"
         )
+
+    async def _keep_bounded(self) -> None:
+        """Drops the oldest items past :attr:`Bounds.items` items or
+        :attr:`Bounds.text_bytes` of text, as OpenAI truncates a full conversation."""
+        bounds = self.services.bounds
+        while len(self.items) > bounds.items or (
+            len(self.items) > 1 and sum(item.size for item in self.items) > bounds.text_bytes
+        ):
+            item = self.items.pop(0)
+            await self.emit("conversation.item.deleted", item_id=item.id)
 
     async def _item_delete(self, event: dict[str, Any]) -> None:
         index = self._index(event.get("item_id"), "item_id")
@@ -680,6 +1138,10 @@ class RealtimeSession:
             raise ClientEventError(
                 "Only an assistant message with audio can be truncated.", param="item_id"
             )
+        if event.get("content_index", 0) != 0:
+            raise ClientEventError(
+                "content_index must be 0: an answer has one audio part.", param="content_index"
+            )
         if not isinstance(end_ms, int) or end_ms < 0:
             raise ClientEventError(
                 "audio_end_ms must be a non-negative integer.", param="audio_end_ms"
@@ -688,53 +1150,103 @@ class RealtimeSession:
         item.spoken = item.spoken[: len(heard)]
         item.content = [{"type": "output_audio", "transcript": " ".join(heard)}]
         await self.emit(
-            "conversation.item.truncated",
-            item_id=item.id,
-            content_index=event.get("content_index", 0),
-            audio_end_ms=end_ms,
+            "conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end_ms
         )
 
     # --- responses ----------------------------------------------------------------------
 
-    def _new_response(self, spec: dict[str, Any]) -> Response:
-        modalities = _modalities(
-            spec.get("output_modalities") or self.config.output_modalities,
-            "response.output_modalities",
-        )
+    async def _new_response(self, spec: dict[str, Any]) -> Response:
+        """A response as ``spec`` (a ``response.create``'s response) asks, the session's
+        settings for what it leaves out."""
+        _fields(spec, "response", _RESPONSE_FIELDS)
+        _refuse_tools(spec, "response")
+        conversation = spec.get("conversation") or "auto"
+        if conversation not in ("auto", "none"):
+            raise ClientEventError(
+                "conversation must be 'auto' or 'none'.", param="response.conversation"
+            )
+        modalities = self.config.output_modalities
+        if spec.get("output_modalities") is not None:
+            modalities = _modalities(spec["output_modalities"], "response.output_modalities")
         max_tokens = self.config.max_output_tokens
         if "max_output_tokens" in spec:
             max_tokens = _max_tokens(spec["max_output_tokens"], "response.max_output_tokens")
-        instructions = spec.get("instructions")
+        instructions = self.config.instructions
+        if spec.get("instructions") is not None:
+            instructions = self._kept(spec["instructions"], "response.instructions")
+        audio = _object(spec.get("audio") or {}, "response.audio")
+        _fields(audio, "response.audio", {"output"})
+        output = _object(audio.get("output") or {}, "response.audio.output")
+        _fields(output, "response.audio.output", {"format", "voice"})
+        _check_format(output.get("format"), "response.audio.output.format")
+        voice = self.config.voice
+        if output.get("voice") is not None:
+            voice = await self._voice(output["voice"], "response.audio.output.voice")
+        inputs = None
+        if spec.get("input") is not None:
+            inputs = await self._inputs(spec["input"])
         return Response(
             id=_id("resp"),
+            model=self.config.model,
             modalities=modalities,
-            instructions=self.config.instructions if instructions is None else str(instructions),
+            instructions=instructions,
             max_output_tokens=max_tokens,
+            voice=voice,
+            conversation=conversation == "auto",
+            input=inputs,
+            metadata=_metadata(spec.get("metadata"), "response.metadata"),
         )
 
+    async def _inputs(self, value: object) -> list[tuple[Item, Audio | None]]:
+        """A response's ``input``: messages, and references to items of the conversation."""
+        if not isinstance(value, list):
+            raise ClientEventError("input must be a list of items.", param="response.input")
+        limit = self.services.bounds.items
+        if len(value) > limit:
+            raise ClientEventError(
+                f"input has {len(value)} items; at most {limit} are allowed "
+                "(GATEWAY_REALTIME_MAX_ITEMS).",
+                param="response.input",
+            )
+        inputs: list[tuple[Item, Audio | None]] = []
+        for index, entry in enumerate(value):
+            param = f"response.input[{index}]"
+            spec = _object(entry, param)
+            if spec.get("type") == "item_reference":
+                _fields(spec, param, {"type", "id"})
+                inputs.append((self.items[self._index(spec.get("id"), f"{param}.id")], None))
+            else:
+                inputs.append(await self._parse_item(spec, param))
+        return inputs
+
     async def _response_create(self, event: dict[str, Any]) -> None:
-        if self.response is not None:
+        response = await self._new_response(_object(event.get("response") or {}, "response"))
+        if response.conversation and self.response is not None:
             raise ClientEventError(
                 f"Conversation already has an active response in progress: "
                 f"{self.response.id}. Wait until the response is finished before creating "
                 "a new one.",
                 code="conversation_already_has_active_response",
             )
-        spec = _object(event.get("response") or {}, "response")
-        self._queue_response(self._new_response(spec), None)
+        self._queue_response(response, None)
 
     def _queue_response(self, response: Response, turn_ended: float | None) -> None:
-        if self.response is not None:
+        if response.conversation and self.response is not None:
             return  # one at a time; a VAD turn during a response that went on is heard next
+        self._check_room()
         response.turn_ended = turn_ended
-        self.response = response
+        if response.conversation:
+            self.response = response
+        self.responses[response.id] = response
         self._jobs.put_nowait(lambda: self._run_response(response))
 
     async def _response_cancel(self, event: dict[str, Any]) -> None:
-        response = self.response
+        wanted = event.get("response_id")
+        response = self.response if wanted is None else self.responses.get(wanted)
         if response is None:
             raise ClientEventError(
                 "Cancellation failed: no active response found.",
+                param=None if wanted is None else "response_id",
                 code="response_cancel_not_active",
             )
         self._cancel(response, "client_cancelled")
@@ -744,30 +1256,38 @@ class RealtimeSession:
         if response.task is not None:
             response.task.cancel()
         else:
-            self.response = None  # queued, not started: it never begins
+            self._forget(response)  # queued, not started: it never begins
+
+    def _forget(self, response: Response) -> None:
+        self.responses.pop(response.id, None)
+        if self.response is response:
+            self.response = None
 
     async def _run_response(self, response: Response) -> None:
-        if self.response is not response:
+        if self.responses.get(response.id) is not response:
             return
         response.task = asyncio.current_task()
         try:
             await _Responder(self, response).run()
         finally:
-            if self.response is response:
-                self.response = None
+            self._forget(response)
 
-    _handlers: ClassVar[dict[str, Callable[[RealtimeSession, dict[str, Any]], Awaitable[None]]]] = {
-        "session.update": _session_update,
-        "input_audio_buffer.append": _append,
-        "input_audio_buffer.commit": _commit_event,
-        "input_audio_buffer.clear": _clear,
-        "conversation.item.create": _item_create,
-        "conversation.item.delete": _item_delete,
-        "conversation.item.retrieve": _item_retrieve,
-        "conversation.item.truncate": _item_truncate,
-        "response.create": _response_create,
-        "response.cancel": _response_cancel,
+    _handlers: ClassVar[dict[str, tuple[_Handler, frozenset[str]]]] = {
+        "session.update": (_session_update, frozenset({"session"})),
+        "input_audio_buffer.append": (_append, frozenset({"audio"})),
+        "input_audio_buffer.commit": (_commit_event, frozenset()),
+        "input_audio_buffer.clear": (_clear, frozenset()),
+        "conversation.item.create": (_item_create, frozenset({"item", "previous_item_id"})),
+        "conversation.item.delete": (_item_delete, frozenset({"item_id"})),
+        "conversation.item.retrieve": (_item_retrieve, frozenset({"item_id"})),
+        "conversation.item.truncate": (
+            _item_truncate,
+            frozenset({"item_id", "content_index", "audio_end_ms"}),
+        ),
+        "response.create": (_response_create, frozenset({"response"})),
+        "response.cancel": (_response_cancel, frozenset({"response_id"})),
     }
+    """Each client event's handler and its fields (besides ``type`` and ``event_id``)."""
 
 
 class _Responder:
@@ -786,7 +1306,6 @@ class _Responder:
         self.started = False
 
     def _json(self, status: str) -> dict[str, Any]:
-        session = self.session
         usage = None
         if self.tally is not None and status != "in_progress":
             prompt, completion = self.tally.prompt_tokens, self.tally.completion_tokens
@@ -801,18 +1320,19 @@ class _Responder:
                 },
                 "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
             }
+        response = self.response
         return {
-            "id": self.response.id,
+            "id": response.id,
             "object": "realtime.response",
             "status": status,
             "status_details": self.details,
             "output": [self.item.to_json()] if self.started else [],
-            "output_modalities": self.response.modalities,
-            "conversation_id": session.id,
-            "max_output_tokens": self.response.max_output_tokens or "inf",
-            "audio": {"output": {"format": PCM_FORMAT, "voice": session.config.voice}},
+            "output_modalities": response.modalities,
+            "conversation_id": self.session.id if response.conversation else None,
+            "max_output_tokens": response.max_output_tokens or "inf",
+            "audio": {"output": {"format": PCM_FORMAT, "voice": response.voice}},
             "usage": usage,
-            "metadata": None,
+            "metadata": response.metadata,
         }
 
     def _where(self) -> dict[str, Any]:
@@ -825,13 +1345,10 @@ class _Responder:
 
     async def run(self) -> None:
         session = self.session
-        services = session.services
-        admission = await services.limiter.admit(
-            services.keys, session.presented_key, hold_lease=False
-        )
-        admission.model = session.config.model
-        admission.meter.audio_seconds_in += session._pending_audio_in
-        session._pending_audio_in = 0.0
+        uses = [(self.response.model, "session.model", _ANSWERS)]
+        if self.audio:
+            uses.append((session.speech_model, "response.output_modalities", _SPEAKS))
+        admission = await session._admit(uses)
         try:
             await session.emit("response.created", response=self._json("in_progress"))
             await self._generate(admission)
@@ -847,13 +1364,24 @@ class _Responder:
         finally:
             await asyncio.shield(self._finish(admission))
 
+    async def _answered(self) -> list[Item]:
+        """What the response answers: the conversation, or its ``input`` (whose audio is
+        transcribed first, each part a transcription request of its own)."""
+        if self.response.input is None:
+            return list(self.session.items)
+        for item, audio in self.response.input:
+            if audio is not None:
+                transcript = await self.session._transcript(audio)
+                item.content[item.audio_part()]["transcript"] = transcript
+        return [item for item, _ in self.response.input]
+
     async def _generate(self, admission: Admission) -> None:
         session = self.session
-        config = session.config
+        response = self.response
         messages: list[dict[str, Any]] = []
-        if self.response.instructions:
-            messages.append({"role": "system", "content": self.response.instructions})
-        for item in session.items:
+        if response.instructions:
+            messages.append({"role": "system", "content": response.instructions})
+        for item in await self._answered():
             text = item.text()
             if text:
                 messages.append({"role": item.role, "content": text})
@@ -864,18 +1392,16 @@ class _Responder:
             )
         request = ChatCompletionRequest.model_validate(
             {
-                "model": config.model,
+                "model": response.model,
                 "messages": messages,
-                "max_tokens": self.response.max_output_tokens,
-                "temperature": config.temperature,
+                "max_tokens": response.max_output_tokens,
+                "temperature": session.config.temperature,
             }
         )
         chat = await session.services.chat.prepare(request)
         self.tally = await chat.tally(admission.meter)
         pieces = await generation.stream(session.services.backend, chat.model, self.tally)
         self.started = True
-        previous = session.items[-1].id if session.items else None
-        session.items.append(self.item)
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
         self.item.content = [
             {"type": "output_audio", "transcript": ""}
@@ -884,13 +1410,17 @@ class _Responder:
         ]
         await session.emit(
             "response.output_item.added",
-            response_id=self.response.id,
+            response_id=response.id,
             output_index=0,
             item=self.item.to_json(),
         )
-        await session.emit(
-            "conversation.item.added", item=self.item.to_json(), previous_item_id=previous
-        )
+        if response.conversation:
+            previous = session.items[-1].id if session.items else None
+            session.items.append(self.item)
+            await session.emit(
+                "conversation.item.added", item=self.item.to_json(), previous_item_id=previous
+            )
+            await session._keep_bounded()
         await session.emit("response.content_part.added", part=part, **self._where())
         texts = generation.texts(pieces, self.tally)
         if not self.audio:
@@ -906,8 +1436,7 @@ class _Responder:
 
     async def _speak(self, texts: AsyncGenerator[str, None], admission: Admission) -> None:
         session = self.session
-        config = session.config
-        voice = Voice(session.speech_model, config.voice, config.speed)
+        voice = Voice(session.speech_model, self.response.voice, session.config.speed)
         backend = session.services.backend
         stream = spoken(backend, voice, texts, "pcm", admission.meter)
         async with aclosing(stream):
@@ -945,10 +1474,9 @@ class _Responder:
     async def _finish(self, admission: Admission) -> None:
         session = self.session
         services = session.services
-        await services.limiter.finish(admission)
+        await services.settle(admission)
         if services.metrics is not None:
-            services.metrics.realtime_responses.labels(session.config.model, self.status).inc()
-            services.metrics.record_usage(admission)
+            services.metrics.realtime_responses.labels(admission.model, self.status).inc()
         if self.started:
             self.item.status = "completed" if self.status == "completed" else "incomplete"
             where = self._where()
@@ -969,11 +1497,151 @@ class _Responder:
                 output_index=0,
                 item=self.item.to_json(),
             )
-            await session.emit("conversation.item.done", item=self.item.to_json())
+            if self.response.conversation:
+                await session.emit("conversation.item.done", item=self.item.to_json())
+                await session._keep_bounded()
         await session.emit("response.done", response=self._json(self.status))
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+_INPUT = "session.audio.input"
+_OUTPUT = "session.audio.output"
+#: The fields of a ``session.update``'s session and of a ``response.create``'s response.
+_SESSION_FIELDS = frozenset(
+    {
+        "type",
+        "model",
+        "instructions",
+        "output_modalities",
+        "max_output_tokens",
+        "audio",
+        "include",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "prompt",
+        "reasoning",
+        "tracing",
+        "truncation",
+    }
+)
+_RESPONSE_FIELDS = frozenset(
+    {
+        "conversation",
+        "input",
+        "instructions",
+        "output_modalities",
+        "max_output_tokens",
+        "audio",
+        "metadata",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "prompt",
+        "reasoning",
+    }
+)
+
+
+async def _parse(raw: str | bytes) -> object:
+    """A client event's JSON (a large one parsed in a worker thread)."""
+    try:
+        if len(raw) > _PARSE_IN_THREAD_BYTES:
+            return await asyncio.to_thread(json.loads, raw)
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ClientEventError(f"The event is not valid JSON: {exc}.", code="invalid_json") from exc
+
+
+async def _guessed(turn: _Transcription, audio: Audio) -> str | None:
+    """A guess at the turn's transcript; None when it failed (the turn's own
+    transcription, made at the commit, reports why)."""
+    try:
+        return await turn.run(audio)
+    except GatewayError:
+        return None
+
+
+def _unsupported(param: str, message: str) -> ClientEventError:
+    return ClientEventError(message, param=param, code="unsupported_parameter")
+
+
+def _fields(spec: dict[str, Any], param: str, known: Collection[str]) -> None:
+    """Refuses a field the API does not define in the object ``param`` names: an
+    unknown field is never ignored (OpenAI refuses them the same way)."""
+    for name in spec:
+        if name not in known:
+            where = f"{param}.{name}" if param else name
+            raise ClientEventError(
+                f"Unknown parameter: '{where}'.", param=where, code="unknown_parameter"
+            )
+
+
+def _refuse_tools(spec: dict[str, Any], param: str) -> None:
+    """Refuses tool calling and OpenAI's hosted features (prompt templates, reasoning),
+    which the gateway's Realtime answers do not have, unless they ask for nothing:
+    ``tools: []``, ``tool_choice`` ``auto`` or ``none`` and ``parallel_tool_calls``
+    change nothing when there are no tools."""
+    if spec.get("tools"):
+        raise _unsupported(
+            f"{param}.tools", "Tools are not supported in Realtime sessions by this gateway."
+        )
+    if spec.get("tool_choice") not in (None, "auto", "none"):
+        raise _unsupported(
+            f"{param}.tool_choice",
+            "tool_choice must be 'auto' or 'none': Realtime sessions have no tools here.",
+        )
+    if spec.get("parallel_tool_calls") not in (None, True, False):
+        raise ClientEventError(
+            "parallel_tool_calls must be a boolean.", param=f"{param}.parallel_tool_calls"
+        )
+    for name, what in (("prompt", "Prompt templates"), ("reasoning", "Reasoning settings")):
+        if spec.get(name) is not None:
+            raise _unsupported(f"{param}.{name}", f"{what} are not supported by this gateway.")
+
+
+def _configure_vad(config: SessionConfig, spec: dict[str, Any]) -> None:
+    where = f"{_INPUT}.turn_detection"
+    if spec.get("type", "server_vad") != "server_vad":
+        raise _unsupported(
+            f"{where}.type",
+            f"Turn detection '{spec.get('type')}' is not supported; use 'server_vad' or null.",
+        )
+    _fields(
+        spec,
+        where,
+        {
+            "type",
+            "threshold",
+            "prefix_padding_ms",
+            "silence_duration_ms",
+            "create_response",
+            "interrupt_response",
+            "idle_timeout_ms",
+        },
+    )
+    if spec.get("idle_timeout_ms") is not None:
+        raise _unsupported(
+            f"{where}.idle_timeout_ms", "idle_timeout_ms is not supported; send null."
+        )
+    base = config.vad or VadSettings()
+    threshold = spec.get("threshold", base.threshold)
+    padding = spec.get("prefix_padding_ms", base.prefix_padding_ms)
+    silence = spec.get("silence_duration_ms", base.silence_duration_ms)
+    if not isinstance(threshold, int | float) or not 0.0 <= threshold <= 1.0:
+        raise ClientEventError("threshold must be from 0.0 to 1.0.", param=f"{where}.threshold")
+    for name, value in (("prefix_padding_ms", padding), ("silence_duration_ms", silence)):
+        if not isinstance(value, int) or not 0 <= value <= 10_000:
+            raise ClientEventError(
+                f"{name} must be an integer from 0 to 10000.", param=f"{where}.{name}"
+            )
+    for name in ("create_response", "interrupt_response"):
+        if spec.get(name) not in (None, True, False):
+            raise ClientEventError(f"{name} must be a boolean.", param=f"{where}.{name}")
+    config.create_response = spec.get("create_response", config.create_response)
+    config.interrupt_response = spec.get("interrupt_response", config.interrupt_response)
+    config.vad = VadSettings(float(threshold), padding, silence)
 
 
 def _object(value: object, param: str) -> dict[str, Any]:
@@ -982,13 +1650,56 @@ def _object(value: object, param: str) -> dict[str, Any]:
     return value
 
 
+def _string(value: object, param: str, empty: bool = False) -> str:
+    """A string field; ``empty``: an empty one (or null, read as empty) is taken too."""
+    if value is None and empty:
+        return ""
+    if not isinstance(value, str) or not (value or empty):
+        what = "a string" if empty else "a non-empty string"
+        raise ClientEventError(f"{param} must be {what}.", param=param)
+    return value
+
+
+def _metadata(value: object, param: str) -> dict[str, str] | None:
+    """``metadata`` as OpenAI bounds it (see :data:`METADATA_PAIRS`)."""
+    if value is None:
+        return None
+    pairs = _object(value, param)
+    if len(pairs) > METADATA_PAIRS:
+        raise ClientEventError(
+            f"metadata has {len(pairs)} pairs; at most {METADATA_PAIRS} are allowed.",
+            param=param,
+        )
+    for key, text in pairs.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise ClientEventError(
+                f"A metadata key has at most {METADATA_KEY_CHARS} characters.", param=param
+            )
+        if not isinstance(text, str) or len(text) > METADATA_VALUE_CHARS:
+            raise ClientEventError(
+                f"A metadata value is a string of at most {METADATA_VALUE_CHARS} characters.",
+                param=f"{param}.{key}",
+            )
+    return dict(pairs)
+
+
 def _b64(value: object, param: str) -> bytes:
+    """Base64 pcm16, decoded a piece at a time: one call on megabytes holds the GIL for
+    tens of milliseconds, which would stall the event loop even from a worker thread."""
+    text = str(value)
+    last = len(text) - _B64_PIECE
     try:
-        data = base64.b64decode(str(value), validate=True)
+        pieces = []
+        for start in range(0, len(text), _B64_PIECE):
+            piece = text[start : start + _B64_PIECE]
+            if start < last and piece.endswith("="):  # padding only at the very end
+                raise ValueError(piece)
+            pieces.append(base64.b64decode(piece, validate=True))
     except (binascii.Error, ValueError) as exc:
         raise ClientEventError(
             f"{param} is not valid base64.", param=param, code="invalid_audio"
         ) from exc
+    data = b"".join(pieces)
     if len(data) % 2:
         raise ClientEventError(
             f"{param} must hold whole 16-bit samples (an even number of bytes).",
@@ -998,6 +1709,18 @@ def _b64(value: object, param: str) -> bytes:
     return data
 
 
+def _check_seconds(pcm_bytes: int, bounds: Bounds, param: str) -> None:
+    """Refuses a turn of more than :attr:`Bounds.audio_seconds` of pcm16."""
+    seconds = pcm_bytes / _PCM_BYTES_PER_S
+    if seconds > bounds.audio_seconds:
+        raise ClientEventError(
+            f"The audio would be {seconds:,.1f} seconds long; at most "
+            f"{bounds.audio_seconds:g} are taken in one turn (GATEWAY_MAX_AUDIO_SECONDS).",
+            param=param,
+            code="audio_too_long",
+        )
+
+
 def _modalities(value: object, param: str) -> list[str]:
     if value not in (["audio"], ["text"]):
         raise ClientEventError("output_modalities must be ['audio'] or ['text'].", param=param)
@@ -1005,7 +1728,7 @@ def _modalities(value: object, param: str) -> list[str]:
     return list(value)
 
 
-def _pcm_to_stt(pcm: bytes) -> npt.NDArray[np.float32]:
+def _pcm_to_stt(pcm: bytes) -> Audio:
     buffer = InputAudio()
     buffer.append(pcm)
     return buffer.take()
@@ -1025,6 +1748,7 @@ def _check_format(value: object, param: str) -> None:
     if value is None:
         return
     spec = _object(value, param)
+    _fields(spec, param, {"type", "rate"})
     kind = spec.get("type", "audio/pcm")
     if kind != "audio/pcm":
         raise ClientEventError(

@@ -282,7 +282,8 @@ async def test_browser_form_of_the_key(stack: GatewayProcess) -> None:
 async def test_limits_and_usage_count_sessions_and_responses(
     stack: GatewayProcess, question: bytes
 ) -> None:
-    created = stack.create_key("rt", rpm=2, max_concurrency=1)
+    voice = ["smollm2", "whisper_stt", "piper_tts"]
+    created = stack.create_key("rt", rpm=3, max_concurrency=1, models=voice)
     key_id, key = created["id"], created["key"]
     async with connect(stack, key) as connection:
         # One session at a time for this key: a second is refused before the upgrade.
@@ -292,11 +293,18 @@ async def test_limits_and_usage_count_sessions_and_responses(
             ):
                 pass
         assert refused.value.response.status_code == 429
+        # A model the key may not use is refused, and the session keeps its own.
+        await connection.session.update(session={"type": "realtime", "model": "mock_chat"})
+        refusal = await events_until(connection, "error")
+        assert refusal[-1].error.code == "model_not_allowed"
         await connection.session.update(session={"type": "realtime", "max_output_tokens": 8})
+        updated = await events_until(connection, "session.updated")
+        assert updated[-1].session.model == "smollm2"
         await send_audio(connection, silence(0.3) + question + silence(1.0))
         answered = await events_until(connection, "response.done")
         assert answered[-1].response.status in ("completed", "incomplete")
-        # The session was one request and the response another: rpm=2 is spent.
+        # The session was one request, the turn's transcription (its early guesses
+        # included) another and the response a third: rpm=3 is spent.
         await connection.response.create()
         refusal = await events_until(connection, "error")
         assert refusal[-1].error.code == "rate_limit_exceeded"
@@ -304,10 +312,10 @@ async def test_limits_and_usage_count_sessions_and_responses(
     async with httpx.AsyncClient(base_url=stack.base_url, headers=stack.headers) as http:
         while True:
             usage = (await http.get(f"/admin/keys/{key_id}/usage")).json()
-            if usage["requests"] >= 2 or time.monotonic() > deadline:
+            if usage["requests"] >= 3 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
-    assert usage["requests"] == 2
+    assert usage["requests"] == 3
     assert usage["completion_tokens"] > 0 and usage["prompt_tokens"] > 0
     question_s = len(question) / 2 / PCM_RATE
     assert question_s * 0.8 <= usage["audio_seconds_in"] <= question_s + 1.5

@@ -1,24 +1,16 @@
-"""The voice pieces on the fake backend: sentence cutting, spoken answers, and Realtime
-sessions over a WebSocket (Starlette's test client, real Redis)."""
+"""The voice pieces on the fake backend: sentence cutting and spoken answers (Realtime
+sessions are in ``test_realtime.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-from collections.abc import AsyncGenerator, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator
 
-import numpy as np
 import pytest
-from starlette.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
 
-from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.serving.voice import SentenceSplitter, SpokenAudio, TextDelta, Voice, spoken
 from gateway.state.limits import Meter
-from tests.unit.conftest import ADMIN_KEY, REPLY, make_settings
 
 
 def test_sentences_are_cut_where_they_end() -> None:
@@ -80,124 +72,3 @@ async def test_closing_a_spoken_answer_stops_generating() -> None:
     count = len(produced)
     await asyncio.sleep(0.05)
     assert len(produced) == count
-
-
-@pytest.fixture
-def realtime() -> Iterator[TestClient]:
-    app = create_app(
-        make_settings(models=["fake-chat", "fake-tts", "fake-stt"]), backend=FakeBackend()
-    )
-    with TestClient(app) as client:
-        yield client
-
-
-def until(socket: Any, kind: str) -> list[dict[str, Any]]:
-    seen = []
-    while True:
-        event = json.loads(socket.receive_text())
-        seen.append(event)
-        if event["type"] == kind:
-            return seen
-
-
-AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-def say_hi(socket: Any) -> None:
-    socket.send_json(
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Hi"}],
-            },
-        }
-    )
-
-
-def test_a_text_turn_answers_with_the_model_reply(realtime: TestClient) -> None:
-    with realtime.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket:
-        created = until(socket, "session.created")[-1]["session"]
-        assert created["model"] == "fake-chat"
-        assert created["audio"]["output"]["voice"] == "joe"
-        say_hi(socket)
-        added = until(socket, "conversation.item.done")
-        assert added[0]["type"] == "conversation.item.added"
-        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        events = until(socket, "response.done")
-    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-    assert text == REPLY
-    assert events[-1]["response"]["status"] == "completed"
-    assert events[-1]["response"]["output"][0]["content"][0]["text"] == REPLY
-
-
-def test_truncate_keeps_the_sentences_heard(realtime: TestClient) -> None:
-    with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
-        say_hi(socket)
-        socket.send_json({"type": "response.create"})
-        events = until(socket, "response.done")
-        item = events[-1]["response"]["output"][0]
-        pcm = b"".join(
-            base64.b64decode(e["delta"])
-            for e in events
-            if e["type"] == "response.output_audio.delta"
-        )
-        # FakeBackend speaks 0.5 s per sentence; REPLY has two sentences? it has one.
-        assert len(pcm) / 2 / 24_000 == pytest.approx(0.5, abs=0.05)
-        socket.send_json(
-            {
-                "type": "conversation.item.truncate",
-                "item_id": item["id"],
-                "content_index": 0,
-                "audio_end_ms": 0,
-            }
-        )
-        truncated = until(socket, "conversation.item.truncated")[-1]
-        assert truncated["audio_end_ms"] == 0
-        socket.send_json({"type": "conversation.item.retrieve", "item_id": item["id"]})
-        retrieved = until(socket, "conversation.item.retrieved")[-1]["item"]
-        assert retrieved["content"][0]["transcript"] == ""
-
-
-def test_manual_commit_transcribes_the_buffer(realtime: TestClient) -> None:
-    with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
-        socket.send_json(
-            {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
-        )
-        updated = until(socket, "session.updated")[-1]["session"]
-        assert updated["audio"]["input"]["turn_detection"] is None
-        tone = (np.sin(np.arange(24_000) / 10) * 3000).astype("<i2").tobytes()  # 1 s
-        socket.send_json(
-            {"type": "input_audio_buffer.append", "audio": base64.b64encode(tone).decode()}
-        )
-        socket.send_json({"type": "input_audio_buffer.commit"})
-        events = until(socket, "conversation.item.done")
-        kinds = [e["type"] for e in events]
-        assert kinds.index("input_audio_buffer.committed") < kinds.index(
-            "conversation.item.input_audio_transcription.completed"
-        )
-        done = events[-1]["item"]
-        assert done["content"][0]["transcript"] == "Segment 1 says hello."
-        # No VAD: nothing answers until asked.
-        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        assert until(socket, "response.done")[-1]["response"]["status"] == "completed"
-
-
-def test_the_key_is_checked_before_the_upgrade(realtime: TestClient) -> None:
-    with pytest.raises(WebSocketDisconnect), realtime.websocket_connect("/v1/realtime"):
-        pass
-    protocols = ["realtime", f"openai-insecure-api-key.{ADMIN_KEY}"]
-    with realtime.websocket_connect("/v1/realtime", subprotocols=protocols) as socket:
-        assert socket.accepted_subprotocol == "realtime"
-        assert until(socket, "session.created")
-
-
-def test_an_unknown_model_is_refused(realtime: TestClient) -> None:
-    with (
-        pytest.raises(WebSocketDisconnect),
-        realtime.websocket_connect("/v1/realtime?model=nope", headers=AUTH),
-    ):
-        pass

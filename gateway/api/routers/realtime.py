@@ -4,8 +4,9 @@
 The key comes as ``Authorization: Bearer <key>`` (the SDKs) or, from a browser, which
 cannot set headers on a WebSocket, as the subprotocol ``openai-insecure-api-key.<key>``.
 It is checked, and the session admitted under the key's limits (a request, and a
-concurrency slot held while it is open), before the upgrade: a refused key or model gets
-the OpenAI error body with its HTTP status instead of a WebSocket.
+concurrency slot held while it is open), before the upgrade: a refused key or model (the
+chat model, or the transcription or speech model the session would use) gets the OpenAI
+error body with its HTTP status instead of a WebSocket.
 """
 
 from __future__ import annotations
@@ -82,8 +83,7 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     admission = None
     try:
         admission = await limiter.admit(app.state.keys, key)
-        session = await services.open(model, key or "", send)
-        admission.key.require_model(session.config.model)
+        session = await services.open(model, admission.key, key or "", send)
     except GatewayError as exc:
         if admission is not None:  # admitted, then refused: its slot is given back
             await limiter.finish(admission)
@@ -106,7 +106,6 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     finally:
         open_ = False
         await session.close()
-        admission.meter.audio_seconds_in += session.meter.audio_seconds_in
         await asyncio.shield(limiter.finish(admission))
         metrics.realtime_sessions.dec()
         metrics.record_request(ROUTE, admission, 101, time.monotonic() - started)

@@ -1,0 +1,527 @@
+"""Realtime sessions over a WebSocket (Starlette's test client) on the fake backend and a real
+Redis: the conversation, the models a key may use, the bounds on what a client can make a
+session hold, and every client field honoured or refused by name."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient, WebSocketDenialResponse
+from starlette.websockets import WebSocketDisconnect
+
+from gateway.app import create_app
+from gateway.backend.base import ModelInfo
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import ADMIN_KEY, REPLY, make_settings
+
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+#: The models of a Realtime session on the fake backend: chat, speech, transcription.
+VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
+PCM_RATE = 24_000
+
+
+def serve(fake: FakeBackend | None = None, **settings: Any) -> TestClient:
+    app = create_app(make_settings(models=VOICE_MODELS, **settings), backend=fake or FakeBackend())
+    return TestClient(app)
+
+
+@pytest.fixture
+def realtime() -> Iterator[TestClient]:
+    with serve() as client:
+        yield client
+
+
+def tone(seconds: float) -> str:
+    """``seconds`` of a 24 kHz pcm16 tone, in base64 (the fake transcribes each started
+    second as "Segment N says hello.")."""
+    samples = np.sin(np.arange(int(PCM_RATE * seconds)) / 10) * 3000
+    return base64.b64encode(samples.astype("<i2").tobytes()).decode()
+
+
+def silence(seconds: float) -> str:
+    return base64.b64encode(bytes(int(PCM_RATE * seconds) * 2)).decode()
+
+
+def until(socket: Any, *kinds: str) -> list[dict[str, Any]]:
+    """Every server event up to and including the first of one of ``kinds``."""
+    seen = []
+    while True:
+        event = json.loads(socket.receive_text())
+        seen.append(event)
+        if event["type"] in kinds:
+            return seen
+
+
+def answer(socket: Any, event: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the session sends while it handles ``event``: a retrieve of no item follows it,
+    whose ``error`` ends the answer (so a test never waits for an event that never comes)."""
+    socket.send_json(event)
+    socket.send_json({"type": "conversation.item.retrieve", "item_id": "-", "event_id": "end"})
+    seen = []
+    while True:
+        received = json.loads(socket.receive_text())
+        if received["type"] == "error" and received["error"]["event_id"] == "end":
+            return seen
+        seen.append(received)
+
+
+def refusal(socket: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """The ``error`` the session answers ``event`` with."""
+    errors = [e["error"] for e in answer(socket, event) if e["type"] == "error"]
+    assert errors, f"{event} was not refused"
+    return errors[0]
+
+
+def message(text: str, role: str = "user", **item: Any) -> dict[str, Any]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    return {
+        "type": "conversation.item.create",
+        "item": {"type": "message", "role": role, "content": [{"type": kind, "text": text}]} | item,
+    }
+
+
+def say_hi(socket: Any) -> None:
+    socket.send_json(message("Hi"))
+
+
+def update(**session: Any) -> dict[str, Any]:
+    return {"type": "session.update", "session": {"type": "realtime", **session}}
+
+
+def no_vad() -> dict[str, Any]:
+    return update(audio={"input": {"turn_detection": None}})
+
+
+def new_key(client: TestClient, **spec: Any) -> dict[str, Any]:
+    response = client.post("/admin/keys", json={"name": "rt", **spec}, headers=AUTH)
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# --- the conversation -------------------------------------------------------------------
+
+
+def test_a_text_turn_answers_with_the_model_reply(realtime: TestClient) -> None:
+    with realtime.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket:
+        created = until(socket, "session.created")[-1]["session"]
+        assert created["model"] == "fake-chat"
+        assert created["audio"]["output"]["voice"] == "joe"
+        say_hi(socket)
+        added = until(socket, "conversation.item.done")
+        assert added[0]["type"] == "conversation.item.added"
+        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        events = until(socket, "response.done")
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == REPLY
+    assert events[-1]["response"]["status"] == "completed"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == REPLY
+
+
+def test_truncate_keeps_the_sentences_heard(realtime: TestClient) -> None:
+    with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        say_hi(socket)
+        socket.send_json({"type": "response.create"})
+        events = until(socket, "response.done")
+        item = events[-1]["response"]["output"][0]
+        pcm = b"".join(
+            base64.b64decode(e["delta"])
+            for e in events
+            if e["type"] == "response.output_audio.delta"
+        )
+        # FakeBackend speaks 0.5 s per sentence, and REPLY is one sentence.
+        assert len(pcm) / 2 / 24_000 == pytest.approx(0.5, abs=0.05)
+        socket.send_json(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item["id"],
+                "content_index": 0,
+                "audio_end_ms": 0,
+            }
+        )
+        truncated = until(socket, "conversation.item.truncated")[-1]
+        assert truncated["audio_end_ms"] == 0
+        socket.send_json({"type": "conversation.item.retrieve", "item_id": item["id"]})
+        retrieved = until(socket, "conversation.item.retrieved")[-1]["item"]
+        assert retrieved["content"][0]["transcript"] == ""
+
+
+def test_manual_commit_transcribes_the_buffer(realtime: TestClient) -> None:
+    with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        socket.send_json(no_vad())
+        updated = until(socket, "session.updated")[-1]["session"]
+        assert updated["audio"]["input"]["turn_detection"] is None
+        socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+        socket.send_json({"type": "input_audio_buffer.commit"})
+        events = until(socket, "conversation.item.done")
+        kinds = [e["type"] for e in events]
+        assert kinds.index("input_audio_buffer.committed") < kinds.index(
+            "conversation.item.input_audio_transcription.completed"
+        )
+        done = events[-1]["item"]
+        assert done["content"][0]["transcript"] == "Segment 1 says hello."
+        # No VAD: nothing answers until asked.
+        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        assert until(socket, "response.done")[-1]["response"]["status"] == "completed"
+
+
+def test_the_key_is_checked_before_the_upgrade(realtime: TestClient) -> None:
+    with pytest.raises(WebSocketDisconnect), realtime.websocket_connect("/v1/realtime"):
+        pass
+    protocols = ["realtime", f"openai-insecure-api-key.{ADMIN_KEY}"]
+    with realtime.websocket_connect("/v1/realtime", subprotocols=protocols) as socket:
+        assert socket.accepted_subprotocol == "realtime"
+        assert until(socket, "session.created")
+
+
+def test_an_unknown_model_is_refused(realtime: TestClient) -> None:
+    with (
+        pytest.raises(WebSocketDisconnect),
+        realtime.websocket_connect("/v1/realtime?model=nope", headers=AUTH),
+    ):
+        pass
+
+
+# --- models checked against the key -----------------------------------------------------
+
+
+def test_a_session_needs_a_key_that_may_use_its_voice_models(realtime: TestClient) -> None:
+    # Spoken answers use fake-tts (and transcribed audio fake-stt), not only fake-chat.
+    key = new_key(realtime, models=["fake-chat", "fake-stt"])["key"]
+    with (
+        pytest.raises(WebSocketDenialResponse) as refused,
+        realtime.websocket_connect("/v1/realtime?model=fake-chat", headers=bearer(key)),
+    ):
+        pass
+    assert refused.value.status_code == 403
+    error = refused.value.json()["error"]
+    assert error["code"] == "model_not_allowed" and "fake-tts" in error["message"]
+
+
+def test_session_update_cannot_switch_to_a_model_the_key_may_not_use() -> None:
+    fake = FakeBackend()
+    fake.model_list.append(ModelInfo("fake-stt-2", "transcription", True, languages=("en",)))
+    with serve(fake) as client:
+        key = new_key(client, models=VOICE_MODELS)["key"]
+        with client.websocket_connect("/v1/realtime", headers=bearer(key)) as socket:
+            until(socket, "session.created")
+            error = refusal(socket, update(model="fake-plain", instructions="Changed."))
+            assert (error["code"], error["param"]) == ("model_not_allowed", "session.model")
+            transcription = {"transcription": {"model": "fake-stt-2"}}
+            error = refusal(socket, update(audio={"input": transcription}))
+            assert error["code"] == "model_not_allowed"
+            assert error["param"] == "session.audio.input.transcription.model"
+            # The session kept its settings, all of them: the refused update changed nothing.
+            socket.send_json(update())
+            kept = until(socket, "session.updated")[-1]["session"]
+            assert kept["model"] == "fake-chat"
+            assert kept["instructions"] != "Changed."
+            assert kept["audio"]["input"]["transcription"]["model"] == "fake-stt"
+            say_hi(socket)
+            socket.send_json({"type": "response.create"})
+            assert until(socket, "response.done")[-1]["response"]["status"] == "completed"
+    assert {call.model for call in fake.calls} == {"fake-chat"}
+
+
+def test_the_transcription_model_of_the_session_is_used() -> None:
+    fake = FakeBackend()
+    fake.model_list.append(ModelInfo("fake-stt-2", "transcription", True, languages=("en",)))
+    with (
+        serve(fake) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        until(socket, "session.created")
+        transcription = {"model": "fake-stt-2", "language": "en"}
+        socket.send_json(
+            update(audio={"input": {"turn_detection": None, "transcription": transcription}})
+        )
+        session = until(socket, "session.updated")[-1]["session"]
+        assert session["audio"]["input"]["transcription"]["model"] == "fake-stt-2"
+        socket.send_json({"type": "input_audio_buffer.append", "audio": tone(0.5)})
+        socket.send_json({"type": "input_audio_buffer.commit"})
+        until(socket, "conversation.item.done")
+        # An OpenAI name means the gateway's default.
+        socket.send_json(update(audio={"input": {"transcription": {"model": "whisper-1"}}}))
+        session = until(socket, "session.updated")[-1]["session"]
+        assert session["audio"]["input"]["transcription"]["model"] == "fake-stt"
+    assert fake.transcribe_calls[0][0] == "fake-stt-2"
+    assert fake.transcribe_calls[0][2].language == "en"
+
+
+# --- transcriptions are requests under the key's limits ---------------------------------
+
+
+def test_a_transcription_is_a_request_under_the_keys_rpm(realtime: TestClient) -> None:
+    created = new_key(realtime, rpm=2)
+    with realtime.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
+        until(socket, "session.created")  # the session: one request
+        socket.send_json(no_vad())
+        until(socket, "session.updated")
+        socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+        socket.send_json({"type": "input_audio_buffer.commit"})
+        transcribed = until(socket, "conversation.item.done")  # the transcription: another
+        assert transcribed[-2]["type"] == "conversation.item.input_audio_transcription.completed"
+        # It is recorded as soon as it is done (the session's own request when it closes).
+        usage = realtime.get(f"/admin/keys/{created['id']}/usage", headers=AUTH).json()
+        assert usage["requests"] == 1
+        assert usage["audio_seconds_in"] == pytest.approx(1.0, abs=0.01)
+        socket.send_json({"type": "response.create"})
+        refused = until(socket, "error", "response.done")[-1]
+        assert refused["type"] == "error"
+        assert refused["error"]["code"] == "rate_limit_exceeded"
+        # A transcription refused in turn says so, and the conversation goes on.
+        socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+        socket.send_json({"type": "input_audio_buffer.commit"})
+        failed = until(socket, "conversation.item.done")[-2]
+        assert failed["type"] == "conversation.item.input_audio_transcription.failed"
+        assert failed["error"]["code"] == "rate_limit_exceeded"
+
+
+# --- bounds -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bound", "code"),
+    [
+        ({"realtime_max_buffer_mb": 0.07}, "input_audio_buffer_full"),  # 1.5 s of pcm16
+        ({"max_audio_seconds": 1.5}, "audio_too_long"),
+    ],
+)
+def test_the_input_buffer_is_bounded(bound: dict[str, float], code: str) -> None:
+    with serve(**bound) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        # With the VAD on, silence is forgotten as it is judged: an open microphone never
+        # fills the buffer.
+        append = {"type": "input_audio_buffer.append", "audio": silence(0.1)}
+        for _ in range(40):
+            assert not [e for e in answer(socket, append) if e["type"] == "error"]
+        socket.send_json(no_vad())
+        until(socket, "session.updated")
+        socket.send_json({"type": "input_audio_buffer.clear"})
+        until(socket, "input_audio_buffer.cleared")
+        socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+        error = refusal(socket, {"type": "input_audio_buffer.append", "audio": tone(1.0)})
+        assert (error["code"], error["param"]) == (code, "audio")
+        # The buffer is as it was before the refused append: one second.
+        socket.send_json({"type": "input_audio_buffer.commit"})
+        done = until(socket, "conversation.item.done")[-1]["item"]
+        assert done["content"][0]["transcript"] == "Segment 1 says hello."
+
+
+def test_an_items_audio_is_bounded() -> None:
+    with (
+        serve(max_audio_seconds=1.5) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        until(socket, "session.created")
+        content = [{"type": "input_text", "text": "Listen:"}, {"type": "input_audio"}]
+        item = {"type": "message", "role": "user", "content": content}
+        content[1]["audio"] = tone(2.0)
+        error = refusal(socket, {"type": "conversation.item.create", "item": item})
+        assert (error["code"], error["param"]) == ("audio_too_long", "item.content[1].audio")
+        content[1]["audio"] = tone(1.0)
+        socket.send_json({"type": "conversation.item.create", "item": item})
+        done = until(socket, "conversation.item.done")[-1]["item"]
+        # The transcript goes into the audio part, wherever it is.
+        assert done["content"][1]["transcript"] == "Segment 1 says hello."
+
+
+def test_the_oldest_items_are_dropped_past_the_bounds() -> None:
+    with (
+        serve(realtime_max_items=3, max_stored_kb=1) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        until(socket, "session.created")
+        ids, events = [], []
+        for text in ("one", "two", "three", "four", "x" * 600, "y" * 600):
+            socket.send_json(message(text))
+            events += until(socket, "conversation.item.done")
+            ids.append(events[-1]["item"]["id"])
+        events += answer(socket, {"type": "conversation.item.retrieve", "item_id": ids[5]})
+        dropped = [e["item_id"] for e in events if e["type"] == "conversation.item.deleted"]
+        # Three items at most, and 1 KB of text: the second item of 600 bytes pushes out
+        # every other.
+        assert dropped == ids[:5]
+        assert events[-1]["type"] == "conversation.item.retrieved"
+        # What one item or the instructions may hold is bounded by the same setting.
+        error = refusal(socket, message("z" * 2000))
+        assert (error["code"], error["param"]) == ("string_above_max_length", "item.content")
+        error = refusal(socket, update(instructions="z" * 2000))
+        assert error["param"] == "session.instructions"
+
+
+def test_queued_work_is_bounded() -> None:
+    fake = FakeBackend(token_delay_s=0.05)
+    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        say_hi(socket)
+        until(socket, "conversation.item.done")
+        create = {"type": "response.create", "response": {"conversation": "none"}}
+        events = [e for _ in range(20) for e in answer(socket, create)]
+        errors = [e["error"]["code"] for e in events if e["type"] == "error"]
+        assert "too_many_pending_jobs" in errors
+
+
+# --- every field honoured or refused ----------------------------------------------------
+
+
+def test_an_out_of_band_response_stays_out_of_the_conversation() -> None:
+    fake = FakeBackend()
+    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        socket.send_json(message("Tell me about dogs."))
+        dogs = until(socket, "conversation.item.done")[-1]["item"]["id"]
+        socket.send_json(
+            {
+                "type": "response.create",
+                "response": {
+                    "conversation": "none",
+                    "output_modalities": ["text"],
+                    "metadata": {"purpose": "classify"},
+                    "input": [
+                        {"type": "item_reference", "id": dogs},
+                        message("What about cats?")["item"],
+                    ],
+                },
+            }
+        )
+        events = until(socket, "response.done")
+        response = events[-1]["response"]
+        assert response["metadata"] == {"purpose": "classify"}
+        assert response["conversation_id"] is None
+        assert "conversation.item.added" not in [e["type"] for e in events]
+        assert "cats" in fake.calls[-1].prompt and "dogs" in fake.calls[-1].prompt
+        error = refusal(
+            socket, {"type": "conversation.item.retrieve", "item_id": response["output"][0]["id"]}
+        )
+        assert error["code"] == "item_not_found"
+        # The conversation's own response answers the conversation alone.
+        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        assert until(socket, "response.done")[-1]["response"]["conversation_id"]
+        assert "cats" not in fake.calls[-1].prompt and "dogs" in fake.calls[-1].prompt
+
+
+def test_a_response_can_be_cancelled_by_its_id() -> None:
+    fake = FakeBackend(token_delay_s=0.2)
+    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        say_hi(socket)
+        until(socket, "conversation.item.done")
+        create = {"conversation": "none", "output_modalities": ["text"]}
+        socket.send_json({"type": "response.create", "response": create})
+        created = until(socket, "response.created")[-1]["response"]["id"]
+        error = refusal(socket, {"type": "response.cancel", "response_id": "resp_other"})
+        assert (error["code"], error["param"]) == ("response_cancel_not_active", "response_id")
+        socket.send_json({"type": "response.cancel", "response_id": created})
+        assert until(socket, "response.done")[-1]["response"]["status"] == "cancelled"
+
+
+REFUSED: list[tuple[dict[str, Any], str, str]] = [
+    (update(foo=1), "unknown_parameter", "session.foo"),
+    (update(tools=[{"type": "function", "name": "f"}]), "unsupported_parameter", "session.tools"),
+    (update(tool_choice="required"), "unsupported_parameter", "session.tool_choice"),
+    (update(tracing="auto"), "unsupported_parameter", "session.tracing"),
+    (update(truncation="auto"), "unsupported_parameter", "session.truncation"),
+    (update(prompt={"id": "pmpt_1"}), "unsupported_parameter", "session.prompt"),
+    (
+        update(include=["item.input_audio_transcription.logprobs"]),
+        "unsupported_parameter",
+        "session.include",
+    ),
+    (
+        update(audio={"input": {"noise_reduction": {"type": "near_field"}}}),
+        "unsupported_parameter",
+        "session.audio.input.noise_reduction",
+    ),
+    (
+        update(audio={"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5}}}),
+        "unsupported_parameter",
+        "session.audio.input.turn_detection.idle_timeout_ms",
+    ),
+    (
+        update(audio={"input": {"transcription": {"keywords": ["gateway"]}}}),
+        "unsupported_parameter",
+        "session.audio.input.transcription.keywords",
+    ),
+    (
+        update(audio={"input": {"transcription": {"language": "fr"}}}),
+        "unsupported_language",
+        "session.audio.input.transcription.language",
+    ),
+    (
+        update(audio={"output": {"voice": "joe", "pitch": 2}}),
+        "unknown_parameter",
+        "session.audio.output.pitch",
+    ),
+    (
+        {"type": "response.create", "response": {"tools": [{"type": "function", "name": "f"}]}},
+        "unsupported_parameter",
+        "response.tools",
+    ),
+    (
+        {"type": "response.create", "response": {"reasoning": {"effort": "low"}}},
+        "unsupported_parameter",
+        "response.reasoning",
+    ),
+    (
+        {"type": "response.create", "response": {"conversation": "conv_1"}},
+        "invalid_request_error",
+        "response.conversation",
+    ),
+    (
+        {"type": "response.create", "response": {"metadata": {str(i): "v" for i in range(17)}}},
+        "invalid_request_error",
+        "response.metadata",
+    ),
+    (
+        {"type": "response.create", "response": {"metadata": {"k": "v" * 513}}},
+        "invalid_request_error",
+        "response.metadata.k",
+    ),
+    (
+        {"type": "response.create", "response": {"model": "fake-plain"}},
+        "unknown_parameter",
+        "response.model",
+    ),
+    (
+        {"type": "input_audio_buffer.commit", "item_id": "item_1"},
+        "unknown_parameter",
+        "item_id",
+    ),
+    (
+        message("Hi", foo="bar"),
+        "unknown_parameter",
+        "item.foo",
+    ),
+]
+
+
+def test_every_field_is_honoured_or_refused_by_name(realtime: TestClient) -> None:
+    with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        say_hi(socket)
+        until(socket, "conversation.item.done")
+        for event, code, param in REFUSED:
+            error = refusal(socket, event)
+            assert (error["code"] or error["type"], error["param"]) == (code, param), event
+        # What asks for nothing is taken: no tools, tracing off, no noise reduction.
+        accepted = update(
+            tools=[],
+            tool_choice="none",
+            tracing=None,
+            truncation="disabled",
+            audio={"input": {"noise_reduction": None}},
+        )
+        socket.send_json(accepted)
+        session = until(socket, "session.updated")[-1]["session"]
+        assert session["tool_choice"] == "none"
