@@ -33,7 +33,7 @@ import numpy.typing as npt
 from redis.asyncio import Redis
 
 from gateway.backend import Backend, TranscriptionOptions
-from gateway.errors import InvalidRequestError, PermissionDeniedError
+from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.serving.chat import ChatService, PreparedChat
@@ -66,17 +66,6 @@ def audio_key(owner: str, audio_id: str) -> str:
 def _decode(data: str, max_seconds: float) -> npt.NDArray[np.float32]:
     """An ``input_audio`` part's base64 as samples (CPU work: run it in a thread)."""
     return decode_to_pcm(base64.b64decode(data, validate=True), STT_RATE, max_seconds)
-
-
-def _require(key: ApiKey, model: str, use: str, param: str) -> None:
-    """403 unless ``key`` may use ``model``, which the gateway chose for the request: a
-    model used implicitly is checked like the one the request names."""
-    if not key.may_use(model):
-        raise PermissionDeniedError(
-            f"This API key may not use the model '{model}', which {use} here.",
-            param=param,
-            code="model_not_allowed",
-        )
 
 
 class AudioChat:
@@ -138,7 +127,7 @@ class AudioChat:
                     )
                 if model is None:
                     model = (await self.models.info("transcription")).name
-                    _require(key, model, "transcribes input_audio parts", param)
+                    key.require_model(model, param, "transcribes input_audio parts here")
                 where.append((i, j))
                 jobs.append(self._transcribe(model, part.input_audio.data, param, meter))
         for (i, j), text in zip(where, await asyncio.gather(*jobs), strict=True):
@@ -174,7 +163,7 @@ class AudioChat:
         model, 400 for an unknown voice."""
         assert request.audio is not None
         info = await self.models.info("speech")
-        _require(key, info.name, "speaks audio answers", "modalities")
+        key.require_model(info.name, "modalities", "speaks audio answers here")
         try:
             name = resolve_voice(request.audio.voice, info.voices)
         except InvalidRequestError as exc:

@@ -59,7 +59,7 @@ import numpy.typing as npt
 
 from gateway.backend import Backend, TranscriptionOptions
 from gateway.config import Settings
-from gateway.errors import GatewayError, InvalidRequestError, PermissionDeniedError
+from gateway.errors import GatewayError, InvalidRequestError
 from gateway.metrics import Metrics
 from gateway.serving import generation
 from gateway.serving.audio import PCM_RATE, STT_RATE
@@ -418,12 +418,7 @@ def _require(key: ApiKey, uses: list[_Use]) -> None:
     """403 unless ``key`` may use every model of ``uses``: the models a session uses
     without naming them are checked like the one it names."""
     for model, param, use in uses:
-        if not key.may_use(model):
-            raise PermissionDeniedError(
-                f"This API key may not use the model '{model}', which {use}.",
-                param=param,
-                code="model_not_allowed",
-            )
+        key.require_model(model, param, use)
 
 
 class RealtimeServices:

@@ -100,12 +100,15 @@ class ApiKey(KeyLimits):
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
 
-    def require_model(self, model: str) -> None:
-        """403 unless this key may use ``model``."""
+    def require_model(self, model: str, param: str = "model", use: str | None = None) -> None:
+        """403 unless this key may use ``model``. ``use``: what the model does for the
+        request, when the gateway chose it (a model used implicitly is checked like the one
+        a request names)."""
         if not self.may_use(model):
+            which = f", which {use}" if use else ""
             raise PermissionDeniedError(
-                f"This API key may not use the model '{model}'.",
-                param="model",
+                f"This API key may not use the model '{model}'{which}.",
+                param=param,
                 code="model_not_allowed",
             )
 
