@@ -153,9 +153,11 @@ class Settings(BaseSettings):
     """Largest JSON schema (``response_format``, a tool's ``parameters``) in KB of JSON."""
     max_stored_kb: int = Field(1024, ge=1)
     """Largest record the gateway stores for a request (a ``/v1/responses`` response with
-    its input, a session's messages), in KB of JSON."""
+    its conversation, a session's messages, the text a Realtime session keeps), in KB of
+    JSON."""
     realtime_max_buffer_mb: float = Field(15.0, gt=0)
-    """Largest Realtime input audio buffer, decoded (OpenAI's limit is 15 MB)."""
+    """Largest Realtime input audio buffer, in pcm16 bytes as the client sent them
+    (OpenAI's limit is 15 MB)."""
     realtime_max_items: int = Field(256, ge=1)
     """Conversation items a Realtime session keeps; past it, the oldest are dropped (with a
     ``conversation.item.deleted`` event), as OpenAI truncates a full conversation."""
