@@ -127,6 +127,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             settings.default_max_tokens,
             settings.max_inflight_per_request,
             settings.max_choices,
+            settings.max_schema_kb,
         )
         app.state.completions = CompletionService(
             active,
@@ -134,6 +135,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             settings.max_prompts,
             settings.max_choices,
             settings.max_inflight_per_request,
+            settings.max_schema_kb,
         )
         app.state.responses = ResponsesService(
             app.state.chat,

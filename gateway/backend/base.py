@@ -10,7 +10,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-#: The OpenAI sampling parameters a chat model may or may not take (``ModelInfo.takes``).
+#: vLLM's sampling parameters beyond OpenAI's, which clients written for vLLM send (the
+#: openai SDK's ``extra_body``); in vLLM's names and meanings.
+VLLM_EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos")
+#: The sampling parameters a chat model may or may not take (``ModelInfo.takes``).
 SAMPLING_PARAMETERS = (
     "max_tokens",
     "temperature",
@@ -19,6 +22,7 @@ SAMPLING_PARAMETERS = (
     "stop",
     "presence_penalty",
     "frequency_penalty",
+    *VLLM_EXTENSIONS,
     "logprobs",
     "response_format",
 )
@@ -108,6 +112,12 @@ class SamplingOptions:
     stop: list[str] = field(default_factory=list)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    top_k: int | None = None
+    """-1: no top-k cut (vLLM's meaning)."""
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
     logprobs: int | None = None
     """Report the sampled token's log probability and this many alternatives (vLLM's
     ``logprobs``); None: no log probabilities."""

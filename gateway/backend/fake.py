@@ -65,6 +65,8 @@ class FakeBackend:
     """A backend whose answers are the words of :attr:`reply`."""
 
     reply: str = "Hello from the fake backend."
+    replies: list[str] = field(default_factory=list)
+    """Answers of the next generations, in order (taken one each), before :attr:`reply`."""
     model_list: list[ModelInfo] = field(
         default_factory=lambda: [
             ModelInfo(
@@ -139,7 +141,7 @@ class FakeBackend:
         self._check_up()
         call = GenerateCall(model, prompt, options, stream)
         self.calls.append(call)
-        words = self.reply.split(" ")
+        words = (self.replies.pop(0) if self.replies else self.reply).split(" ")
         limit = options.max_tokens if options.max_tokens is not None else len(words)
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words[:limit])]
         logprobs = [_logprobs(p, i, options.logprobs) for i, p in enumerate(pieces)]

@@ -10,7 +10,12 @@ error status; a failure after that is sent as an SSE ``error`` event followed by
 cancels the requests in Triton.
 
 Tool calls are read out of the text by a parser (see :mod:`gateway.serving.tools`) as it
-streams, and sent as ``delta.tool_calls``; a non-streamed reply is read by the same parser.
+streams, and sent as ``delta.tool_calls`` (``delta.function_call`` for legacy
+``functions``); a non-streamed reply is read by the same parser. A parser that stops after
+the first call (``parallel_tool_calls: false``) ends its choice there, and the generation
+with it once every choice ended. A strict tool's call is checked against its schema when
+the choice ends, and its arguments generated again under the schema when they do not match
+(see :meth:`ChatService.strict_arguments`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from gateway.backend import OPTION_PARAMETERS, Backend, ModelInfo, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
-from gateway.errors import InvalidRequestError
+from gateway.errors import BackendError, InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog, model_takes
@@ -44,10 +49,10 @@ from gateway.serving.protocol import (
     Usage,
 )
 from gateway.serving.sse import with_done
-from gateway.serving.structured import response_constraint
+from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.serving.templating import render_chat
-from gateway.serving.tool_parsers import ParserDelta, assemble
-from gateway.serving.tools import ToolPlan, for_template, openai_messages, setup
+from gateway.serving.tool_parsers import ParsedCall, ParserDelta, ToolCallDelta, assemble
+from gateway.serving.tools import ToolPlan, for_template, from_functions, openai_messages, setup
 from gateway.state.limits import Meter
 from gateway.state.sessions import SessionPlan, SessionStore, plan
 
@@ -88,11 +93,16 @@ class PreparedChat:
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
-    """OpenAI parameters -> vLLM sampling parameters."""
+    """OpenAI parameters (and vLLM's own) -> vLLM sampling parameters."""
     temperature, top_p = request.temperature, request.top_p
     if top_p == 0.0:
         # OpenAI accepts top_p=0 (keep only the likeliest token); engines want top_p > 0.
         temperature, top_p = 0.0, None
+    if request.min_tokens and max_tokens and request.min_tokens > max_tokens:
+        raise InvalidRequestError(
+            f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({max_tokens}).",
+            param="min_tokens",
+        )
     return SamplingOptions(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -101,6 +111,12 @@ def sampling_options(request: SamplingRequest, max_tokens: int | None = None) ->
         stop=request.stop_list(),
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
+        # vLLM releases before 0.11 refuse 0 for "no cut"; all take -1.
+        top_k=-1 if request.top_k == 0 else request.top_k,
+        min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty,
+        min_tokens=request.min_tokens,
+        ignore_eos=request.ignore_eos,
     )
 
 
@@ -209,7 +225,7 @@ def _token_bytes(token: str) -> list[int]:
     return list(token.encode("utf-8"))
 
 
-def _logprob_items(tokens: list[TokenLogprob], top: int) -> list[TokenLogprobItem]:
+def logprob_items(tokens: list[TokenLogprob], top: int) -> list[TokenLogprobItem]:
     return [
         TokenLogprobItem(
             token=t.token,
@@ -224,8 +240,24 @@ def _logprob_items(tokens: list[TokenLogprob], top: int) -> list[TokenLogprobIte
     ]
 
 
-def _finish(backend_reason: str, calls: int) -> str:
-    return "tool_calls" if calls and backend_reason == "stop" else backend_reason
+def _finish(backend_reason: str, calls: int, plan: ToolPlan | None) -> str:
+    if not calls or backend_reason != "stop":
+        return backend_reason
+    return "function_call" if plan is not None and plan.legacy else "tool_calls"
+
+
+def _tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
+    return [
+        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
+    ]
+
+
+def _legacy(choice: ChatCompletionChoice) -> ChatCompletionChoice:
+    """A choice in the shape of legacy function calling: its one call as ``function_call``."""
+    message = choice.message
+    if message.tool_calls:
+        message.function_call, message.tool_calls = message.tool_calls[0].function, None
+    return choice
 
 
 class _ChunkWriter:
@@ -268,9 +300,18 @@ class _ChunkWriter:
         return f"data: {json.dumps(chunk)}\n\n"
 
 
-def _call_deltas(delta: ParserDelta) -> list[dict[str, Any]]:
+def _call_delta(pieces: list[ToolCallDelta], legacy: bool) -> dict[str, Any]:
+    """The ``delta`` that sends ``pieces`` of calls: ``tool_calls``, or for legacy
+    ``functions`` the one call's ``function_call``."""
+    if legacy:
+        function: dict[str, str] = {"arguments": ""}
+        for piece in pieces:
+            if piece.id is not None:
+                function["name"] = piece.name or ""
+            function["arguments"] += piece.arguments
+        return {"function_call": function}
     calls = []
-    for piece in delta.calls:
+    for piece in pieces:
         if piece.id is not None:
             calls.append(
                 {
@@ -282,7 +323,7 @@ def _call_deltas(delta: ParserDelta) -> list[dict[str, Any]]:
             )
         else:
             calls.append({"index": piece.index, "function": {"arguments": piece.arguments}})
-    return calls
+    return {"tool_calls": calls}
 
 
 @dataclass
@@ -293,9 +334,13 @@ class _ChoiceState:
     finish: str | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[ParsedCall] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
     """The text sent as content (with tools: what the parser left as text)."""
+    text: list[str] = field(default_factory=list)
+    """With tools: all the text generated (where strict arguments start again)."""
+    ended: bool = False
+    """Its last chunk was sent (the parser may end it before the model does)."""
 
 
 class ChatService:
@@ -309,6 +354,7 @@ class ChatService:
         default_max_tokens: int = 1024,
         in_flight: int = 16,
         max_choices: int = 128,
+        max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
@@ -318,6 +364,7 @@ class ChatService:
         self.default_max_tokens = default_max_tokens
         self.in_flight = in_flight
         self.max_choices = max_choices
+        self.max_schema_kb = max_schema_kb
 
     async def prepare(
         self,
@@ -332,6 +379,9 @@ class ChatService:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
         check_fan_out(1, 1, request.n, self.max_choices)
+        legacy = request.functions is not None or request.function_call is not None
+        if legacy:
+            request = from_functions(request)
         model = await self.catalog.get(request.model, "chat")
         template = model.chat_template or self.default_template
         if template is None:
@@ -349,8 +399,8 @@ class ChatService:
         top = logprob_options(
             model, bool(request.logprobs), request.top_logprobs, "logprobs", "top_logprobs"
         )
-        tools = setup(request, model)
-        formatted = response_constraint(request.response_format, model)
+        tools = setup(request, model, legacy, self.max_schema_kb)
+        formatted = response_constraint(request.response_format, model, self.max_schema_kb)
         if tools.constraint is not None and formatted is not None:
             raise InvalidRequestError(
                 "response_format cannot be combined with a forced tool call (tool_choice "
@@ -373,7 +423,9 @@ class ChatService:
                     "A session stores one reply: n must be 1 with X-Session-ID.", param="n"
                 )
             stored = await self.sessions.open(session_id, owner)
-            session = plan(stored, messages, model.context_length, max_tokens)
+            session = plan(
+                stored, messages, model.context_length, max_tokens, self.sessions.max_stored_kb
+            )
             messages = session.messages
         prompt = render_chat(
             template,
@@ -405,34 +457,83 @@ class ChatService:
         if chat.session is not None and self.sessions is not None:
             await self.sessions.save_turn(chat.session, message, completion_tokens)
 
-    def _choice(
-        self, chat: PreparedChat, index: int, result: generation.Generated
+    async def strict_arguments(
+        self,
+        chat: PreparedChat,
+        tally: generation.Tally,
+        index: int,
+        call: ParsedCall,
+        text: str,
+        used: int,
+    ) -> str:
+        """``call``'s arguments as they match its strict schema: as the model wrote them, or
+        generated again under the schema, continuing ``text`` (the choice's whole text,
+        ``used`` tokens) from where the arguments started. A choice that used all its
+        tokens keeps them (its finish reason, ``length``, says they were cut)."""
+        assert chat.tools is not None
+        problem = chat.tools.mismatch(call.name, call.arguments)
+        budget = tally.jobs[index].options.max_tokens
+        if problem is None or (budget is not None and used >= budget):
+            return call.arguments
+        logger.info("strict call to %s generated again: %s", call.name, problem)
+        options = replace(
+            tally.jobs[index].options,
+            max_tokens=budget - used if budget is not None else None,
+            logprobs=None,
+            constraint={"json": chat.tools.strict[call.name]},
+        )
+        prefix = text[: call.at] if call.at is not None else ""
+        again = await generation.admit(
+            tally.meter, [generation.Job(chat.prompt + prefix, options)], flexible=True
+        )
+        [result] = await generation.collect(self.backend, chat.model, again)
+        tally.prompt_tokens += again.prompt_tokens
+        tally.completion_tokens += again.completion_tokens
+        tally.estimated = tally.estimated or again.estimated
+        arguments = result.text.strip()
+        problem = chat.tools.mismatch(call.name, arguments)
+        if problem is not None and result.finish_reason != "length":
+            raise BackendError(
+                f"The model '{chat.model}' wrote arguments for '{call.name}' that break its "
+                f"strict schema even when constrained: {problem}.",
+                code="model_error",
+            )
+        return arguments
+
+    async def _choice(
+        self, chat: PreparedChat, tally: generation.Tally, index: int, result: generation.Generated
     ) -> ChatCompletionChoice:
         content: str | None = result.text
         calls: list[ToolCall] | None = None
+        finish = result.finish_reason
         if chat.tools is not None:
-            content, parsed = assemble(chat.tools.new_parser(), result.text)
-            if parsed:
-                calls = [
-                    ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-                    for c in parsed
-                ]
+            parser = chat.tools.new_parser()
+            content, parsed = assemble(parser, result.text)
+            if parser.closed:
+                finish = "stop"  # the answer ends with its call; the rest was dropped
+            for call in parsed:
+                call.arguments = await self.strict_arguments(
+                    chat, tally, index, call, result.text, result.completion_tokens
+                )
+            calls = _tool_calls(parsed) or None
         logprobs = None
         if chat.logprobs is not None:
-            logprobs = ChoiceLogprobs(content=_logprob_items(result.logprobs, chat.logprobs))
+            logprobs = ChoiceLogprobs(content=logprob_items(result.logprobs, chat.logprobs))
         return ChatCompletionChoice(
             index=index,
             message=ChatCompletionMessage(content=content, tool_calls=calls),
-            finish_reason=_finish(result.finish_reason, len(calls or ())),
+            finish_reason=_finish(finish, len(calls or ()), chat.tools),
             logprobs=logprobs,
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
         tally = await chat.tally(meter)
         results = await generation.collect(self.backend, chat.model, tally)
-        choices = [self._choice(chat, i, r) for i, r in enumerate(results)]
+        choices = [await self._choice(chat, tally, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
         await self.remember(chat, message, results[0].completion_tokens)
+        if chat.tools is not None and chat.tools.legacy:
+            choices = [_legacy(choice) for choice in choices]
         return ChatCompletion(
             id=chat.id,
             created=chat.created,
@@ -451,7 +552,7 @@ class ChatService:
     def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:
         if chat.logprobs is None or not state.logprobs:
             return "null"
-        items = _logprob_items(state.logprobs, chat.logprobs)
+        items = logprob_items(state.logprobs, chat.logprobs)
         state.logprobs = []
         return ChoiceLogprobs(content=items).model_dump_json()
 
@@ -473,8 +574,9 @@ class ChatService:
             async for index, chunk in pieces:
                 state = states[index]
                 if chunk is None:
-                    for event in self._close_choice(chat, writer, index, state):
-                        yield event
+                    if not state.ended:
+                        for event in await self._close_choice(chat, writer, tally, index, state):
+                            yield event
                     continue
                 # Counted before the text is sent: what was generated counts even for a
                 # client that leaves mid-stream (the generator may never be resumed).
@@ -482,24 +584,30 @@ class ChatService:
                 state.completion_tokens += chunk.completion_tokens
                 state.finish = chunk.finish_reason or state.finish
                 state.logprobs.extend(chunk.logprobs)
-                if not chunk.text:
+                if not chunk.text or state.ended:
                     continue
                 timer.piece()
                 if state.parser is None:
                     state.content.append(chunk.text)
                     yield writer.content(index, chunk.text, self._logprobs_json(chat, state))
                     continue
+                state.text.append(chunk.text)
                 for event in self._parsed(
                     chat, writer, index, state, state.parser.feed(chunk.text)
                 ):
                     yield event
+                if state.parser.closed:
+                    for event in await self._close_choice(chat, writer, tally, index, state):
+                        yield event
+                    if all(s.ended for s in states):
+                        break  # leaving closes the generations still running
         first = states[0]
         content = "".join(first.content)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if chat.tools is not None and not content:
             message["content"] = None
         if first.calls:
-            message["tool_calls"] = first.calls
+            message["tool_calls"] = [call.model_dump() for call in _tool_calls(first.calls)]
         await self.remember(chat, message, first.completion_tokens)
         if chat.include_usage:
             yield writer.usage(tally.usage())
@@ -516,33 +624,53 @@ class ChatService:
         if delta.content:
             state.content.append(delta.content)
             events.append(writer.content(index, delta.content, self._logprobs_json(chat, state)))
-        if delta.calls:
-            for piece in delta.calls:
-                if piece.id is not None:
-                    state.calls.append(
-                        {
-                            "id": piece.id,
-                            "type": "function",
-                            "function": {"name": piece.name, "arguments": ""},
-                        }
-                    )
-                state.calls[piece.index]["function"]["arguments"] += piece.arguments
+        assert chat.tools is not None
+        sent = []
+        for piece in delta.calls:
+            if piece.id is not None:
+                state.calls.append(ParsedCall(piece.id, piece.name or "", "", piece.at))
+            call = state.calls[piece.index]
+            call.arguments += piece.arguments
+            if call.name in chat.tools.strict:
+                piece = replace(piece, arguments="")  # sent once checked (_close_choice)
+            if piece.id is not None or piece.arguments:
+                sent.append(piece)
+        if sent:
             events.append(
                 writer.delta(
                     index,
-                    {"tool_calls": _call_deltas(delta)},
+                    _call_delta(sent, chat.tools.legacy),
                     None,
                     self._logprobs_json(chat, state),
                 )
             )
         return events
 
-    def _close_choice(
-        self, chat: PreparedChat, writer: _ChunkWriter, index: int, state: _ChoiceState
+    async def _close_choice(
+        self,
+        chat: PreparedChat,
+        writer: _ChunkWriter,
+        tally: generation.Tally,
+        index: int,
+        state: _ChoiceState,
     ) -> list[str]:
+        state.ended = True
         events = []
+        finish = state.finish or "stop"
         if state.parser is not None:
+            assert chat.tools is not None
             events += self._parsed(chat, writer, index, state, state.parser.finish())
-        finish = _finish(state.finish or "stop", len(state.calls))
+            if state.parser.closed:
+                finish = "stop"  # the answer ends with its call; the rest was dropped
+            text = "".join(state.text)
+            for number, call in enumerate(state.calls):
+                if call.name not in chat.tools.strict:
+                    continue
+                call.arguments = await self.strict_arguments(
+                    chat, tally, index, call, text, state.completion_tokens
+                )
+                piece = ToolCallDelta(number, arguments=call.arguments)
+                events.append(writer.delta(index, _call_delta([piece], chat.tools.legacy)))
+        finish = _finish(finish, len(state.calls), chat.tools)
         events.append(writer.delta(index, {}, finish, self._logprobs_json(chat, state)))
         return events

@@ -37,7 +37,7 @@ from gateway.serving.protocol import (
     CompletionRequest,
 )
 from gateway.serving.sse import with_done
-from gateway.serving.structured import response_constraint
+from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.state.limits import Meter
 
 
@@ -80,12 +80,14 @@ class CompletionService:
         max_prompts: int = 128,
         max_choices: int = 128,
         in_flight: int = 16,
+        max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.max_prompts = max_prompts
         self.max_choices = max_choices
         self.in_flight = in_flight
+        self.max_schema_kb = max_schema_kb
 
     async def prepare(self, request: CompletionRequest) -> PreparedCompletion:
         problem = request.unsupported()
@@ -107,7 +109,7 @@ class CompletionService:
         options = replace(
             fit_to_model(model, sampling_options(request, max_tokens)),
             logprobs=top,
-            constraint=response_constraint(request.response_format, model),
+            constraint=response_constraint(request.response_format, model, self.max_schema_kb),
             constraint_key=model.structured_outputs_key,
         )
         for prompt in prompts:

@@ -1,13 +1,17 @@
 """OpenAI API schemas (the subset the gateway serves), as pydantic models.
 
 Requests validate the OpenAI ranges, so bad input gets a 400 naming the parameter before
-anything reaches Triton. Fields the OpenAI API defines but the gateway cannot honour are
-rejected with a clear message (see :meth:`SamplingRequest.unsupported`), and so are fields
-it does not know (``extra="forbid"``: a 400 naming the field, never a silent drop).
+anything reaches Triton. Every parameter of the OpenAI API is declared, and each is
+honoured, refused when set (a 400 ``unsupported_parameter`` naming it and saying why, see
+:meth:`SamplingRequest.unsupported`), or accepted as a hint nothing depends on (``user``,
+``safety_identifier``, ``prompt_cache_key``, ``service_tier``). Fields the API does not
+define are refused too, nested ones included (``extra="forbid"``: a 400 naming the field,
+never a silent drop).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,7 +21,14 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
+
+
+class Strict(BaseModel):
+    """A request object: a field it does not declare is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class InputAudio(BaseModel):
@@ -65,48 +76,55 @@ class ChatMessage(BaseModel):
     """Assistant messages: the calls the model made."""
     tool_call_id: str | None = None
     """Tool messages: the call this is the result of."""
+    function_call: FunctionCall | None = None
+    """Assistant messages of legacy function calling: the call the model made (its result
+    comes in a ``function`` message with the function's ``name``)."""
     audio: AudioRef | None = None
     """Assistant messages: an earlier spoken answer, stood for by its transcript."""
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None
+    """OpenAI pads stream events with random text unless this is false; nothing here pads
+    them, so ``false`` is honoured and ``true`` refused."""
 
 
 #: OpenAI's rule for function names.
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
-class FunctionDefinition(BaseModel):
+class FunctionDefinition(Strict):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     """A JSON Schema of the arguments object; None: a function without parameters."""
     strict: bool | None = None
+    """True: the arguments always match ``parameters`` (see :mod:`gateway.serving.tools`)."""
 
 
-class ChatTool(BaseModel):
+class ChatTool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(BaseModel):
+class NamedFunction(Strict):
     name: str = Field(min_length=1)
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(Strict):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Strict):
     """``text``, ``json_object`` or ``json_schema`` (with ``json_schema``)."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -118,10 +136,8 @@ class ResponseFormat(BaseModel):
 MAX_STOP_CHARS = 256
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(Strict):
     """What chat and legacy completions share: the model, sampling and how many choices."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -140,6 +156,15 @@ class SamplingRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     user: str | None = None
+    """A hint (OpenAI's abuse monitoring): accepted, nothing here depends on it."""
+    # vLLM's sampling parameters (clients send them in the openai SDK's extra_body):
+    # honoured by a model whose profile takes them, else refused naming them.
+    top_k: int | None = Field(None, ge=-1)
+    """0 or -1: no top-k cut."""
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
 
     @field_validator("n", mode="before")
     @classmethod
@@ -165,14 +190,32 @@ class SamplingRequest(BaseModel):
             return "logit_bias", "logit_bias is not supported by this gateway."
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true."
+        if self.stream_options is not None and self.stream_options.include_obfuscation:
+            return (
+                "stream_options.include_obfuscation",
+                "Stream obfuscation is not supported by this gateway; set it to false.",
+            )
         return None
 
 
-class AudioOutput(BaseModel):
+class AudioOutput(Strict):
     """``audio`` of a chat request with ``modalities: ["text", "audio"]``."""
 
     voice: str = Field(min_length=1)
     format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"] = "wav"
+
+
+#: Official chat parameters the gateway does not implement, and why: refused when set.
+CHAT_REFUSED = {
+    "web_search_options": "no model here searches the web",
+    "moderation": "no moderation model runs here",
+    "reasoning_effort": "no model here reasons before it answers",
+    "verbosity": "no model here adjusts its length to it",
+    "prediction": "predicted outputs are not implemented",
+    "metadata": "chat completions are not stored here",
+    "prompt_cache_retention": "the prompt cache is the engine's own",
+    "prompt_cache_options": "the prompt cache is the engine's own",
+}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -188,11 +231,32 @@ class ChatCompletionRequest(SamplingRequest):
     audio: AudioOutput | None = None
     store: Literal[False] | None = None
     """Chat completions are never stored here: ``false`` is honoured, ``true`` refused."""
+    functions: list[FunctionDefinition] | None = Field(None, min_length=1, max_length=128)
+    """Legacy function calling: honoured as tools, and answered in its own shape."""
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    """Hints, like ``user``: accepted, nothing here depends on them."""
+    # Declared so that setting one gets its reason (see CHAT_REFUSED), not "unrecognized".
+    web_search_options: Any = None
+    moderation: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    prediction: Any = None
+    metadata: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
 
     def wants_audio(self) -> bool:
         return "audio" in (self.modalities or [])
 
     def unsupported(self) -> tuple[str, str] | None:
+        for param, why in CHAT_REFUSED.items():
+            if getattr(self, param) is not None:
+                return param, f"{param} is not supported by this gateway: {why}."
+        if self.audio is not None and not self.wants_audio():
+            return "audio", "audio is only used when modalities includes 'audio'."
         if self.wants_audio() and self.audio is None:
             return "audio", "The audio parameter is required when modalities includes 'audio'."
         if self.wants_audio() and self.n > 1:
@@ -272,6 +336,8 @@ class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = None
+    """The call, when the request used legacy ``functions`` (then ``tool_calls`` is None)."""
     refusal: None = None
     audio: AnswerAudio | None = None
 
@@ -397,4 +463,79 @@ class SpeechRequest(BaseModel):
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
-    """Accepted for compatibility; Piper voices have no steerable style."""
+    """How to speak: no speech model here can be steered so (Piper voices have one style),
+    so it is refused unless the operator lists it in the model's ``openai_ignore``."""
+
+
+class ChunkingStrategy(Strict):
+    """How a transcription's audio is cut before the model hears it: ``auto`` (sent as that
+    string), or ``server_vad`` with voice-activity settings (unset: OpenAI's defaults)."""
+
+    type: Literal["auto", "server_vad"]
+    prefix_padding_ms: int | None = Field(None, ge=0, le=10_000)
+    silence_duration_ms: int | None = Field(None, ge=0, le=10_000)
+    threshold: float | None = Field(None, ge=0.0, le=1.0)
+
+
+#: Official transcription parameters the gateway does not implement, and why (by their
+#: form field names).
+TRANSCRIPTION_REFUSED = {
+    "include[]": "no transcription model here reports token log probabilities",
+    "keywords[]": "no transcription model here takes keywords",
+    "languages[]": "name the one language in 'language'",
+    "known_speaker_names[]": "no transcription model here tells speakers apart",
+    "known_speaker_references[]": "no transcription model here tells speakers apart",
+}
+
+
+class TranscriptionRequest(Strict):
+    """The form fields of ``/v1/audio/transcriptions`` but the file. Multipart forms carry
+    a list as repeated ``name[]`` fields and an object as ``name[key]`` fields (the openai
+    SDKs) or as JSON text (curl's ``-F``)."""
+
+    model: str = Field(min_length=1)
+    language: str | None = None
+    prompt: str | None = None
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"
+    timestamp_granularities: list[Literal["word", "segment"]] | None = Field(
+        None, alias="timestamp_granularities[]"
+    )
+    stream: bool = False
+    chunking_strategy: ChunkingStrategy | None = None
+    # Declared so that setting one gets its reason (see TRANSCRIPTION_REFUSED).
+    include: list[str] | None = Field(None, alias="include[]")
+    keywords: list[str] | None = Field(None, alias="keywords[]")
+    languages: list[str] | None = Field(None, alias="languages[]")
+    known_speaker_names: list[str] | None = Field(None, alias="known_speaker_names[]")
+    known_speaker_references: list[str] | None = Field(None, alias="known_speaker_references[]")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chunking_object(cls, data: Any) -> Any:
+        """``chunking_strategy`` as an object, from ``chunking_strategy[key]`` fields, JSON
+        text, or the bare type (``auto``)."""
+        if not isinstance(data, dict):
+            return data
+        fields = dict(data)
+        prefix = "chunking_strategy["
+        nested = {
+            key[len(prefix) : -1]: fields.pop(key)
+            for key in data
+            if isinstance(key, str) and key.startswith(prefix) and key.endswith("]")
+        }
+        raw = fields.get("chunking_strategy")
+        if nested:
+            fields["chunking_strategy"] = nested
+        elif isinstance(raw, str):
+            text = raw.strip()
+            fields["chunking_strategy"] = (
+                json.loads(text) if text.startswith("{") else {"type": text}
+            )
+        return fields
+
+    def unsupported(self) -> tuple[str, str] | None:
+        for param, why in TRANSCRIPTION_REFUSED.items():
+            if getattr(self, param.removesuffix("[]")):
+                return param, f"{param} is not supported by this gateway: {why}."
+        return None

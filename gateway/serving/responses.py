@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
-from gateway.serving.chat import ChatService, PreparedChat, _logprob_items
+from gateway.serving.chat import ChatService, PreparedChat, logprob_items
 from gateway.serving.protocol import FUNCTION_NAME, ChatCompletionRequest, Usage
 from gateway.serving.sse import failure
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, assemble
@@ -345,7 +345,7 @@ def _logprobs(chat: PreparedChat, tokens: list[TokenLogprob]) -> list[dict[str, 
     """The tokens as an ``output_text`` part lists them (none unless asked for)."""
     if chat.logprobs is None:
         return []
-    return [item.model_dump() for item in _logprob_items(tokens, chat.logprobs)]
+    return [item.model_dump() for item in logprob_items(tokens, chat.logprobs)]
 
 
 def _message_item(
@@ -534,6 +534,11 @@ class ResponsesService:
         if chat.tools is not None:
             content, calls = assemble(chat.tools.new_parser(), result.text)
         calls = calls[: prepared.request.max_tool_calls]
+        for call in calls:
+            if chat.tools is not None and call.name in chat.tools.strict:
+                call.arguments = await self.chat.strict_arguments(
+                    chat, tally, 0, call, result.text, result.completion_tokens
+                )
         status = "incomplete" if result.finish_reason == "length" else "completed"
         output = []
         if content or not calls:
@@ -590,6 +595,11 @@ class _StreamWriter:
         """Log probabilities of tokens not yet sent with a text delta."""
         self.logprobs: list[dict[str, Any]] = []
         """Those sent with the open message's deltas."""
+        self.text = ""
+        """Everything generated so far (a strict call's arguments continue it)."""
+        self.call_at: int | None = None
+        """Where the open call's arguments start in :attr:`text`."""
+        self.tally: generation.Tally | None = None
 
     def event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -599,10 +609,22 @@ class _StreamWriter:
     def _index(self) -> int:
         return len(self.output)
 
-    def _text(self, text: str) -> list[str]:
+    def _strict(self) -> bool:
+        """Whether the open item is a call of a strict tool: its arguments are sent once
+        checked against the schema (see :meth:`ChatService.strict_arguments`)."""
+        tools = self.prepared.chat.tools
+        open_ = self.open
+        return (
+            tools is not None
+            and open_ is not None
+            and open_["type"] == "function_call"
+            and open_["name"] in tools.strict
+        )
+
+    async def _text(self, text: str) -> list[str]:
         events = []
         if self.open is None or self.open["type"] != "message":
-            events += self._close("completed")
+            events += await self._close("completed")
             self.open = _message_item(new_id("msg"), "", "in_progress")
             self.open["text"] = ""
             self.logprobs = []
@@ -641,15 +663,16 @@ class _StreamWriter:
         self.pending = []
         return logprobs
 
-    def _calls(self, delta: ParserDelta) -> list[str]:
+    async def _calls(self, delta: ParserDelta) -> list[str]:
         events = []
         for piece in delta.calls:
             limit = self.prepared.request.max_tool_calls
             if limit is not None and piece.index >= limit:
                 continue
             if piece.id is not None:
-                events += self._close("completed")
+                events += await self._close("completed")
                 self.open = _call_item(new_id("fc"), piece.id, piece.name or "", "", "in_progress")
+                self.call_at = piece.at
                 events.append(
                     self.event(
                         "response.output_item.added",
@@ -659,6 +682,8 @@ class _StreamWriter:
                 )
             if piece.arguments and self.open is not None and self.open["type"] == "function_call":
                 self.open["arguments"] += piece.arguments
+                if self._strict():
+                    continue
                 events.append(
                     self.event(
                         "response.function_call_arguments.delta",
@@ -669,13 +694,28 @@ class _StreamWriter:
                 )
         return events
 
-    def _close(self, status: str) -> list[str]:
+    async def _close(self, status: str) -> list[str]:
         """Ends the open item with its ``.done`` events and adds it to the output."""
+        strict = self._strict()
         item, self.open = self.open, None
         if item is None:
             return []
         index = self._index()
         events = []
+        if strict:
+            assert self.tally is not None
+            call = ParsedCall(item["call_id"], item["name"], item["arguments"], self.call_at)
+            item["arguments"] = await self.service.chat.strict_arguments(
+                self.prepared.chat, self.tally, 0, call, self.text, self.tally.completion_tokens
+            )
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=item["arguments"],
+                )
+            )
         if item["type"] == "message":
             logprobs = self.logprobs + self._take_logprobs()
             item = _message_item(item["id"], item["text"], status, logprobs)
@@ -700,19 +740,21 @@ class _StreamWriter:
         self.output.append(item)
         return events
 
-    def _feed(self, text: str, parser: Any) -> list[str]:
+    async def _feed(self, text: str, parser: Any) -> list[str]:
+        self.text += text
         delta = parser.feed(text) if parser is not None else ParserDelta(content=text)
-        return self._delta(delta)
+        return await self._delta(delta)
 
-    def _delta(self, delta: ParserDelta) -> list[str]:
-        events = self._text(delta.content) if delta.content else []
-        return events + self._calls(delta)
+    async def _delta(self, delta: ParserDelta) -> list[str]:
+        events = await self._text(delta.content) if delta.content else []
+        return events + await self._calls(delta)
 
     async def events(
         self, pieces: AsyncGenerator[generation.Piece, None], tally: generation.Tally
     ) -> AsyncGenerator[str, None]:
         prepared = self.prepared
         chat = prepared.chat
+        self.tally = tally
         parser = chat.tools.new_parser() if chat.tools is not None else None
         snapshot = _response_object(prepared, "in_progress", [])
         yield self.event("response.created", response=snapshot)
@@ -727,16 +769,16 @@ class _StreamWriter:
                 finish = chunk.finish_reason or finish
                 self.pending += chunk.logprobs
                 if chunk.text:
-                    for item in self._feed(chunk.text, parser):
+                    for item in await self._feed(chunk.text, parser):
                         yield item
         if parser is not None:
-            for item in self._delta(parser.finish()):
+            for item in await self._delta(parser.finish()):
                 yield item
         status = "incomplete" if finish == "length" else "completed"
         if self.open is None and not self.output:
-            for item in self._text(""):
+            for item in await self._text(""):
                 yield item
-        for item in self._close(status):
+        for item in await self._close(status):
             yield item
         final = await self.service._finish(prepared, status, self.output, tally.usage())
         kind = "response.incomplete" if status == "incomplete" else "response.completed"

@@ -60,6 +60,10 @@ class SpeechService:
         speed = request.speed
         if speed != 1.0 and not model_takes(model, "speed"):
             speed = 1.0
+        if request.instructions:
+            # No profile passes instructions to a model yet, so none takes them: a 400,
+            # unless the operator accepts them unheeded (openai_ignore).
+            model_takes(model, "instructions")
         return PreparedSpeech(
             model=request.model,
             text=request.input,

@@ -6,22 +6,46 @@
 - ``required`` and a named function: enforced with constrained decoding (see
   :mod:`gateway.serving.structured`), so the call always parses, even from a small model.
 - ``none``: the tools are not shown to the model.
+- ``parallel_tool_calls: false`` with ``auto``: the parser stops after the first call, and
+  so does the answer (with ``required``, the constraint allows one call).
+- ``strict: true`` tools with ``auto``: the model writes its calls freely, so each strict
+  call's arguments are checked against the schema once complete; arguments that do not
+  match are generated again, under the schema as a constraint, from the point in the text
+  where they started (the model keeps its choice of function and what it wrote before).
+  Checking first costs nothing when the model was right, and keeps the calls it wrote
+  after; a model that cannot enforce a schema is refused strict tools up front. Streamed,
+  a strict call's arguments are sent once checked, in one piece.
+- Legacy ``functions`` / ``function_call`` are these tools and choices (``none``, ``auto``
+  or a name), with one call at most; the answer takes their shape (``message.function_call``,
+  finish reason ``function_call``).
 
 Messages keep OpenAI's shape (assistant ``tool_calls`` with JSON-string arguments, ``tool``
-results with ``tool_call_id``); :func:`for_template` turns them into what Hugging Face chat
+results with ``tool_call_id``; legacy ``function_call`` and ``function`` results are read
+as one call and its result); :func:`for_template` turns them into what Hugging Face chat
 templates expect (arguments as objects, a tool result's function ``name``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from gateway.backend import ModelInfo
 from gateway.errors import BackendError, InvalidRequestError
-from gateway.serving.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from gateway.serving.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ChatTool,
+    NamedFunction,
+    NamedToolChoice,
+)
 from gateway.serving.structured import (
+    DEFAULT_MAX_SCHEMA_KB,
+    arguments_schema,
     check_schema,
     named_call_constraint,
     required_calls_constraint,
@@ -39,6 +63,12 @@ class ToolPlan:
     names: tuple[str, ...]
     parser: type[ToolParser] | None = None
     function: str | None = None
+    max_calls: int | None = None
+    """``auto`` without parallel calls: 1."""
+    strict: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``auto``: the arguments schema of each strict tool, by name."""
+    legacy: bool = False
+    """The request used ``functions``: the answer takes the legacy shape."""
 
     def new_parser(self) -> ToolParser:
         """A parser for one choice (parsers keep state)."""
@@ -47,7 +77,20 @@ class ToolPlan:
         if self.mode == "required":
             return CallArrayParser(self.names)
         assert self.parser is not None
-        return self.parser(self.names)
+        return self.parser(self.names, self.max_calls)
+
+    def mismatch(self, name: str, arguments: str) -> str | None:
+        """Why a call's arguments break its strict schema (None when they match, or the
+        tool is not strict)."""
+        schema = self.strict.get(name)
+        if schema is None:
+            return None
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            return "the arguments are not JSON"
+        error = best_match(Draft202012Validator(schema).iter_errors(value))
+        return None if error is None else error.message
 
 
 @dataclass(frozen=True)
@@ -62,24 +105,67 @@ class ToolSetup:
 _NO_TOOLS = ToolSetup(None, None, None)
 
 
-def setup(request: ChatCompletionRequest, model: ModelInfo) -> ToolSetup:
+def from_functions(request: ChatCompletionRequest) -> ChatCompletionRequest:
+    """A request with legacy ``functions`` / ``function_call`` as its tools and
+    ``tool_choice``, one call at most (the legacy answer holds one)."""
+    if request.tools is not None:
+        raise InvalidRequestError(
+            "functions (deprecated) and tools cannot be combined; send tools.",
+            param="functions",
+        )
+    if request.parallel_tool_calls:
+        raise InvalidRequestError(
+            "Legacy function calling answers with one call: parallel_tool_calls must not be "
+            "true with functions.",
+            param="parallel_tool_calls",
+        )
+    choice = request.function_call
+    named = isinstance(choice, NamedFunction)
+    tools = [ChatTool(type="function", function=f) for f in request.functions or []] or None
+    return request.model_copy(
+        update={
+            "tools": tools,
+            "tool_choice": NamedToolChoice(type="function", function=choice) if named else choice,
+            "parallel_tool_calls": False,
+            "functions": None,
+            "function_call": None,
+        }
+    )
+
+
+def _names(legacy: bool) -> tuple[str, str, str]:
+    """The request's names of (the tools, one tool's function, the choice)."""
+    return ("functions", "", "function_call") if legacy else ("tools", ".function", "tool_choice")
+
+
+def setup(
+    request: ChatCompletionRequest,
+    model: ModelInfo,
+    legacy: bool = False,
+    max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
+) -> ToolSetup:
+    """How the request's tools are shown and its reply read; ``legacy``: they came from
+    ``functions`` (see :func:`from_functions`), and errors name those. Each tool's
+    parameters schema may be ``max_schema_kb`` of JSON at most."""
+    tools_param, function_param, choice_param = _names(legacy)
     choice = request.tool_choice
     if not request.tools:
         if choice not in (None, "none"):
             raise InvalidRequestError(
-                "tool_choice is only allowed when tools are specified.", param="tool_choice"
+                f"{choice_param} is only allowed when {tools_param} are specified.",
+                param=choice_param,
             )
         return _NO_TOOLS
     names: list[str] = []
     for index, tool in enumerate(request.tools):
+        where = f"{tools_param}.[{index}]{function_param}"
         if tool.function.name in names:
             raise InvalidRequestError(
-                f"Two tools are named '{tool.function.name}'.",
-                param=f"tools.[{index}].function.name",
+                f"Two tools are named '{tool.function.name}'.", param=f"{where}.name"
             )
         names.append(tool.function.name)
         if tool.function.parameters is not None:
-            check_schema(tool.function.parameters, f"tools.[{index}].function.parameters")
+            check_schema(tool.function.parameters, f"{where}.parameters", max_schema_kb)
     if choice == "none":
         return _NO_TOOLS
     shown = [tool.model_dump(exclude_none=True) for tool in request.tools]
@@ -88,10 +174,10 @@ def setup(request: ChatCompletionRequest, model: ModelInfo) -> ToolSetup:
         named = next((t for t in request.tools if t.function.name == wanted), None)
         if named is None:
             raise InvalidRequestError(
-                f"tool_choice names '{wanted}', which is not one of the tools.",
-                param="tool_choice",
+                f"{choice_param} names '{wanted}', which is not one of the {tools_param}.",
+                param=choice_param,
             )
-        plan = ToolPlan("named", tuple(names), function=wanted)
+        plan = ToolPlan("named", tuple(names), function=wanted, legacy=legacy)
         return ToolSetup(plan, named_call_constraint(named, model), shown)
     if choice == "required":
         parallel = request.parallel_tool_calls is not False
@@ -101,7 +187,7 @@ def setup(request: ChatCompletionRequest, model: ModelInfo) -> ToolSetup:
         raise InvalidRequestError(
             f"The model '{model.name}' cannot choose to call tools: its config names no "
             "tool_call_parser. Use tool_choice 'required' or a named function.",
-            param="tool_choice" if choice else "tools",
+            param=choice_param if choice else tools_param,
             code="unsupported_parameter",
         )
     parser = get_parser(model.tool_call_parser)
@@ -111,7 +197,27 @@ def setup(request: ChatCompletionRequest, model: ModelInfo) -> ToolSetup:
             f"'{model.tool_call_parser}' (known: {', '.join(parser_names())}).",
             code="model_config_error",
         )
-    return ToolSetup(ToolPlan("auto", tuple(names), parser=parser), None, shown)
+    strict = {}
+    for index, tool in enumerate(request.tools):
+        if not tool.function.strict:
+            continue
+        if "json" not in model.structured_outputs:
+            raise InvalidRequestError(
+                f"The model '{model.name}' cannot enforce a strict schema (its config lists "
+                "no 'json' structured outputs); leave strict out.",
+                param=f"{tools_param}.[{index}]{function_param}.strict",
+                code="unsupported_parameter",
+            )
+        strict[tool.function.name] = arguments_schema(tool)
+    plan = ToolPlan(
+        "auto",
+        tuple(names),
+        parser=parser,
+        max_calls=1 if request.parallel_tool_calls is False else None,
+        strict=strict,
+        legacy=legacy,
+    )
+    return ToolSetup(plan, None, shown)
 
 
 def _text(index: int, message: ChatMessage) -> str | None:
@@ -133,30 +239,60 @@ def _text(index: int, message: ChatMessage) -> str | None:
     return "\n".join(texts)
 
 
+def _legacy_result(index: int, message: ChatMessage, pending: dict[str, str]) -> str:
+    """The id of the call a ``function`` message answers: the latest unanswered
+    ``function_call`` of its ``name``."""
+    if not message.name:
+        raise InvalidRequestError(
+            "A function message needs the name of the function it answers.",
+            param=f"messages.[{index}].name",
+        )
+    call_id = pending.pop(message.name, None)
+    if call_id is None:
+        raise InvalidRequestError(
+            f"The function message answers '{message.name}', which no earlier assistant "
+            "function_call called.",
+            param=f"messages.[{index}].name",
+        )
+    return call_id
+
+
 def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """The request's messages checked and as plain dicts (content as text); a ``tool``
-    message must answer a call an earlier assistant message made."""
+    message must answer a call an earlier assistant message made. A legacy assistant
+    ``function_call`` is a tool call, and the ``function`` message answering it its
+    ``tool`` result."""
     calls: dict[str, str] = {}  # call id -> function name
+    pending: dict[str, str] = {}  # function name -> id of its legacy call not yet answered
     out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
-        if message.role == "function":
-            raise InvalidRequestError(
-                "Messages with role 'function' (deprecated) are not supported; use 'tool'.",
-                param=f"messages.[{index}].role",
-            )
         # "developer" is the newer name of "system"; chat templates know "system".
-        role = "system" if message.role == "developer" else message.role
+        role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
         content = _text(index, message)
         item: dict[str, Any] = {"role": role, "content": content}
-        if role == "assistant" and message.tool_calls:
-            item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
-            calls.update({call.id: call.function.name for call in message.tool_calls})
+        made = [call.model_dump() for call in message.tool_calls or ()]
+        if message.function_call is not None:
+            legacy_id = f"call_legacy_{index}"
+            pending[message.function_call.name] = legacy_id
+            function = message.function_call.model_dump()
+            made.append({"id": legacy_id, "type": "function", "function": function})
+        if made and role != "assistant":
+            raise InvalidRequestError(
+                "Only assistant messages carry tool_calls or function_call.",
+                param=f"messages.[{index}].role",
+            )
+        if made:
+            item["tool_calls"] = made
+            calls.update({call["id"]: call["function"]["name"] for call in made})
         elif content is None:
             raise InvalidRequestError(
                 f"Messages with role '{message.role}' need content.",
                 param=f"messages.[{index}].content",
             )
-        if role == "tool":
+        if message.role == "function":
+            item["tool_call_id"] = _legacy_result(index, message, pending)
+            item["name"] = message.name
+        elif role == "tool":
             if not message.tool_call_id:
                 raise InvalidRequestError(
                     "A tool message needs the tool_call_id of the call it answers.",

@@ -2,8 +2,19 @@
 
 Uploads are decoded with PyAV (any container/codec FFmpeg knows) to 16 kHz mono PCM in a
 worker thread, then sent to the speech-to-text model, which answers one segment at a time.
+
+``chunking_strategy`` cuts the audio where voice-activity detection (Silero, see
+:mod:`gateway.serving.vad`, in a worker thread) hears speech, and each stretch is
+transcribed on its own, its times shifted back into the whole file's; silence between them
+is not transcribed. ``auto`` first scales the audio to full loudness for the detector, and
+uses OpenAI's ``server_vad`` defaults; a ``server_vad`` object sets them.
+
 ``stream=true`` sends each segment as a ``transcript.text.delta`` SSE event as it arrives,
-then ``transcript.text.done``.
+then ``transcript.text.done``, in the requested format: the deltas join into the done
+event's ``text``, which is the subtitle document for ``srt`` and ``vtt`` (each delta a cue)
+and the plain text otherwise; with ``verbose_json`` each delta also carries its ``segment``
+and (``timestamp_granularities[]`` ``word``) its ``words``, and the done event every field
+of the ``verbose_json`` body (segments, words, language, duration).
 """
 
 from __future__ import annotations
@@ -13,7 +24,7 @@ import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +34,9 @@ from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.errors import InvalidRequestError
 from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
 from gateway.serving.catalog import ModelCatalog, model_takes
+from gateway.serving.protocol import ChunkingStrategy, TranscriptionRequest
 from gateway.serving.sse import event, first_or_close, with_error_event
+from gateway.serving.vad import SpeechStarted, TurnDetector, VadSettings
 from gateway.state.limits import Meter
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -37,10 +50,45 @@ class PreparedTranscription:
     options: TranscriptionOptions
     response_format: str
     granularities: frozenset[str]
+    spans: tuple[tuple[int, int], ...] | None = None
+    """The stretches of speech transcribed, as sample ranges (None: the whole audio)."""
 
     @property
     def duration(self) -> float:
         return self.audio.size / STT_RATE
+
+
+def speech_spans(
+    audio: npt.NDArray[np.float32], chunking: ChunkingStrategy
+) -> tuple[tuple[int, int], ...]:
+    """Where ``audio`` holds speech, as sample ranges (CPU work: run it in a thread). Each
+    ends where the detector decided the speaker stopped, or at the end of the audio."""
+    given = chunking.model_dump(exclude={"type"}, exclude_none=True)
+    settings = VadSettings(**given)
+    heard = audio
+    if chunking.type == "auto":
+        peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+        heard = audio / peak if peak > 0 else audio
+    spans, start = [], None
+    per_ms = STT_RATE // 1000
+    for found in TurnDetector(settings).feed(np.ascontiguousarray(heard, dtype=np.float32)):
+        if isinstance(found, SpeechStarted):
+            start = found.at_ms * per_ms
+        elif start is not None:
+            end = (found.at_ms + settings.silence_duration_ms) * per_ms
+            spans.append((start, min(end, audio.size)))
+            start = None
+    if start is not None:
+        spans.append((start, audio.size))
+    return tuple(spans)
+
+
+def _shifted(segment: Segment, seconds: float) -> Segment:
+    """``segment`` of a stretch starting ``seconds`` into the audio, in the audio's times."""
+    if not seconds:
+        return segment
+    words = tuple(replace(w, start=w.start + seconds, end=w.end + seconds) for w in segment.words)
+    return replace(segment, start=segment.start + seconds, end=segment.end + seconds, words=words)
 
 
 def _clock(seconds: float, separator: str) -> str:
@@ -51,18 +99,23 @@ def _clock(seconds: float, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{millis:03d}"
 
 
+def _srt_cue(number: int, s: Segment) -> str:
+    return f"{number}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n\n"
+
+
+def _vtt_cue(s: Segment) -> str:
+    return f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n\n"
+
+
+_VTT_HEAD = "WEBVTT\n\n"
+
+
 def to_srt(segments: list[Segment]) -> str:
-    return "".join(
-        f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n\n"
-        for i, s in enumerate(segments, start=1)
-    )
+    return "".join(_srt_cue(i, s) for i, s in enumerate(segments, start=1))
 
 
 def to_vtt(segments: list[Segment]) -> str:
-    cues = "".join(
-        f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n\n" for s in segments
-    )
-    return "WEBVTT\n\n" + cues
+    return _VTT_HEAD + "".join(_vtt_cue(s) for s in segments)
 
 
 def _text(segments: list[Segment]) -> str:
@@ -78,6 +131,22 @@ async def transcript(
         return _text([segment async for segment in segments])
 
 
+def _segment_json(job: PreparedTranscription, number: int, s: Segment) -> dict[str, Any]:
+    return {
+        "id": number,
+        "start": round(s.start, 3),
+        "end": round(s.end, 3),
+        "text": s.text,
+        "temperature": job.options.temperature,
+        "avg_logprob": round(s.avg_logprob, 4),
+        "no_speech_prob": round(s.no_speech_prob, 4),
+    }
+
+
+def _words_json(s: Segment) -> list[dict[str, Any]]:
+    return [{"word": w.word.strip(), "start": w.start, "end": w.end} for w in s.words]
+
+
 def to_verbose_json(job: PreparedTranscription, segments: list[Segment]) -> dict[str, Any]:
     language = segments[0].language if segments else (job.options.language or "")
     body: dict[str, Any] = {
@@ -88,25 +157,42 @@ def to_verbose_json(job: PreparedTranscription, segments: list[Segment]) -> dict
         "usage": {"type": "duration", "seconds": math.ceil(job.duration)},
     }
     if "segment" in job.granularities:
-        body["segments"] = [
-            {
-                "id": i,
-                "start": round(s.start, 3),
-                "end": round(s.end, 3),
-                "text": s.text,
-                "temperature": job.options.temperature,
-                "avg_logprob": round(s.avg_logprob, 4),
-                "no_speech_prob": round(s.no_speech_prob, 4),
-            }
-            for i, s in enumerate(segments)
-        ]
+        body["segments"] = [_segment_json(job, i, s) for i, s in enumerate(segments)]
     if "word" in job.granularities:
-        body["words"] = [
-            {"word": w.word.strip(), "start": w.start, "end": w.end}
-            for s in segments
-            for w in s.words
-        ]
+        body["words"] = [word for s in segments for word in _words_json(s)]
     return body
+
+
+def _delta(job: PreparedTranscription, number: int, s: Segment) -> dict[str, Any]:
+    """The streamed event of the ``number``-th segment, in the requested format."""
+    form = job.response_format
+    if form == "srt":
+        return {"type": "transcript.text.delta", "delta": _srt_cue(number + 1, s)}
+    if form == "vtt":
+        head = _VTT_HEAD if number == 0 else ""
+        return {"type": "transcript.text.delta", "delta": head + _vtt_cue(s)}
+    delta: dict[str, Any] = {"type": "transcript.text.delta", "delta": s.text}
+    if form == "verbose_json" and "segment" in job.granularities:
+        delta["segment"] = _segment_json(job, number, s)
+    if form == "verbose_json" and "word" in job.granularities:
+        delta["words"] = _words_json(s)
+    return delta
+
+
+def _done(job: PreparedTranscription, segments: list[Segment]) -> dict[str, Any]:
+    """The streamed ``transcript.text.done`` event: the whole transcript in the requested
+    format (with ``verbose_json``, its fields but ``usage``, which is counted in tokens in
+    this event)."""
+    done: dict[str, Any] = {"type": "transcript.text.done"}
+    if job.response_format == "srt":
+        return done | {"text": to_srt(segments)}
+    if job.response_format == "vtt":
+        return done | {"text": to_vtt(segments)}
+    if job.response_format == "verbose_json":
+        body = to_verbose_json(job, segments)
+        body.pop("usage")
+        return done | body
+    return done | {"text": _text(segments)}
 
 
 class TranscriptionService:
@@ -117,16 +203,14 @@ class TranscriptionService:
         self.catalog = catalog
         self.max_audio_seconds = max_audio_seconds
 
-    async def prepare(
-        self,
-        model: str,
-        upload: bytes,
-        language: str | None,
-        prompt: str | None,
-        temperature: float,
-        response_format: str,
-        granularities: list[str],
-    ) -> PreparedTranscription:
+    async def prepare(self, request: TranscriptionRequest, upload: bytes) -> PreparedTranscription:
+        problem = request.unsupported()
+        if problem is not None:
+            param, message = problem
+            raise InvalidRequestError(message, param=param, code="unsupported_parameter")
+        model, language, prompt = request.model, request.language, request.prompt
+        temperature, response_format = request.temperature, request.response_format
+        granularities = request.timestamp_granularities or []
         info = await self.catalog.get(model, "transcription")
         if language and info.languages and language not in info.languages:
             raise InvalidRequestError(
@@ -152,6 +236,9 @@ class TranscriptionService:
             raise InvalidRequestError(
                 f"Invalid audio file: {exc}.", param="file", code="invalid_audio"
             ) from exc
+        spans = None
+        if request.chunking_strategy is not None:
+            spans = await asyncio.to_thread(speech_spans, audio, request.chunking_strategy)
         # OpenAI's verbose_json has segments unless only words were asked for.
         chosen = frozenset(granularities or ["segment"])
         return PreparedTranscription(
@@ -162,10 +249,12 @@ class TranscriptionService:
                 prompt=prompt or None,
                 temperature=temperature,
                 word_timestamps="word" in chosen,
-                file=upload,
+                # A model that takes the encoded file gets each stretch as WAV instead.
+                file=upload if request.chunking_strategy is None else None,
             ),
             response_format=response_format,
             granularities=chosen,
+            spans=spans,
         )
 
     def _segments(
@@ -173,7 +262,19 @@ class TranscriptionService:
     ) -> AsyncGenerator[Segment, None]:
         if meter is not None:
             meter.audio_seconds_in += job.duration
-        return self.backend.transcribe(job.model, job.audio, job.options)
+        if job.spans is None:
+            return self.backend.transcribe(job.model, job.audio, job.options)
+        return self._stretches(job, job.spans)
+
+    async def _stretches(
+        self, job: PreparedTranscription, spans: tuple[tuple[int, int], ...]
+    ) -> AsyncGenerator[Segment, None]:
+        """The segments of each stretch of speech, one stretch after the other."""
+        for start, end in spans:
+            segments = self.backend.transcribe(job.model, job.audio[start:end], job.options)
+            async with aclosing(segments):
+                async for segment in segments:
+                    yield _shifted(segment, start / STT_RATE)
 
     async def complete(
         self, job: PreparedTranscription, meter: Meter | None = None
@@ -199,16 +300,19 @@ class TranscriptionService:
         segment."""
         segments = self._segments(job, meter)
         first = await first_or_close(segments)
-        return with_error_event(self._events(segments, first), "transcription")
+        return with_error_event(self._events(job, segments, first), "transcription")
 
     async def _events(
-        self, segments: AsyncGenerator[Segment, None], first: Segment | None
+        self,
+        job: PreparedTranscription,
+        segments: AsyncGenerator[Segment, None],
+        first: Segment | None,
     ) -> AsyncGenerator[str, None]:
-        texts: list[str] = []
+        told: list[Segment] = []
         async with aclosing(segments):
             segment = first
             while segment is not None:
-                texts.append(segment.text)
-                yield event({"type": "transcript.text.delta", "delta": segment.text})
+                yield event(_delta(job, len(told), segment))
+                told.append(segment)
                 segment = await anext(segments, None)
-        yield event({"type": "transcript.text.done", "text": "".join(texts).strip()})
+        yield event(_done(job, told))

@@ -77,10 +77,10 @@ def stack(
         models=["smollm2", "mock_chat", "piper_tts", "whisper_stt", "e5_small"],
         redis_url=redis_store.url,
         env={
-            # Small, so that the upload-limit tests send a few MB, not 25 (nginx's cap is
-            # the larger of the two, plus 1 MB).
+            # Small, so that the upload-limit tests send a few MB, not 25 (a body takes the
+            # upload and its multipart framing; nginx's cap is the larger limit plus 1 MB).
             "GATEWAY_MAX_AUDIO_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
-            "GATEWAY_MAX_REQUEST_MB": str(UPLOAD_LIMIT_MB),
+            "GATEWAY_MAX_REQUEST_MB": str(UPLOAD_LIMIT_MB + 1),
             "GATEWAY_TOKENIZERS": json.dumps({m: str(tokenizer) for m in TOKENIZED_MODELS}),
         },
     ).start()

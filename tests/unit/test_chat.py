@@ -194,7 +194,7 @@ async def test_fields_the_gateway_honours_are_accepted(
 
 @pytest.mark.parametrize(
     "field",
-    [{"metadata": {"k": "v"}}, {"store": True}, {"reasoning_effort": "low"}, {"top_k": 5}],
+    [{"metadata": {"k": "v"}}, {"store": True}, {"reasoning_effort": "low"}, {"top_a": 5}],
 )
 async def test_fields_it_cannot_honour_are_refused_by_name(
     http: httpx.AsyncClient, fake: FakeBackend, field: dict[str, Any]

@@ -4,6 +4,7 @@ official SDK against the fake backend (which answers ``fake.reply`` word by word
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import httpx
 import openai
@@ -11,7 +12,7 @@ import pydantic
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import USER_HI, assert_openai_error, chat_body
+from tests.unit.conftest import USER_HI, assert_openai_error, chat_body, sse_json
 
 WEATHER = {
     "type": "function",
@@ -272,3 +273,206 @@ async def test_models_show_their_capabilities(http: httpx.AsyncClient) -> None:
     }
     assert models["fake-plain"]["capabilities"]["tool_calling"] is False
     assert models["fake-tts"]["capabilities"] is None
+
+
+TWO_CALLS = (
+    CALL + ' <tool_call> {"name": "get_weather", "arguments": {"city": "Oslo"}} </tool_call>'
+)
+STRICT_WEATHER = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+
+
+async def test_no_parallel_calls_keeps_only_the_first_call(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = TWO_CALLS + " and some words after"
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER], parallel_tool_calls=False
+    )
+    calls = reply.choices[0].message.tool_calls
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert reply.choices[0].message.content is None
+
+
+async def test_no_parallel_calls_ends_the_stream_and_the_generation_at_the_first_call(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = TWO_CALLS + " and some words after"
+    async with client.chat.completions.stream(
+        model="fake-chat", messages=USER_HI, tools=[WEATHER], parallel_tool_calls=False
+    ) as stream:
+        final = await stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+    assert final.choices[0].finish_reason == "tool_calls"
+    # The model was stopped once its first call was read, not left to write the second.
+    assert fake.calls[-1].cancelled
+    assert fake.calls[-1].tokens_sent < len(fake.reply.split(" "))
+
+
+async def test_strict_arguments_that_match_cost_no_second_generation(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[STRICT_WEATHER]
+    )
+    assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == {
+        "city": "Paris"
+    }
+    assert len(fake.calls) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_strict_arguments_that_break_the_schema_are_generated_again_under_it(
+    client: openai.AsyncOpenAI, fake: FakeBackend, stream: bool
+) -> None:
+    bad = '<tool_call> {"name": "get_weather", "arguments": {"town": 5}} </tool_call>'
+    fake.replies = [bad, '{"city": "Lyon"}']
+    if stream:
+        async with client.chat.completions.stream(
+            model="fake-chat",
+            messages=USER_HI,
+            tools=[STRICT_WEATHER],
+            stream_options={"include_usage": True},
+        ) as events:
+            sent = [
+                e.arguments_delta
+                async for e in events
+                if e.type == "tool_calls.function.arguments.delta" and e.arguments_delta
+            ]
+            reply = await events.get_final_completion()
+        # Held back until checked: only the arguments that match are ever sent.
+        assert sent == ['{"city": "Lyon"}']
+    else:
+        reply = await client.chat.completions.create(
+            model="fake-chat", messages=USER_HI, tools=[STRICT_WEATHER]
+        )
+    call = reply.choices[0].message.tool_calls[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Lyon"},
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    first, again = fake.calls
+    # The second generation continues the first from where its arguments began, under the
+    # function's schema.
+    assert again.prompt == first.prompt + '<tool_call> {"name": "get_weather", "arguments":'
+    assert again.options.constraint == {"json": WEATHER["function"]["parameters"]}
+    assert reply.usage.completion_tokens == len(bad.split(" ")) + 2
+
+
+async def test_strict_tools_need_a_model_that_enforces_schemas(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.model_list[0] = replace(fake.model_list[0], structured_outputs=())
+    response = await http.post("/v1/chat/completions", json=chat_body(tools=[STRICT_WEATHER]))
+    assert_openai_error(
+        response, 400, param="tools.[0].function.strict", code="unsupported_parameter"
+    )
+    assert not fake.calls
+
+
+FUNCTION = WEATHER["function"]
+
+
+async def test_legacy_functions_answer_in_their_own_shape(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = TWO_CALLS
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, functions=[FUNCTION]
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call"
+    assert choice.message.tool_calls is None
+    assert choice.message.function_call.name == "get_weather"
+    assert json.loads(choice.message.function_call.arguments) == {"city": "Paris"}
+    # Shown to the model as a tool, read by its parser.
+    assert '"name": "get_weather"' in fake.calls[-1].prompt
+
+
+async def test_legacy_functions_stream_function_call_deltas(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    response = await http.post(
+        "/v1/chat/completions", json=chat_body(functions=[FUNCTION], stream=True)
+    )
+    chunks = [c["choices"][0] for c in sse_json(response.text)]
+    calls = [c["delta"]["function_call"] for c in chunks if "function_call" in c["delta"]]
+    assert calls[0]["name"] == "get_weather"
+    assert "name" not in calls[1]
+    assert json.loads("".join(c["arguments"] for c in calls)) == {"city": "Paris"}
+    assert not any("tool_calls" in c["delta"] for c in chunks)
+    assert chunks[-1]["finish_reason"] == "function_call"
+
+
+async def test_legacy_function_call_names_or_hides_the_function(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = '{"city": "Rome"}'
+    reply = await client.chat.completions.create(
+        model="fake-chat",
+        messages=USER_HI,
+        functions=[FUNCTION],
+        function_call={"name": "get_weather"},
+    )
+    assert reply.choices[0].message.function_call.name == "get_weather"
+    assert reply.choices[0].finish_reason == "function_call"
+    assert fake.calls[-1].options.constraint == {"json": FUNCTION["parameters"]}
+    fake.reply = "No tools today."
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, functions=[FUNCTION], function_call="none"
+    )
+    assert reply.choices[0].message.content == "No tools today."
+    assert "get_weather" not in fake.calls[-1].prompt
+
+
+async def test_a_legacy_function_call_and_its_result_render_as_a_tool_round_trip(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = "It is sunny in Paris."
+    messages = [
+        *USER_HI,
+        {
+            "role": "assistant",
+            "content": None,
+            "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        },
+        {"role": "function", "name": "get_weather", "content": "22 C, sunny"},
+    ]
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=messages, functions=[FUNCTION]
+    )
+    assert reply.choices[0].message.content == "It is sunny in Paris."
+    prompt = fake.calls[-1].prompt
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    assert "<|im_start|>tool\n22 C, sunny" in prompt
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"functions": [FUNCTION], "tools": [WEATHER]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"functions": [FUNCTION], "function_call": {"name": "nope"}}, "function_call"),
+        (
+            {"functions": [{"name": "f", "parameters": {"type": 5}}]},
+            "functions.[0].parameters",
+        ),
+        (
+            {
+                "functions": [FUNCTION],
+                "messages": [{"role": "function", "name": "get_weather", "content": "x"}],
+            },
+            "messages.[0].name",
+        ),
+    ],
+)
+async def test_bad_legacy_function_input_is_400_naming_it(
+    http: httpx.AsyncClient, fake: FakeBackend, fields: dict[str, object], param: str
+) -> None:
+    response = await http.post("/v1/chat/completions", json=chat_body(**fields))
+    assert_openai_error(response, 400, param=param)
+    assert fake.calls == []

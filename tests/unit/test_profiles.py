@@ -247,6 +247,55 @@ def test_vllm_sends_only_the_inputs_its_release_has() -> None:
     assert json.loads(params["guided_decoding"]) == {"json_object": True}
 
 
+EXTRAS = {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "min_tokens": 3}
+
+
+def test_vllm_takes_its_sampling_extensions_under_their_own_names() -> None:
+    contract = contract_for(vllm("24.12"))
+    assert contract is not None
+    assert {*EXTRAS, "ignore_eos"} <= contract.info().takes
+    options = SamplingOptions(max_tokens=5, ignore_eos=True, **EXTRAS)  # type: ignore[arg-type]
+    sent = decoded(contract.generate("Hi", options, stream=True)[0])
+    params = json.loads(text_of(sent["sampling_parameters"][2])[0])
+    assert params == {"max_tokens": 5, "ignore_eos": True, **EXTRAS}
+
+
+def test_a_vllm_contract_model_that_is_not_vllm_lists_the_extensions_it_takes() -> None:
+    contract = contract_for(vllm("24.12", sampling_extensions="top_k, min_tokens"))
+    assert contract is not None
+    takes = contract.info().takes
+    assert {"top_k", "min_tokens"} <= takes
+    assert not {"min_p", "repetition_penalty", "ignore_eos"} & takes
+
+
+def test_trtllm_takes_the_extensions_it_has_inputs_for_in_its_names() -> None:
+    ensemble = trtllm_ensemble("random_seed")
+    ensemble["input"] += [
+        spec("top_k", "TYPE_INT32", [1]),
+        spec("repetition_penalty", "TYPE_FP32", [1]),
+        spec("min_length", "TYPE_INT32", [1]),
+    ]
+    contract = contract_for(ModelConfig.from_json("ensemble", ensemble))
+    assert contract is not None
+    takes = contract.info().takes
+    assert {"top_k", "repetition_penalty", "min_tokens"} <= takes
+    assert not {"min_p", "ignore_eos"} & takes
+    options = SamplingOptions(max_tokens=7, top_k=-1, repetition_penalty=1.5, min_tokens=2)
+    inputs = decoded(contract.generate("Hi", options, stream=False)[0])
+    # vLLM's -1 (no cut) is TensorRT-LLM's 0; min_tokens is min_length before r25.05.
+    assert inputs["top_k"] == ("INT32", [1, 1], np.int32(0).tobytes())
+    assert inputs["repetition_penalty"] == ("FP32", [1, 1], np.float32(1.5).tobytes())
+    assert inputs["min_length"] == ("INT32", [1, 1], np.int32(2).tobytes())
+    assert (
+        "top_k"
+        not in contract_for(  # type: ignore[union-attr]
+            ModelConfig.from_json("ensemble", trtllm_ensemble())
+        )
+        .info()
+        .takes
+    )
+
+
 # -- responses read back ---------------------------------------------------------------
 
 

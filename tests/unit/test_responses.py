@@ -529,3 +529,29 @@ async def test_unknown_fields_of_text_and_tools_are_refused(
 ) -> None:
     reply = await http.post("/v1/responses", json={"model": "fake-chat", "input": "Hi", **body})
     assert_openai_error(reply, 400, param=param, code="unsupported_parameter")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_strict_function_arguments_that_break_the_schema_are_generated_again(
+    http: httpx.AsyncClient, fake: FakeBackend, stream: bool
+) -> None:
+    bad = '<tool_call> {"name": "get_weather", "arguments": {"town": 5}} </tool_call>'
+    fake.replies = [bad, '{"city": "Lyon"}']
+    strict = {**WEATHER, "strict": True}
+    body = {"model": "fake-chat", "input": "Weather?", "tools": [strict], "stream": stream}
+    reply = await http.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    if stream:
+        events = sse_events(reply.text)
+        deltas = [
+            e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"
+        ]
+        assert deltas == ['{"city": "Lyon"}']  # held back until checked
+        response = events[-1]["response"]
+    else:
+        response = reply.json()
+    (call,) = response["output"]
+    assert json.loads(call["arguments"]) == {"city": "Lyon"}
+    first, again = fake.calls
+    assert again.prompt == first.prompt + '<tool_call> {"name": "get_weather", "arguments":'
+    assert again.options.constraint == {"json": WEATHER["parameters"]}

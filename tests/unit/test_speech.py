@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from dataclasses import replace
 
 import av
 import httpx
@@ -124,3 +125,22 @@ async def test_failure_before_the_first_sentence_is_a_real_error(
     fake.fail_after_tokens = 0
     body = {"model": "fake-tts", "input": TEXT, "voice": "alloy"}
     assert_openai_error(await http.post(SPEECH, json=body), 500, code="model_error")
+
+
+async def test_instructions_are_refused_unless_the_operator_lets_them_be_ignored(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    """No voice here can be steered: instructions are never silently dropped."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.audio.speech.create(
+            model="fake-tts", voice="alloy", input=TEXT, instructions="Whisper it."
+        )
+    assert refused.value.body["param"] == "instructions"  # type: ignore[index]
+    assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+    assert not fake.speech_calls
+    lax = replace(fake.model_list[2], name="fake-tts-lax", ignores=frozenset({"instructions"}))
+    fake.model_list.append(lax)
+    spoken = await client.audio.speech.create(
+        model="fake-tts-lax", voice="alloy", input=TEXT, instructions="Whisper it."
+    )
+    assert spoken.content and fake.speech_calls[-1][1] == TEXT

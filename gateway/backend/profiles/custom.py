@@ -5,10 +5,11 @@ of truth (see ``triton_repo/README.md``, "Fronting your Triton"):
 
 - ``openai_input_<field>``: the input that takes an OpenAI field. Chat: ``prompt`` (the
   rendered prompt), ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
-  ``presence_penalty``, ``frequency_penalty``, ``stream``; speech: ``text``, ``voice``,
-  ``speed``; transcription: ``audio`` (FP32 samples at ``sample_rate``, or the encoded
-  file as BYTES), ``language``, ``prompt``, ``temperature``; embeddings: ``text``,
-  ``input_type``.
+  ``presence_penalty``, ``frequency_penalty``, ``stream``, and vLLM's ``top_k``,
+  ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (vLLM's meanings);
+  speech: ``text``, ``voice``, ``speed``; transcription: ``audio`` (FP32 samples at
+  ``sample_rate``, or the encoded file as BYTES), ``language``, ``prompt``,
+  ``temperature``; embeddings: ``text``, ``input_type``.
 - ``openai_output_<field>``: the output that returns it. Chat: ``text``,
   ``finish_reason``, ``prompt_tokens``, ``completion_tokens``; speech: ``audio`` (FP32 in
   [-1, 1] or INT16 samples), ``sample_rate``; transcription: ``text``; embeddings:

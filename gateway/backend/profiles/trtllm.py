@@ -6,7 +6,8 @@ then ``NVIDIA/TensorRT-LLM`` ``triton_backend/``):
 - ``max_batch_size > 0``: every tensor has a leading batch dimension; ``max_tokens`` is a
   **required** INT32 input (the gateway always sends one).
 - Renames across releases are followed by what the config declares: ``random_seed`` (up to
-  v0.19) or ``seed``; ``exclude_input_in_output`` exists from r25.02; guided decoding
+  v0.19) or ``seed``, ``min_length`` or ``min_tokens`` (the same releases);
+  ``exclude_input_in_output`` exists from r25.02; guided decoding
   (``guided_decoding_guide_type`` / ``_guide``) from r25.02; token counts
   (``return_num_*_tokens``) only in the newest templates.
 - Stop words go in ``stop_words`` (a list) and the engine stops on them, but **keeps** them
@@ -16,6 +17,8 @@ then ``NVIDIA/TensorRT-LLM`` ``triton_backend/``):
   does not exist, when the gateway cuts the prompt off).
 - Streaming needs a decoupled model; the ensemble's text is each response's new tokens
   decoded alone, the BLS with ``accumulate_tokens`` sends the whole text so far.
+- vLLM's extensions it has an input for: ``top_k`` (vLLM's -1, no cut, is TensorRT-LLM's
+  0), ``repetition_penalty``, ``min_tokens``; it has none for ``min_p`` or ``ignore_eos``.
 - No finish reason: ``stop`` when the answer ended before ``max_tokens`` tokens (or at a
   stop word), ``length`` when it used them all.
 """
@@ -38,7 +41,7 @@ _GUIDES = {
     "regex": "regex",
     "grammar": "ebnf_grammar",
 }
-_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def _is_engine_step(name: str, configs: Mapping[str, ModelConfig]) -> bool:
@@ -70,6 +73,9 @@ class TrtllmContract(Contract):
     def _seed_input(self) -> str | None:
         return next((n for n in ("seed", "random_seed") if self.has(n)), None)
 
+    def _min_tokens_input(self) -> str | None:
+        return next((n for n in ("min_tokens", "min_length") if self.has(n)), None)
+
     def structured_outputs(self) -> tuple[tuple[str, ...], str]:
         if self.has("guided_decoding_guide_type") and self.has("guided_decoding_guide"):
             return tuple(_GUIDES), "guided_decoding"
@@ -81,6 +87,10 @@ class TrtllmContract(Contract):
             taken.add("max_tokens")
         if self._seed_input():
             taken.add("seed")
+        if self.has("top_k"):
+            taken.add("top_k")
+        if self._min_tokens_input():
+            taken.add("min_tokens")
         if self.structured_outputs()[0]:
             taken.add("response_format")
         return frozenset(taken)
@@ -111,6 +121,11 @@ class TrtllmContract(Contract):
         seed = self._seed_input()
         if options.seed is not None and seed is not None:
             inputs.append(config.tensor(seed, options.seed, "seed"))
+        if options.top_k is not None and self.has("top_k"):
+            inputs.append(config.tensor("top_k", max(options.top_k, 0), "top_k"))
+        min_tokens = self._min_tokens_input()
+        if options.min_tokens is not None and min_tokens is not None:
+            inputs.append(config.tensor(min_tokens, options.min_tokens, "min_tokens"))
         if options.stop and self.has("stop_words"):
             inputs.append(config.tensor("stop_words", list(options.stop), "stop"))
         if options.constraint is not None:

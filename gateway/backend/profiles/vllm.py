@@ -12,11 +12,19 @@ backend auto-completes the config, so the inputs a model declares tell its relea
 
 The constraint is a JSON *string* under that key (a nested object fails the backend). A
 config's ``structured_outputs`` / ``structured_outputs_key`` parameters override the
-table (the chat models of this repository take both keys). Every request sends
-``exclude_input_in_output`` where it exists; on a release without it, a non-streamed
-answer starts with the prompt, which is cut off. An embedding model (25.11+) is told by
-``openai_task: embeddings`` in its config: vLLM decides it from the architecture, which
-Triton does not report. Its vector comes back as JSON in ``text_output``.
+table (the chat models of this repository take both keys).
+
+vLLM's own sampling parameters beyond OpenAI's (``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``) are ``SamplingParams`` fields in
+every release, so they go into ``sampling_parameters`` under their own names. A model that
+speaks these tensors without being vLLM lists the ones it takes in a
+``sampling_extensions`` parameter (empty: none); the others are then refused.
+
+Every request sends ``exclude_input_in_output`` where it exists; on a release without it,
+a non-streamed answer starts with the prompt, which is cut off. An embedding model (25.11+)
+is told by ``openai_task: embeddings`` in its config: vLLM decides it from the
+architecture, which Triton does not report. Its vector comes back as JSON in
+``text_output``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import json
 from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
-from gateway.backend.base import SAMPLING_PARAMETERS, SamplingOptions
+from gateway.backend.base import SAMPLING_PARAMETERS, VLLM_EXTENSIONS, SamplingOptions
 from gateway.backend.profiles import Contract, register
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
@@ -72,7 +80,11 @@ class VllmContract(Contract):
     def takes(self) -> frozenset[str]:
         if self.task() != "chat":
             return frozenset()
-        taken = set(SAMPLING_PARAMETERS) - {"logprobs", "response_format"}
+        taken = set(SAMPLING_PARAMETERS) - {"logprobs", "response_format", *VLLM_EXTENSIONS}
+        if "sampling_extensions" in self.config.parameters:
+            taken |= set(self.config.names("sampling_extensions")) & set(VLLM_EXTENSIONS)
+        else:
+            taken |= set(VLLM_EXTENSIONS)
         if self.has("return_logprobs") and self.output("logprobs"):
             taken.add("logprobs")
         if self.structured_outputs()[0]:

@@ -13,6 +13,12 @@ assembled (:func:`assemble`), so both give the same answer for the same text.
 A parser only announces a call once it has read the call's name and the name is one of the
 request's tools. Text that does not turn into a well-formed call stays content: a model that
 half-writes a call never causes a server error.
+
+A parser given ``max_calls`` (``parallel_tool_calls: false``) calls
+:meth:`ToolParser._completed` whenever it has read a call whole, and once that many were
+read it is :attr:`~ToolParser.closed`: the rest of the text is dropped, so the caller can
+stop generating. Where a call's arguments start in the text is told with its announcement
+(``ToolCallDelta.at``), so the arguments can be generated again from there.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+    at: int | None = None
+    """The first piece only: where the arguments value starts in the text the parser was
+    fed (None when the parser cannot tell)."""
 
 
 @dataclass
@@ -73,6 +82,8 @@ class ParsedCall:
     id: str
     name: str
     arguments: str
+    at: int | None = None
+    """Where its arguments start in the parsed text (see ``ToolCallDelta.at``)."""
 
 
 class ToolParser:
@@ -80,10 +91,13 @@ class ToolParser:
 
     name = ""
 
-    def __init__(self, tools: Iterable[str]) -> None:
+    def __init__(self, tools: Iterable[str], max_calls: int | None = None) -> None:
         self.tools = frozenset(tools)
         self.calls = 0
         """How many calls were announced so far."""
+        self.max_calls = max_calls
+        self.closed = False
+        """``max_calls`` calls were read whole: the text after them is dropped."""
 
     def feed(self, text: str) -> ParserDelta:
         raise NotImplementedError
@@ -91,10 +105,15 @@ class ToolParser:
     def finish(self) -> ParserDelta:
         return ParserDelta()
 
-    def _announce(self, name: str) -> ToolCallDelta:
-        delta = ToolCallDelta(self.calls, id=new_call_id(), name=name)
+    def _announce(self, name: str, at: int | None = None) -> ToolCallDelta:
+        delta = ToolCallDelta(self.calls, id=new_call_id(), name=name, at=at)
         self.calls += 1
         return delta
+
+    def _completed(self) -> None:
+        """The last announced call was read whole."""
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            self.closed = True
 
 
 def assemble(parser: ToolParser, text: str) -> tuple[str | None, list[ParsedCall]]:
@@ -103,7 +122,9 @@ def assemble(parser: ToolParser, text: str) -> tuple[str | None, list[ParsedCall
     delta = parser.feed(text).extend(parser.finish())
     calls: dict[int, ParsedCall] = {}
     for piece in delta.calls:
-        call = calls.setdefault(piece.index, ParsedCall(piece.id or "", piece.name or "", ""))
+        call = calls.setdefault(
+            piece.index, ParsedCall(piece.id or "", piece.name or "", "", piece.at)
+        )
         call.arguments += piece.arguments
     content = delta.content
     if calls and not content.strip():
@@ -119,11 +140,15 @@ class CallReader:
 
     Once the name has been read, the arguments value is passed on as it arrives, and a
     JSON-aware scan (strings, escapes, nesting) finds where it ends, so nothing has to be held
-    back. Text after the value is kept in :attr:`rest` for the caller."""
+    back. Text after the value is kept in :attr:`rest` for the caller. ``origin``: where
+    the call starts in the parser's text."""
 
-    def __init__(self) -> None:
+    def __init__(self, origin: int = 0) -> None:
+        self.origin = origin
         self.buffer = ""
         self.name: str | None = None
+        self.arguments_at: int | None = None
+        """Where the arguments value starts in the parser's text, once the name was read."""
         self.done = False
         self.rest = ""
         self._scan = 0  # where the arguments scan goes on in the buffer
@@ -149,6 +174,7 @@ class CallReader:
             except ValueError:
                 self.name = named = match.group(1)
             self._scan = match.end()
+            self.arguments_at = self.origin + match.end()
         return named, self._arguments()
 
     def _arguments(self) -> str:

@@ -29,16 +29,22 @@ def _held_back(text: str, tag: str) -> int:
 class HermesParser(ToolParser):
     name = "hermes"
 
-    def __init__(self, tools: frozenset[str] | list[str] | tuple[str, ...]) -> None:
-        super().__init__(tools)
-        self._pending = ""  # text not yet passed on
+    def __init__(
+        self, tools: frozenset[str] | list[str] | tuple[str, ...], max_calls: int | None = None
+    ) -> None:
+        super().__init__(tools, max_calls)
+        self._pending = ""  # text not yet passed on: always the tail of what was fed
+        self._fed = 0  # characters fed so far
         self._call: CallReader | None = None
         self._announced = False  # the current call's name was passed on
 
     def feed(self, text: str) -> ParserDelta:
-        self._pending += text
         out = ParserDelta()
-        while self._pending:
+        if self.closed:
+            return out
+        self._pending += text
+        self._fed += len(text)
+        while self._pending and not self.closed:
             if self._call is None:
                 if not self._text(out):
                     break
@@ -56,7 +62,8 @@ class HermesParser(ToolParser):
             return False
         out.content += self._pending[:at]
         self._pending = self._pending[at + len(OPEN) :]
-        self._call, self._announced = CallReader(), False
+        self._call = CallReader(origin=self._fed - len(self._pending))
+        self._announced = False
         return True
 
     def _in_call(self, out: ParserDelta) -> bool:
@@ -64,6 +71,7 @@ class HermesParser(ToolParser):
         call = self._call
         assert call is not None
         piece, self._pending = self._pending, ""
+        finished = call.done
         if not self._announced:
             name, arguments = call.feed(piece)
             if name is not None:
@@ -71,7 +79,7 @@ class HermesParser(ToolParser):
                     self._not_a_call(out, call.buffer)
                     return True
                 self._announced = True
-                out.calls.append(self._announce(name))
+                out.calls.append(self._announce(name, call.arguments_at))
                 if arguments:
                     out.calls[-1].arguments = arguments
             elif CLOSE in call.buffer:
@@ -84,6 +92,10 @@ class HermesParser(ToolParser):
             _, arguments = call.feed(piece)
             if arguments:
                 out.calls.append(ToolCallDelta(self.calls - 1, arguments=arguments))
+        if call.done and not finished:
+            self._completed()
+            if self.closed:
+                return False
         if call.done:
             at = call.rest.find(CLOSE)
             if at >= 0:
@@ -105,6 +117,7 @@ class HermesParser(ToolParser):
             return
         out.calls.append(self._announce(name))
         out.calls[-1].arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        self._completed()
 
     def _not_a_call(self, out: ParserDelta, written: str) -> None:
         self._call = None
@@ -113,6 +126,8 @@ class HermesParser(ToolParser):
 
     def finish(self) -> ParserDelta:
         out = self.feed("")
+        if self.closed:
+            return out
         call = self._call
         if call is not None and not self._announced:
             # The text ended inside an unannounced call: a complete object still counts.

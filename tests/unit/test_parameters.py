@@ -1,0 +1,171 @@
+"""Every official parameter of chat and legacy completions is honoured, refused by name with
+the reason, or accepted as a documented hint; vLLM's sampling extensions (the SDK's
+``extra_body``) are honoured where the model takes them and refused where it does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.backend import ModelInfo
+from gateway.backend.fake import FakeBackend
+from gateway.config import CHATML_TEMPLATE
+from tests.unit.conftest import REPLY, USER_HI, assert_openai_error, chat_body
+
+VLLM_EXTRAS = {
+    "top_k": 40,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "min_tokens": 2,
+    "ignore_eos": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("web_search_options", {}),
+        ("moderation", {"model": "omni-moderation-latest"}),
+        ("reasoning_effort", "low"),
+        ("verbosity", "low"),
+        ("prediction", {"type": "content", "content": "Hello"}),
+        ("metadata", {"k": "v"}),
+        ("prompt_cache_retention", "24h"),
+        ("prompt_cache_options", {"mode": "explicit"}),
+    ],
+)
+async def test_official_chat_parameters_not_implemented_are_refused_with_why(
+    http: httpx.AsyncClient, fake: FakeBackend, field: str, value: Any
+) -> None:
+    response = await http.post("/v1/chat/completions", json=chat_body(**{field: value}))
+    error = assert_openai_error(response, 400, param=field, code="unsupported_parameter")
+    assert error["message"].startswith(f"{field} is not supported by this gateway: ")
+    assert not fake.calls
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"stream": True, "stream_options": {"include_obfuscation": True}}, None),
+    ],
+)
+async def test_options_that_would_change_nothing_here_are_refused(
+    http: httpx.AsyncClient, fake: FakeBackend, fields: dict[str, Any], param: str | None
+) -> None:
+    """``audio`` without ``modalities: ["audio"]`` asks for a voice that would never speak;
+    stream obfuscation is not done here."""
+    response = await http.post("/v1/chat/completions", json=chat_body(**fields))
+    error = assert_openai_error(response, 400, code="unsupported_parameter")
+    assert error["param"] == (param or "stream_options.include_obfuscation")
+    assert not fake.calls
+
+
+async def test_hints_are_accepted(client: openai.AsyncOpenAI) -> None:
+    reply = await client.chat.completions.create(
+        model="fake-chat",
+        messages=USER_HI,
+        user="u1",
+        safety_identifier="hashed-user",
+        prompt_cache_key="conversation-7",
+        service_tier="default",
+    )
+    assert reply.choices[0].message.content == REPLY
+    stream = await client.chat.completions.create(
+        model="fake-chat",
+        messages=USER_HI,
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+    )
+    assert [c async for c in stream][-1].usage is not None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stream": True, "stream_options": {"include_usage": True, "chunk": 1}}, "chunk"),
+        ({"response_format": {"type": "json_object", "strict": True}}, "strict"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "returns": {}}}]},
+            "returns",
+        ),
+        ({"audio": {"voice": "alloy", "speed": 2}, "modalities": ["audio"]}, "speed"),
+    ],
+)
+async def test_unknown_nested_fields_are_refused_by_name(
+    http: httpx.AsyncClient, fields: dict[str, Any], param: str
+) -> None:
+    response = await http.post("/v1/chat/completions", json=chat_body(**fields))
+    error = assert_openai_error(response, 400, code="unsupported_parameter")
+    assert error["param"].endswith(param), error
+
+
+async def test_vllm_extensions_reach_the_model_in_its_names(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, max_tokens=8, extra_body=VLLM_EXTRAS
+    )
+    options = fake.calls[-1].options
+    assert {name: getattr(options, name) for name in VLLM_EXTRAS} == VLLM_EXTRAS
+    await client.completions.create(
+        model="fake-chat", prompt="Hi", extra_body={"top_k": 0, "repetition_penalty": 1.2}
+    )
+    # 0 is vLLM's newer "no cut"; -1 is what every vLLM release takes.
+    assert (fake.calls[-1].options.top_k, fake.calls[-1].options.repetition_penalty) == (-1, 1.2)
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_EXTRAS))
+async def test_each_vllm_extension_is_honoured_or_refused_by_the_model(
+    client: openai.AsyncOpenAI, fake: FakeBackend, name: str
+) -> None:
+    extra = {name: VLLM_EXTRAS[name]}
+    await client.chat.completions.create(model="fake-chat", messages=USER_HI, extra_body=extra)
+    assert getattr(fake.calls[-1].options, name) == VLLM_EXTRAS[name]
+    fake.model_list.append(
+        ModelInfo("fake-strict", "chat", True, CHATML_TEMPLATE, 2048, takes=frozenset({"stop"}))
+    )
+    for create in (
+        lambda: client.chat.completions.create(
+            model="fake-strict", messages=USER_HI, extra_body=extra
+        ),
+        lambda: client.completions.create(model="fake-strict", prompt="Hi", extra_body=extra),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await create()
+        assert refused.value.body["param"] == name  # type: ignore[index]
+        assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+        assert "does not take" in refused.value.message
+    assert len(fake.calls) == 1
+
+
+async def test_models_list_the_vllm_extensions_they_take(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.model_list.append(
+        ModelInfo("fake-strict", "chat", True, CHATML_TEMPLATE, 2048, takes=frozenset({"stop"}))
+    )
+    listed = {m.id: m.model_extra for m in (await client.models.list()).data}
+    assert set(VLLM_EXTRAS) <= set(listed["fake-chat"]["parameters"])
+    assert listed["fake-strict"]["parameters"] == ["stop"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
+    ],
+)
+async def test_vllm_extensions_out_of_range_are_400(
+    http: httpx.AsyncClient, fake: FakeBackend, extra: dict[str, Any], param: str
+) -> None:
+    response = await http.post("/v1/chat/completions", json=chat_body(**extra))
+    error = assert_openai_error(response, 400, param=param)
+    assert "Unrecognized" not in error["message"]  # it says what is wrong with the value
+    assert not fake.calls
