@@ -33,9 +33,17 @@ def read_string(pb_utils: Any, request: Any, name: str) -> str | None:
         raise ValueError(f"input '{name}' is not valid UTF-8") from exc
 
 
+#: How an INVALID_ARG error's text starts: on a stream Triton passes the text without its
+#: code, and the gateway reads this prefix as "the client's input is at fault" (a 400 with
+#: the text, not a 500 whose text stays in the log).
+INVALID_PREFIX = "Invalid request: "
+
+
 def send_error(pb_utils: Any, sender: Any, message: str, code: str = "INTERNAL") -> None:
     """Ends a request with an error response; ``code`` names a ``TritonError`` code
     (``INVALID_ARG`` for the client's fault, ``CANCELLED`` when the client went away)."""
+    if code == "INVALID_ARG":
+        message = INVALID_PREFIX + message
     sender.send(
         pb_utils.InferenceResponse(
             error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))

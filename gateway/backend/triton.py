@@ -12,7 +12,10 @@ cancelling the call cancels that request in Triton, which the model sees through
 Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
 DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the gateway
 as text only (Triton 2.51's ``triton_grpc_error`` mode, which would carry the code, crashes
-the server on an error after the first response), so it becomes a 500 ``model_error``.
+the server on an error after the first response), so it becomes a 500 ``model_error``,
+unless its text starts with ``Invalid request: `` (:data:`INVALID_PREFIX`, how this
+repository's models mark INVALID_ARG, see ``triton_repo/model_io.py``): then it is a 400
+with the text.
 
 What gRPC, Triton or a model said is kept from inference clients (it names peer addresses,
 ``ipv4:127.0.0.1:8001``, and model files, and Python-backend models and TensorRT-LLM's BLS
@@ -90,10 +93,18 @@ _CONTEXT_EXCEEDED = ("maximum context length", "longer than the maximum model le
 _CONTROL_DISABLED = ("explicit model load / unload is not allowed",)
 
 
+#: How a model marks an error on a stream as the client's fault (see the module docstring).
+INVALID_PREFIX = "Invalid request: "
+
+
 def _model_error(model: str, message: str) -> GatewayError:
     """An error response of a model on a stream."""
+    invalid = message.startswith(INVALID_PREFIX)
+    message = message.removeprefix(INVALID_PREFIX)
     if any(sign in message for sign in _CONTEXT_EXCEEDED):
         return InvalidRequestError(message, code="context_length_exceeded")
+    if invalid:
+        return InvalidRequestError(message)
     return BackendError(f"The model '{model}' failed to serve the request.", detail=message)
 
 

@@ -9,7 +9,12 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import SamplingOptions
-from gateway.backend.triton import _check_control, _status_error, model_info_from_config
+from gateway.backend.triton import (
+    _check_control,
+    _model_error,
+    _status_error,
+    model_info_from_config,
+)
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
@@ -130,6 +135,16 @@ def test_status_errors_keep_the_details_in_the_log_only() -> None:
     not_found = _status_error("NOT_FOUND", "unknown model", "llama")
     assert not_found.body()["error"]["code"] == "model_not_found"
     assert "llama" in not_found.message
+
+
+def test_a_model_marks_its_refusals_of_the_clients_input_on_a_stream() -> None:
+    refused = _model_error("m", "Invalid request: cannot enforce this JSON schema")
+    assert isinstance(refused, InvalidRequestError)
+    assert refused.message == "cannot enforce this JSON schema"
+    too_long = _model_error("m", "Invalid request: exceeds the maximum context length")
+    assert too_long.code == "context_length_exceeded"
+    failed = _model_error("m", "Traceback ... /opt/models/m/1/model.py")
+    assert failed.status_code == 500 and "model.py" not in failed.message
 
 
 def test_sampling_json_omits_unset_fields() -> None:
