@@ -141,7 +141,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             app.state.chat,
             ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb),
         )
-        app.state.embeddings = EmbeddingService(active, catalog)
+        app.state.embeddings = EmbeddingService(active, catalog, settings.max_inflight_per_request)
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog, settings.max_audio_seconds)
         app.state.voice_models = VoiceModels(catalog, settings)

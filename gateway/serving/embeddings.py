@@ -24,7 +24,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.backend import Backend, ModelInfo
+from gateway.backend import Backend, Embeddings, ModelInfo
+from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
 from gateway.state.limits import Meter
@@ -126,21 +127,29 @@ def _dimensions(request: EmbeddingRequest, model: ModelInfo) -> int | None:
 
 
 class EmbeddingService:
-    def __init__(self, backend: Backend, catalog: ModelCatalog) -> None:
+    def __init__(self, backend: Backend, catalog: ModelCatalog, in_flight: int = 16) -> None:
         self.backend = backend
         self.catalog = catalog
+        self.in_flight = in_flight
+        """Batches of one request sent to Triton at once (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``)."""
 
     async def embed(self, request: EmbeddingRequest, meter: Meter | None = None) -> EmbeddingList:
         texts = _texts(request)
         model = await self.catalog.get(request.model, "embeddings")
         input_type = _input_type(request, model)
         keep = _dimensions(request, model)
+        if meter is not None:  # the inputs' tokens, estimated, under the key's tpm
+            await meter.reserve(sum(estimate_tokens(t) for t in texts), 0, 1, False)
         size = model.max_batch_size or 1
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
+        gate = asyncio.Semaphore(self.in_flight)
+
+        async def embedded(batch: list[str]) -> Embeddings:
+            async with gate:
+                return await self.backend.embed(model.name, batch, input_type)
+
         try:
-            parts = await asyncio.gather(
-                *(self.backend.embed(model.name, batch, input_type) for batch in batches)
-            )
+            parts = await asyncio.gather(*(embedded(batch) for batch in batches))
         except InvalidRequestError as exc:
             exc.param = exc.param or "input"
             raise

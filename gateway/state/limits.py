@@ -13,8 +13,8 @@ check and the increment cannot interleave between replicas, and the clock is Red
   (estimated) plus ``n x max_tokens`` must fit what the window has left, else a 429. A
   request that set no ``max_tokens`` is given what is left (at most its default), so it can
   never generate past the limit. When it ends, the reservation is settled to the real count
-  in the bucket it was taken from. Work that cannot be sized beforehand (embeddings, audio)
-  is counted when it ends.
+  in the bucket it was taken from. Embeddings reserve their inputs (estimated); audio,
+  which cannot be sized beforehand, is counted when it ends.
 - Concurrency is a sorted set of leases scored by expiry. A running request renews its lease;
   a gateway that dies without releasing its leases frees them when they expire
   (``concurrency_lease_s``).
@@ -152,22 +152,25 @@ return {'ok', tostring(grant), tostring(sec)}
 """
 
 # KEYS: token buckets, leases, usage. ARGV: tokens, lease id, prompt tokens, completion
-# tokens, audio seconds in, audio seconds out, tokens reserved, bucket of the reservation.
-# A reservation still in the window is settled to the real count in its own bucket (never
-# below zero); one that has left the window counts no more; without one, the tokens are
-# counted now.
+# tokens, audio seconds in, audio seconds out, then the reservations as bucket, tokens
+# pairs. The tokens used fill the reservations in turn; each reservation still in the
+# window is settled to its share in its own bucket (never below zero), one that has left
+# the window counts no more; tokens beyond all reservations are counted now.
 _FINISH = """
 local sec = tonumber(redis.call('TIME')[1])
-local tokens = tonumber(ARGV[1])
-local reserved, at = tonumber(ARGV[7]), tonumber(ARGV[8])
-if reserved > 0 then
-  if at > sec - 60 then
+local left = tonumber(ARGV[1])
+for i = 7, #ARGV, 2 do
+  local at, reserved = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  local share = math.min(left, reserved)
+  left = left - share
+  if at > sec - 60 and share < reserved then
     local held = tonumber(redis.call('HGET', KEYS[1], at) or '0')
-    local change = math.max(tokens - reserved, -held)
+    local change = math.max(share - reserved, -held)
     if change ~= 0 then redis.call('HINCRBY', KEYS[1], at, change) end
   end
-elseif tokens > 0 then
-  redis.call('HINCRBY', KEYS[1], sec, tokens)
+end
+if left > 0 then
+  redis.call('HINCRBY', KEYS[1], sec, left)
   redis.call('EXPIRE', KEYS[1], 61)
 end
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end
@@ -226,10 +229,9 @@ class Meter:
     completion_tokens: int = 0
     audio_seconds_in: float = 0.0
     audio_seconds_out: float = 0.0
-    reserved: int = 0
-    """Tokens reserved under the key's ``tpm`` before generating (settled at the end)."""
-    reserved_at: int = 0
-    """The window bucket (second) of the last reservation."""
+    reservations: list[tuple[int, int]] = field(default_factory=list)
+    """Tokens reserved under the key's ``tpm`` before generating, as (window bucket,
+    tokens): settled to what was used at the end."""
     reserver: Reserver | None = field(default=None, repr=False)
     """Set when the key has a ``tpm`` limit."""
 
@@ -372,8 +374,7 @@ class RateLimiter:
             )
             raise RateLimitError(message, "tokens", wait, {})
         granted = int(result[1])
-        meter.reserved += prompt + generations * granted
-        meter.reserved_at = int(result[2])
+        meter.reservations.append((int(result[2]), prompt + generations * granted))
         return granted
 
     async def _keep(self) -> None:
@@ -417,8 +418,7 @@ class RateLimiter:
                     meter.completion_tokens,
                     round(meter.audio_seconds_in, 3),
                     round(meter.audio_seconds_out, 3),
-                    meter.reserved,
-                    meter.reserved_at,
+                    *(n for reservation in meter.reservations for n in reservation),
                 ],
             )
         except RedisError as exc:

@@ -255,3 +255,27 @@ async def test_a_long_request_keeps_its_concurrency_slot(redis_server: EmbeddedR
         await limiter.finish(await limiter.admit(keys, key))
     finally:
         await redis.aclose()
+
+
+async def test_two_reservations_of_one_request_settle_to_exactly_what_it_used(
+    redis_server: EmbeddedRedis,
+) -> None:
+    # A strict tool call generated again reserves a second time, maybe in another second.
+    redis = store.connect(redis_server.url, 1.0)
+    limiter = RateLimiter(redis, lease_s=60)
+    keys = KeyStore(redis)
+    key = (await keys.create(KeyCreate(name="twice", tpm=1000))).key
+    try:
+        other = await limiter.admit(keys, key)
+        assert await other.meter.reserve(10, 90, 1, False) == 90  # another request: 100
+        admission = await limiter.admit(keys, key)
+        await admission.meter.reserve(20, 200, 1, False)  # 220
+        await asyncio.sleep(1.1)
+        await admission.meter.reserve(30, 100, 1, True)  # 130, a second later
+        admission.meter.add_tokens(20, 55)  # used 75 of the 350 reserved
+        await limiter.finish(admission)
+        buckets = await redis.hgetall(f"gw:rl:{{{admission.key.id}}}:tokens")
+        # The other request's reservation is untouched; this one's counts what it used.
+        assert sum(int(v) for v in buckets.values()) == 100 + 75
+    finally:
+        await redis.aclose()
