@@ -15,7 +15,10 @@ declared in the app, so it is documented in the OpenAPI schema like the others.
 A request body larger than ``GATEWAY_MAX_REQUEST_MB`` gets a 413 before the app reads
 it: at once when its ``Content-Length`` says so (the server holds a body to its declared
 length), else (a chunked body) once what arrived passes the limit; a chunked body is read
-here first, up to the limit, so that the answer can still be a 413.
+here first, up to the limit, so that the answer can still be a 413. A body over
+:data:`CHECKED_BODY_BYTES` (or a chunked one) is read only for a valid key: FastAPI parses
+a body before any dependency runs, so without this anyone could make a replica parse tens
+of megabytes of JSON.
 
 While the process drains before it stops (:class:`Drain`, started by SIGTERM), requests
 already running go on to their end and every new one but the liveness probe and
@@ -30,11 +33,12 @@ import json
 import time
 from typing import Any
 
-from starlette.datastructures import MutableHeaders
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import error_body
+from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
+from gateway.state.keys import KeyStore
 from gateway.state.limits import Admission, RateLimiter
 
 #: Where the admission dependency leaves the request's admission (``request.state``).
@@ -74,6 +78,11 @@ class Drain:
         self.busy = 0
 
 
+#: Bodies larger than this are read only once the request's key is checked (1 MB: any
+#: JSON request but one carrying audio is smaller).
+CHECKED_BODY_BYTES = 1024 * 1024
+
+
 class GatewayMiddleware:
     def __init__(
         self, app: ASGIApp, metrics: Metrics, drain: Drain, max_body_mb: float = 36.0
@@ -82,13 +91,10 @@ class GatewayMiddleware:
         self.metrics = metrics
         self.drain = drain
         self.max_body = int(max_body_mb * 1024 * 1024)
-        body = error_body(
+        self._too_large = (
             f"The request body is larger than {max_body_mb:g} MB, the most this gateway "
-            "reads (GATEWAY_MAX_REQUEST_MB).",
-            "invalid_request_error",
-            code="request_too_large",
+            "reads (GATEWAY_MAX_REQUEST_MB)."
         )
-        self._too_large = json.dumps(body).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,9 +106,14 @@ class GatewayMiddleware:
         if self.drain.draining and scope["path"] != "/metrics":
             await self._refuse(scope, send)
             return
+        refused = await self._unknown_caller(scope)
+        if refused is not None:
+            await self._send_error(scope, send, refused)
+            return
         bounded = await self._bounded(scope, receive)
         if bounded is None:
-            await self._refuse_body(scope, send)
+            too_large = PayloadTooLargeError(self._too_large, code="request_too_large")
+            await self._send_error(scope, send, too_large)
             return
         started = time.monotonic()
         # request.state is this dict (Starlette keeps it in the scope).
@@ -144,6 +155,34 @@ class GatewayMiddleware:
         self.metrics.requests.labels(LIVE_PATH, "", "200").inc()
         self.metrics.duration.labels(LIVE_PATH, "").observe(time.monotonic() - started)
 
+    async def _unknown_caller(self, scope: Scope) -> GatewayError | None:
+        """The 401 (or 503) for a large body without a valid key; None to go on."""
+        length = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif name == b"transfer-encoding":
+                length = -1  # chunked: of unknown length
+        if length is None or 0 <= length <= CHECKED_BODY_BYTES:
+            return None
+        authorization = Headers(scope=scope).get("authorization", "")
+        scheme, _, presented = authorization.partition(" ")
+        keys: KeyStore = scope["app"].state.keys
+        try:
+            await keys.authenticate(presented.strip() if scheme.lower() == "bearer" else None)
+        except GatewayError as exc:
+            return exc
+        return None
+
+    async def _send_error(self, scope: Scope, send: Send, error: GatewayError) -> None:
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        self.metrics.requests.labels(_route_of(scope), "", str(error.status_code)).inc()
+
     async def _bounded(self, scope: Scope, receive: Receive) -> Receive | None:
         """``receive`` for a body within the limit; None for one past it."""
         length = None
@@ -175,22 +214,6 @@ class GatewayMiddleware:
             return next(replay, None) or await receive()
 
         return replayed
-
-    async def _refuse_body(self, scope: Scope, send: Send) -> None:
-        body = self._too_large
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-        self.metrics.requests.labels(_route_of(scope), "", "413").inc()
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         await send(_DRAINING_START)

@@ -154,3 +154,20 @@ async def test_models_the_voice_chain_uses_are_checked_against_the_key(
             headers=bearer(everything),
         )
         assert allowed.status_code == 200, allowed.text
+
+
+async def test_a_large_body_is_read_only_for_a_valid_key(
+    anon: httpx.AsyncClient, http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # FastAPI parses a body before the key is checked: a large one waits for the key.
+    big = chat_body(messages=[{"role": "user", "content": "x" * 2_000_000}])
+    refused = await anon.post("/v1/chat/completions", json=big)
+    assert_openai_error(refused, 401, code="invalid_api_key")
+    wrong = await anon.post(
+        "/v1/chat/completions", json=big, headers=bearer("sk-gw-0123456789ab-wrong")
+    )
+    assert_openai_error(wrong, 401)
+    # A valid key's large body is read (and judged: here it does not fit the context).
+    judged = await http.post("/v1/chat/completions", json=big)
+    assert_openai_error(judged, 400, code="context_length_exceeded")
+    assert fake.calls == []
