@@ -28,6 +28,7 @@ from gateway.backend import Backend, Embeddings, ModelInfo
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
+from gateway.serving.protocol import Hint
 from gateway.state.limits import Meter
 
 #: The most inputs one request may carry (OpenAI's limit).
@@ -41,7 +42,7 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
-    user: str | None = None
+    user: Hint | None = None
     input_type: str | None = None
     """NVIDIA NIM's extension: ``query`` or ``passage`` for models that tell them apart."""
 

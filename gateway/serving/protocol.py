@@ -131,6 +131,14 @@ class ResponseFormat(Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+#: A hint string (``user``, ``prompt_cache_key``): accepted, changing nothing here, but
+#: echoed and stored with a response, so bounded.
+Hint = Annotated[str, Field(max_length=256)]
+#: OpenAI's ``safety_identifier`` (at most 64 characters).
+SafetyIdentifier = Annotated[str, Field(max_length=64)]
+#: OpenAI's processing tiers; accepted as a hint (there is one tier here).
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+
 #: The longest stop string: engines match each against every new token (and the gateway
 #: holds back text that may still become one), so its length is bounded.
 MAX_STOP_CHARS = 256
@@ -155,7 +163,7 @@ class SamplingRequest(Strict):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    user: str | None = None
+    user: Hint | None = None
     """A hint (OpenAI's abuse monitoring): accepted, nothing here depends on it."""
     # vLLM's sampling parameters (clients send them in the openai SDK's extra_body):
     # honoured by a model whose profile takes them, else refused naming them.
@@ -234,9 +242,9 @@ class ChatCompletionRequest(SamplingRequest):
     functions: list[FunctionDefinition] | None = Field(None, min_length=1, max_length=128)
     """Legacy function calling: honoured as tools, and answered in its own shape."""
     function_call: Literal["none", "auto"] | NamedFunction | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    service_tier: str | None = None
+    safety_identifier: SafetyIdentifier | None = None
+    prompt_cache_key: Hint | None = None
+    service_tier: ServiceTier | None = None
     """Hints, like ``user``: accepted, nothing here depends on them."""
     # Declared so that setting one gets its reason (see CHAT_REFUSED), not "unrecognized".
     web_search_options: Any = None

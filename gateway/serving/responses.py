@@ -40,7 +40,14 @@ from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.chat import ChatService, PreparedChat, logprob_items
-from gateway.serving.protocol import FUNCTION_NAME, ChatCompletionRequest, Usage
+from gateway.serving.protocol import (
+    FUNCTION_NAME,
+    ChatCompletionRequest,
+    Hint,
+    SafetyIdentifier,
+    ServiceTier,
+    Usage,
+)
 from gateway.serving.sse import failure
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, assemble
 from gateway.state.limits import Meter
@@ -134,10 +141,10 @@ class ResponsesRequest(BaseModel):
     # cache (prompt_cache_key) and processing tier (service_tier). Accepting them is
     # harmless: nothing here has such a system, and the answer echoes them (the tier as
     # "default", the one that served it).
-    user: str | None = None
-    safety_identifier: str | None = Field(None, max_length=64)
-    prompt_cache_key: str | None = None
-    service_tier: str | None = None
+    user: Hint | None = None
+    safety_identifier: SafetyIdentifier | None = None
+    prompt_cache_key: Hint | None = None
+    service_tier: ServiceTier | None = None
 
     def wants_logprobs(self) -> bool:
         return LOGPROBS in (self.include or [])

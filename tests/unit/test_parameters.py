@@ -169,3 +169,21 @@ async def test_vllm_extensions_out_of_range_are_400(
     error = assert_openai_error(response, 400, param=param)
     assert "Unrecognized" not in error["message"]  # it says what is wrong with the value
     assert not fake.calls
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "fake-chat", "messages": [{"role": "user", "content": "Hi"}]},
+        ),
+        ("/v1/responses", {"model": "fake-chat", "input": "Hi"}),
+        ("/v1/embeddings", {"model": "fake-embed", "input": "Hi"}),
+    ],
+)
+async def test_hints_are_bounded_since_they_are_echoed_and_stored(
+    http: httpx.AsyncClient, path: str, body: dict[str, object]
+) -> None:
+    refused = await http.post(path, json={**body, "user": "u" * 1_000_000})
+    assert_openai_error(refused, 400, param="user")
