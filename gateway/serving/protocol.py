@@ -5,8 +5,10 @@ anything reaches Triton. Every parameter of the OpenAI API is declared, and each
 honoured, refused when set (a 400 ``unsupported_parameter`` naming it and saying why, see
 :meth:`SamplingRequest.unsupported`), or accepted as a hint nothing depends on (``user``,
 ``safety_identifier``, ``prompt_cache_key``, ``service_tier``). Fields the API does not
-define are refused too, nested ones included (``extra="forbid"``: a 400 naming the field,
-never a silent drop).
+define are refused too (``extra="forbid"``: a 400 naming the field, never a silent drop), at
+the top and inside tools, formats and options. Messages and their content parts take extra
+keys (clients echo back what they received, ``index`` and the like): they are not sent to
+the model.
 """
 
 from __future__ import annotations

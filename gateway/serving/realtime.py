@@ -121,7 +121,8 @@ class ClientEventError(InvalidRequestError):
 @dataclass(frozen=True)
 class Bounds:
     """What a client can make one session hold (README "Limits"). An event past a bound is
-    refused with an ``error`` event naming it, and the session stays as it was."""
+    refused with an ``error`` event naming it, and the session stays as it was; past
+    ``items`` and ``text_bytes`` the oldest items are dropped instead."""
 
     buffer_bytes: int
     """The input audio buffer, as the pcm16 the client sent (``realtime_max_buffer_mb``)."""

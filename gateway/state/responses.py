@@ -71,7 +71,7 @@ class ResponseStore:
             raise InvalidRequestError(
                 f"Stored with its input, the conversation before it and its output, this "
                 f"response is {size:,} bytes of JSON; the gateway stores at most "
-                f"{self.max_stored_kb} KB per response (max_stored_kb). Send a shorter "
+                f"{self.max_stored_kb} KB per response (GATEWAY_MAX_STORED_KB). Send a shorter "
                 "input, or store: false.",
                 param="store",
                 code="stored_record_too_large",

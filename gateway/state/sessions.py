@@ -148,8 +148,8 @@ def _oldest_to_drop(shell: Session, turns: list[Turn], max_stored_kb: int) -> in
         if dropped == len(sizes) - 1:
             raise InvalidRequestError(
                 f"The session's newest turn alone, with the system message, is {size:,} bytes "
-                f"of JSON; a session stores at most {max_stored_kb} KB (max_stored_kb). Send "
-                "shorter messages, or no X-Session-ID.",
+                f"of JSON; a session stores at most {max_stored_kb} KB "
+                "(GATEWAY_MAX_STORED_KB). Send shorter messages, or no X-Session-ID.",
                 param="messages",
                 code="stored_record_too_large",
             )

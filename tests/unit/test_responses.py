@@ -361,7 +361,7 @@ async def test_a_response_too_large_to_store_is_refused_before_generating(
     # Stored twice (as input items and as chat messages): about 1.2 MB of JSON.
     body = {"model": _long_model(fake), "input": "x" * 600_000}
     error = assert_openai_error(await http.post("/v1/responses", json=body), 400, param="store")
-    assert "max_stored_kb" in error["message"] and "1024 KB" in error["message"]
+    assert "GATEWAY_MAX_STORED_KB" in error["message"] and "1024 KB" in error["message"]
     assert fake.calls == []
     unstored = await http.post("/v1/responses", json={**body, "store": False})
     assert unstored.status_code == 200
@@ -378,7 +378,7 @@ async def test_an_answer_that_makes_the_record_too_large_is_not_stored(
     streamed = await http.post("/v1/responses", json={**body, "stream": True})
     events = sse_events(streamed.text)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-    assert "max_stored_kb" in events[-2]["message"]
+    assert "GATEWAY_MAX_STORED_KB" in events[-2]["message"]
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(events[0]["response"]["id"])
 

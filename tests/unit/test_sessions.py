@@ -177,7 +177,7 @@ def test_plan_keeps_the_newest_turns_that_fit_the_stored_size() -> None:
     assert plan(session, new, context_length=10**6, max_tokens=10).dropped == 0
     with pytest.raises(InvalidRequestError) as refused:
         plan(session, [{"role": "user", "content": "n" * 1100}], 10**6, 10, max_stored_kb=1)
-    assert refused.value.param == "messages" and "max_stored_kb" in refused.value.message
+    assert refused.value.param == "messages" and "GATEWAY_MAX_STORED_KB" in refused.value.message
 
 
 async def test_a_saved_session_never_exceeds_the_stored_size(redis_server: EmbeddedRedis) -> None:
@@ -211,6 +211,6 @@ async def test_a_turn_too_large_to_store_is_a_400_and_leaves_the_session_as_it_w
     assert (await http.post(CHAT, json=first, headers=head)).status_code == 200
     huge = chat_body(model="fake-long", messages=[{"role": "user", "content": "x" * 1_100_000}])
     error = assert_openai_error(await http.post(CHAT, json=huge, headers=head), 400)
-    assert error["param"] == "messages" and "max_stored_kb" in error["message"]
+    assert error["param"] == "messages" and "GATEWAY_MAX_STORED_KB" in error["message"]
     contents = [m["content"] for m in (await http.get("/v1/sessions/big")).json()["messages"]]
     assert contents == ["One.", REPLY]
