@@ -1,13 +1,17 @@
 """Audio in and out of chat completions, as OpenAI's audio models take and give it.
 
 - In: ``input_audio`` content parts (``{"data": base64, "format": "wav"}``) are transcribed
-  by the transcription model (all parts of a request at once) and given to the chat model
-  as text. An assistant message that carries only ``audio: {"id"}`` (an earlier spoken
-  answer) stands for that answer's transcript, kept in Redis for ``GATEWAY_AUDIO_TTL_S``
-  under the key that asked for it: one key cannot read another's.
+  by the transcription model (``GATEWAY_MAX_INFLIGHT_PER_REQUEST`` parts at a time) and
+  given to the chat model as text. An assistant message that carries only
+  ``audio: {"id"}`` (an earlier spoken answer) stands for that answer's transcript, kept
+  in Redis for ``GATEWAY_AUDIO_TTL_S`` under the key that asked for it: one key cannot
+  read another's.
 - The transcription and speech models the gateway picks are checked against the key like
-  the chat model it names (a 403 when the key may not use them), and the audio is decoded
-  off the event loop, at most ``GATEWAY_MAX_AUDIO_SECONDS`` of it per part.
+  the chat model it names (a 403 when the key may not use them), both before anything is
+  transcribed. A request has at most :data:`MAX_AUDIO_PARTS` parts, decoded off the event
+  loop one after the other and at most ``GATEWAY_MAX_AUDIO_SECONDS`` of audio in all (a
+  400 ``audio_too_long`` before any part is transcribed): the samples of one request never
+  pass that many seconds, whatever the size of its parts.
 - Out: ``modalities: ["text", "audio"]`` with ``audio: {"voice", "format"}``. The answer's
   text is spoken by the speech model and returned as ``message.audio`` (``id``, base64
   ``data``, ``expires_at``, ``transcript``; ``content`` is null, as OpenAI sends it).
@@ -26,6 +30,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,13 +40,19 @@ from redis.asyncio import Redis
 from gateway.backend import Backend, TranscriptionOptions
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
-from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
+from gateway.serving.audio import (
+    STT_RATE,
+    AudioTooLongError,
+    UndecodableAudioError,
+    decode_to_pcm,
+)
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import (
     AnswerAudio,
     AudioOutput,
     ChatCompletion,
     ChatCompletionRequest,
+    ChatMessage,
     ContentPart,
 )
 from gateway.serving.speech import PreparedSpeech, SpeechService, resolve_voice
@@ -51,6 +62,11 @@ from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
 from gateway.state.store import PREFIX, needs_store
+
+#: ``input_audio`` parts in one request. Each is a transcription job of its own, and
+#: Whisper pads every job to a 30 s window: 50 tiny parts cost about what 1500 s
+#: (``GATEWAY_MAX_AUDIO_SECONDS``' default) of audio in one part does.
+MAX_AUDIO_PARTS = 50
 
 _FORMATS = {"pcm16": "pcm"}  # OpenAI's chat audio format names -> the speech encoder's
 
@@ -68,6 +84,16 @@ def _decode(data: str, max_seconds: float) -> npt.NDArray[np.float32]:
     return decode_to_pcm(base64.b64decode(data, validate=True), STT_RATE, max_seconds)
 
 
+@dataclass(frozen=True)
+class _Part:
+    """An ``input_audio`` part: where it is (message, content index, param) and its data."""
+
+    message: int
+    index: int
+    param: str
+    data: str
+
+
 class AudioChat:
     def __init__(
         self,
@@ -78,6 +104,7 @@ class AudioChat:
         redis: Redis,
         ttl_s: int,
         max_audio_seconds: float = 1500.0,
+        max_audio_parts: int = MAX_AUDIO_PARTS,
     ) -> None:
         self.backend = backend
         self.chat = chat
@@ -86,6 +113,7 @@ class AudioChat:
         self.redis = redis
         self.ttl_s = ttl_s
         self.max_audio_seconds = max_audio_seconds
+        self.max_audio_parts = max_audio_parts
 
     @staticmethod
     def involved(request: ChatCompletionRequest) -> bool:
@@ -104,37 +132,64 @@ class AudioChat:
         self, request: ChatCompletionRequest, key: ApiKey, meter: Meter
     ) -> ChatCompletionRequest:
         """The request with its audio parts replaced by their transcripts, and earlier
-        spoken answers by theirs (``key``'s own)."""
-        where: list[tuple[int, int]] = []
-        jobs = []
-        model: str | None = None
+        spoken answers by theirs (``key``'s own). Every refusal (a parameter refused, the
+        speech model of an audio answer, the transcription model, too many parts, too much
+        audio) comes before any part is transcribed."""
+        # What chat.prepare would refuse is refused first: such a request must cost no
+        # transcription.
+        problem = request.unsupported()
+        if problem is not None:
+            param, why = problem
+            raise InvalidRequestError(why, param=param, code="unsupported_parameter")
+        if request.wants_audio():
+            await self.voice(request, key)
         messages = [m.model_copy(deep=True) for m in request.messages]
+        parts = await self._audio_parts(messages, key.id)
+        if parts:
+            texts = await self._transcripts(parts, key, meter)
+            for part, text in zip(parts, texts, strict=True):
+                content = messages[part.message].content
+                assert isinstance(content, list)
+                content[part.index] = ContentPart(type="text", text=text)
+        return request.model_copy(update={"messages": messages})
+
+    async def _audio_parts(self, messages: list[ChatMessage], owner: str) -> list[_Part]:
+        """The ``input_audio`` parts of ``messages``; replaces each earlier spoken answer
+        (``owner``'s) by its transcript on the way."""
+        parts: list[_Part] = []
         for i, message in enumerate(messages):
             if message.audio is not None and message.role == "assistant":
                 if not message.content:
-                    message.content = await self._transcript_of(message.audio.id, key.id, i)
+                    message.content = await self._transcript_of(message.audio.id, owner, i)
                 message.audio = None
             if not isinstance(message.content, list):
                 continue
-            for j, part in enumerate(message.content):
-                if part.type != "input_audio":
+            for j, content in enumerate(message.content):
+                if content.type != "input_audio":
                     continue
                 param = f"messages.[{i}].content.[{j}].input_audio"
-                if part.input_audio is None:
+                if content.input_audio is None:
                     raise InvalidRequestError(
                         "An input_audio part needs 'input_audio': {data, format}.",
                         param=param,
                     )
-                if model is None:
-                    model = (await self.models.info("transcription")).name
-                    key.require_model(model, param, "transcribes input_audio parts here")
-                where.append((i, j))
-                jobs.append(self._transcribe(model, part.input_audio.data, param, meter))
-        for (i, j), text in zip(where, await asyncio.gather(*jobs), strict=True):
-            content = messages[i].content
-            assert isinstance(content, list)
-            content[j] = ContentPart(type="text", text=text)
-        return request.model_copy(update={"messages": messages})
+                parts.append(_Part(i, j, param, content.input_audio.data))
+        return parts
+
+    async def _transcripts(self, parts: list[_Part], key: ApiKey, meter: Meter) -> list[str]:
+        """The parts' transcripts, once the key, their number and their length passed."""
+        if len(parts) > self.max_audio_parts:
+            raise InvalidRequestError(
+                f"The messages hold {len(parts)} input_audio parts; at most "
+                f"{self.max_audio_parts} are taken in one request.",
+                param="messages",
+                code="too_many_audio_parts",
+            )
+        model = (await self.models.info("transcription")).name
+        key.require_model(model, parts[0].param, "transcribes input_audio parts here")
+        audios = await self._decode_all(parts)
+        meter.audio_seconds_in += sum(audio.size for audio in audios) / STT_RATE
+        return await self._transcribe_all(model, audios)
 
     @needs_store
     async def _transcript_of(self, audio_id: str, owner: str, index: int) -> str:
@@ -147,16 +202,51 @@ class AudioChat:
             )
         return str(transcript)
 
-    async def _transcribe(self, model: str, data: str, param: str, meter: Meter) -> str:
+    async def _decode_all(self, parts: list[_Part]) -> list[npt.NDArray[np.float32]]:
+        """The parts' samples, decoded one after the other, each at most what is left of
+        ``max_audio_seconds``: the request's samples never pass it."""
+        audios: list[npt.NDArray[np.float32]] = []
+        left = self.max_audio_seconds
+        for part in parts:
+            try:
+                audio = await asyncio.to_thread(_decode, part.data, left)
+            except AudioTooLongError as exc:
+                message = (
+                    f"the input_audio parts together are longer than "
+                    f"{self.max_audio_seconds:g} seconds, the most this gateway takes in "
+                    "one request (GATEWAY_MAX_AUDIO_SECONDS)"
+                    if audios
+                    else str(exc)
+                )
+                raise InvalidRequestError(
+                    f"Invalid input audio: {message}.", param=part.param, code="audio_too_long"
+                ) from exc
+            except (binascii.Error, ValueError) as exc:
+                message = str(exc) if isinstance(exc, UndecodableAudioError) else "invalid base64"
+                raise InvalidRequestError(
+                    f"Invalid input audio: {message}.", param=part.param, code="invalid_audio"
+                ) from exc
+            audios.append(audio)
+            left -= audio.size / STT_RATE
+        return audios
+
+    async def _transcribe_all(self, model: str, audios: list[npt.NDArray[np.float32]]) -> list[str]:
+        """The transcripts of ``audios``, ``chat.in_flight`` at a time (the request's share of
+        Triton); the first failure cancels the others."""
+        gate = asyncio.Semaphore(self.chat.in_flight)
+
+        async def one(audio: npt.NDArray[np.float32]) -> str:
+            async with gate:
+                return await transcript(self.backend, model, audio, TranscriptionOptions())
+
+        jobs = [asyncio.ensure_future(one(audio)) for audio in audios]
         try:
-            audio = await asyncio.to_thread(_decode, data, self.max_audio_seconds)
-        except (binascii.Error, ValueError) as exc:
-            message = str(exc) if isinstance(exc, UndecodableAudioError) else "invalid base64"
-            raise InvalidRequestError(
-                f"Invalid input audio: {message}.", param=param, code="invalid_audio"
-            ) from exc
-        meter.audio_seconds_in += audio.size / STT_RATE
-        return await transcript(self.backend, model, audio, TranscriptionOptions())
+            return await asyncio.gather(*jobs)
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
 
     async def voice(self, request: ChatCompletionRequest, key: ApiKey) -> tuple[Voice, AudioOutput]:
         """The speech model and voice for the answer; 403 if the key may not use the

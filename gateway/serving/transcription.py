@@ -32,7 +32,12 @@ import numpy.typing as npt
 
 from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.errors import InvalidRequestError
-from gateway.serving.audio import STT_RATE, UndecodableAudioError, decode_to_pcm
+from gateway.serving.audio import (
+    STT_RATE,
+    AudioTooLongError,
+    UndecodableAudioError,
+    decode_to_pcm,
+)
 from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.protocol import ChunkingStrategy, TranscriptionRequest
 from gateway.serving.sse import event, first_or_close, with_error_event
@@ -233,8 +238,9 @@ class TranscriptionService:
         try:
             audio = await asyncio.to_thread(decode_to_pcm, upload, STT_RATE, self.max_audio_seconds)
         except UndecodableAudioError as exc:
+            code = "audio_too_long" if isinstance(exc, AudioTooLongError) else "invalid_audio"
             raise InvalidRequestError(
-                f"Invalid audio file: {exc}.", param="file", code="invalid_audio"
+                f"Invalid audio file: {exc}.", param="file", code=code
             ) from exc
         spans = None
         if request.chunking_strategy is not None:

@@ -13,7 +13,10 @@ import pytest
 
 from gateway.backend import GenerationChunk, SamplingOptions
 from gateway.backend.fake import FakeBackend
+from gateway.serving.audio_chat import MAX_AUDIO_PARTS
 from tests.unit.conftest import (
+    AUTH,
+    BASE_URL,
     assert_openai_error,
     bearer,
     chat_body,
@@ -21,7 +24,7 @@ from tests.unit.conftest import (
     new_key,
     serve,
 )
-from tests.unit.test_transcription import tone_file
+from tests.unit.test_transcription import SlowTranscription, leave_once, tone_file
 
 VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
 
@@ -171,3 +174,86 @@ async def test_a_large_body_is_read_only_for_a_valid_key(
     judged = await http.post("/v1/chat/completions", json=big)
     assert_openai_error(judged, 400, code="context_length_exceeded")
     assert fake.calls == []
+
+
+async def test_decoded_audio_too_long_has_one_code_everywhere(fake: FakeBackend) -> None:
+    settings = make_settings(models=VOICE_MODELS, max_audio_seconds=2)
+    async with serve(settings, fake) as (_, http, _sdk):
+        files = {"file": ("long.wav", tone_file(3), "audio/wav")}
+        refused = await http.post(
+            "/v1/audio/transcriptions", data={"model": "fake-stt"}, files=files
+        )
+        assert_openai_error(refused, 400, param="file", code="audio_too_long")
+        part = await http.post(
+            "/v1/chat/completions",
+            json=chat_body(messages=[{"role": "user", "content": [audio_part(3)]}]),
+        )
+        param = "messages.[0].content.[0].input_audio"
+        assert_openai_error(part, 400, param=param, code="audio_too_long")
+    assert fake.transcribe_calls == []
+
+
+async def test_audio_parts_are_bounded_in_seconds_all_together(fake: FakeBackend) -> None:
+    settings = make_settings(models=VOICE_MODELS, max_audio_seconds=2)
+    async with serve(settings, fake) as (_, http, _sdk):
+        # Each part is within the bound; the two of them are not.
+        two = [{"role": "user", "content": [audio_part(1.5)]}] * 2
+        refused = await http.post("/v1/chat/completions", json=chat_body(messages=two))
+        param = "messages.[1].content.[0].input_audio"
+        error = assert_openai_error(refused, 400, param=param, code="audio_too_long")
+        assert "GATEWAY_MAX_AUDIO_SECONDS" in error["message"]
+        assert fake.transcribe_calls == []  # refused before anything was transcribed
+        one = await http.post("/v1/chat/completions", json=chat_body(messages=two[:1]))
+        assert one.status_code == 200, one.text
+    assert len(fake.transcribe_calls) == 1
+
+
+async def test_audio_parts_are_bounded_in_number(fake: FakeBackend) -> None:
+    async with serve(make_settings(models=VOICE_MODELS), fake) as (_, http, _sdk):
+        parts = [audio_part(0.05)] * (MAX_AUDIO_PARTS + 1)
+        refused = await http.post(
+            "/v1/chat/completions", json=chat_body(messages=[{"role": "user", "content": parts}])
+        )
+        error = assert_openai_error(refused, 400, param="messages", code="too_many_audio_parts")
+        assert f"at most {MAX_AUDIO_PARTS}" in error["message"]
+    assert fake.transcribe_calls == []
+
+
+async def test_audio_parts_are_transcribed_at_most_the_requests_share_at_a_time() -> None:
+    backend = SlowTranscription(delay_s=0.02)
+    settings = make_settings(models=VOICE_MODELS, max_inflight_per_request=2)
+    async with serve(settings, backend) as (_, http, _sdk):
+        parts = [audio_part(0.2)] * 5
+        body = chat_body(messages=[{"role": "user", "content": parts}])
+        response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+    assert len(backend.transcribe_calls) == 5  # every part was transcribed ...
+    assert backend.most == 2  # ... never more than two at a time
+
+
+async def test_a_spoken_answer_the_key_may_not_have_costs_no_transcription(
+    fake: FakeBackend,
+) -> None:
+    async with serve(make_settings(models=VOICE_MODELS), fake) as (_, admin, _sdk):
+        key = (await new_key(admin, models=["fake-chat", "fake-stt"]))["key"]
+        body = chat_body(
+            messages=[{"role": "user", "content": [audio_part(0.5)]}],
+            modalities=["text", "audio"],
+            audio={"voice": "alloy"},
+        )
+        refused = await admin.post("/v1/chat/completions", json=body, headers=bearer(key))
+        error = assert_openai_error(refused, 403, code="model_not_allowed")
+        assert "'fake-tts'" in error["message"]
+    assert fake.transcribe_calls == [] and fake.calls == []
+
+
+async def test_a_client_that_leaves_stops_the_transcription_of_its_audio_parts() -> None:
+    backend = SlowTranscription()
+    async with serve(make_settings(models=VOICE_MODELS), backend) as (app, _, _sdk):
+        body = chat_body(messages=[{"role": "user", "content": [audio_part(0.5)]}])
+        request = httpx.Request("POST", f"{BASE_URL}/v1/chat/completions", json=body, headers=AUTH)
+        started = time.monotonic()
+        status = await leave_once(app, request, backend.started)
+    assert status == 499
+    assert backend.cancelled == 1 and time.monotonic() - started < backend.delay_s
+    assert backend.calls == []  # and the chat model never heard of it

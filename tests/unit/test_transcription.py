@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
 
 import av
 import httpx
 import numpy as np
+import numpy.typing as npt
 import openai
 import pytest
+from fastapi import FastAPI
 
+from gateway.backend import Segment, TranscriptionOptions
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import assert_openai_error, make_settings, serve
+from tests.unit.conftest import AUTH, BASE_URL, assert_openai_error, make_settings, serve
 
 URL = "/v1/audio/transcriptions"
 
@@ -294,3 +302,81 @@ async def test_streamed_verbose_json_carries_segments_and_words(http: httpx.Asyn
     assert [w for d in deltas for w in d["words"]] == whole["words"]  # type: ignore[attr-defined]
     whole.pop("usage")
     assert done == {"type": "transcript.text.done", **whole}
+
+
+@dataclass
+class SlowTranscription(FakeBackend):
+    """Takes ``delay_s`` before each transcription's first segment; tells when one starts,
+    how many ran at once and how many were cancelled."""
+
+    delay_s: float = 1.0
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    running: int = 0
+    most: int = 0
+    cancelled: int = 0
+
+    async def transcribe(
+        self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
+    ) -> AsyncGenerator[Segment, None]:
+        self.started.set()
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(self.delay_s)
+            async for segment in super().transcribe(model, audio, options):
+                yield segment
+        except (GeneratorExit, asyncio.CancelledError):
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+
+async def leave_once(app: FastAPI, request: httpx.Request, when: asyncio.Event) -> int:
+    """Sends ``request`` to ``app`` as a server would, the client disconnecting once
+    ``when`` is set, before any answer; the status the app answered with."""
+    body = request.read()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "headers": [(k.lower(), v) for k, v in request.headers.raw],
+        "scheme": "http",
+        "path": request.url.path,
+        "raw_path": request.url.raw_path,
+        "query_string": b"",
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 123),
+        "root_path": "",
+    }
+    sent: list[dict[str, Any]] = []
+    read = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await when.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)  # type: ignore[arg-type]
+    return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
+
+
+async def test_a_client_that_leaves_stops_its_transcription() -> None:
+    backend = SlowTranscription()
+    async with serve(make_settings(), backend) as (app, _, _sdk):
+        files = {"file": ("a.wav", tone_file(1.0))}
+        request = httpx.Request(
+            "POST", f"{BASE_URL}{URL}", data={"model": "fake-stt"}, files=files, headers=AUTH
+        )
+        started = time.monotonic()
+        status = await leave_once(app, request, backend.started)
+    assert status == 499  # nobody reads it: what the access log shows
+    assert backend.cancelled == 1  # the model was stopped, not left to finish ...
+    assert time.monotonic() - started < backend.delay_s  # ... at once

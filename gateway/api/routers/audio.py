@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, UploadFile
+from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
 from gateway.api.auth import AdmissionDep, CallerDep
 from gateway.api.dependencies import SettingsDep, SpeechDep, TranscriptionDep
+from gateway.api.disconnect import cancel_on_disconnect
 from gateway.errors import NotSupportedError, PayloadTooLargeError
 from gateway.serving.protocol import SpeechRequest, TranscriptionRequest
 from gateway.serving.sse import SSE_HEADERS
@@ -47,6 +48,7 @@ async def create_transcription(
     transcriber: TranscriptionDep,
     settings: SettingsDep,
     admission: AdmissionDep,
+    request: Request,
     form: Annotated[TranscriptionForm, Form()],
 ) -> Response:
     meter = admission.use_model(form.model)
@@ -58,11 +60,11 @@ async def create_transcription(
             f"{settings.max_audio_upload_mb:g} MB.",
             param="file",
         )
-    job = await transcriber.prepare(form, await file.read())
+    job = await cancel_on_disconnect(request, transcriber.prepare(form, await file.read()))
     if form.stream:
         events = await transcriber.stream(job, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    body, media_type = await transcriber.complete(job, meter)
+    body, media_type = await cancel_on_disconnect(request, transcriber.complete(job, meter))
     return Response(body, media_type=media_type)
 
 

@@ -41,7 +41,8 @@ async def create_chat_completion(
     meter = admission.use_model(body.model)
     audio = AudioChat.involved(body)
     if audio:
-        body = await audio_chat.resolve_inputs(body, admission.key, meter)
+        resolved = audio_chat.resolve_inputs(body, admission.key, meter)
+        body = await cancel_on_disconnect(request, resolved)
     prepared = await chat.prepare(body, session_id, owner=admission.key.id)
     headers = {"X-Session-ID": session_id} if session_id else {}
     if audio and body.wants_audio():
