@@ -117,7 +117,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.catalog = catalog
         app.state.keys = KeyStore(redis, settings.admin_key)
         app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
-        app.state.sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb)
+        headroom = store.Headroom(redis)
+        app.state.sessions = SessionStore(
+            redis, settings.session_ttl_s, settings.max_stored_kb, headroom
+        )
         app.state.chat = ChatService(
             active,
             catalog,
@@ -139,7 +142,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         )
         app.state.responses = ResponsesService(
             app.state.chat,
-            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb),
+            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, headroom),
         )
         app.state.embeddings = EmbeddingService(active, catalog, settings.max_inflight_per_request)
         app.state.speech = SpeechService(active, catalog)

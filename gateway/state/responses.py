@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.state.store import PREFIX, needs_store
+from gateway.state.store import PREFIX, Headroom, needs_store
 
 #: The default of ``settings.max_stored_kb``, for a store given no bound.
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
@@ -52,11 +52,16 @@ def not_found(response_id: str) -> NotFoundError:
 
 class ResponseStore:
     def __init__(
-        self, redis: Redis, ttl_s: int, max_stored_kb: int = DEFAULT_MAX_STORED_KB
+        self,
+        redis: Redis,
+        ttl_s: int,
+        max_stored_kb: int = DEFAULT_MAX_STORED_KB,
+        headroom: Headroom | None = None,
     ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
         self.max_stored_kb = max_stored_kb
+        self.headroom = headroom or Headroom(redis)
 
     @staticmethod
     def _key(owner: str, response_id: str) -> str:
@@ -80,9 +85,12 @@ class ResponseStore:
 
     @needs_store
     async def save(self, stored: StoredResponse) -> None:
-        """Stores the record whole, or nothing (a 400 when it is too large)."""
+        """Stores the record whole, or nothing (a 400 when it is too large, a 503 when
+        Redis has no room left for conversations)."""
         key = self._key(stored.owner, str(stored.response["id"]))
-        await self.redis.set(key, self.encode(stored), ex=self.ttl_s)
+        raw = self.encode(stored)
+        await self.headroom.check()
+        await self.redis.set(key, raw, ex=self.ttl_s)
 
     @needs_store
     async def get(self, owner: str, response_id: str) -> StoredResponse:

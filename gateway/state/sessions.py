@@ -36,7 +36,7 @@ from redis.exceptions import WatchError
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.state.store import PREFIX, needs_store
+from gateway.state.store import PREFIX, Headroom, needs_store
 
 #: The default of ``settings.max_stored_kb``, for a store given no bound.
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
@@ -206,11 +206,16 @@ def _not_found(session_id: str) -> NotFoundError:
 
 class SessionStore:
     def __init__(
-        self, redis: Redis, ttl_s: int, max_stored_kb: int = DEFAULT_MAX_STORED_KB
+        self,
+        redis: Redis,
+        ttl_s: int,
+        max_stored_kb: int = DEFAULT_MAX_STORED_KB,
+        headroom: Headroom | None = None,
     ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
         self.max_stored_kb = max_stored_kb
+        self.headroom = headroom or Headroom(redis)
 
     @needs_store
     async def _read(self, session_id: str, owner: str) -> Session | None:
@@ -244,6 +249,7 @@ class SessionStore:
             tokens=sum(message_tokens(m) for m in plan.new) + reply_tokens + _PER_MESSAGE,
         )
         key = _key(plan.owner, plan.session_id)
+        await self.headroom.check()
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:

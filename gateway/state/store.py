@@ -7,7 +7,11 @@ processes behave as one. When Redis cannot be reached, a request that needs it f
 :class:`StoreUnavailableError`; nothing waits and nothing is let
 through. The client's pool reconnects on the next command, so the gateway recovers by itself
 when Redis returns. A Redis that refuses a write because it is full (``maxmemory`` with the
-``noeviction`` policy) gives :class:`StoreFullError`, also a 503.
+``noeviction`` policy) gives :class:`StoreFullError`, also a 503. Stored conversations
+(responses, sessions, spoken answers' transcripts) may only fill it to
+:data:`STORED_SHARE` of ``maxmemory`` (:class:`Headroom`): the rest stays free for what every
+request writes (rate-limit windows, usage, key changes), so a key that stores a lot cannot
+stop every other key's requests.
 
 A Redis URL may carry a password: messages show it as :func:`redacted`.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -190,3 +195,40 @@ async def migrate(redis: Redis) -> int:
                 continue
     await redis.set(_LAYOUT_KEY, LAYOUT)
     return renamed
+
+
+#: The share of Redis's ``maxmemory`` stored conversations may fill (see the module
+#: docstring).
+STORED_SHARE = 0.8
+
+
+class Headroom:
+    """Refuses to store conversations (503 ``store_full``) once Redis's memory is over
+    ``share`` of its ``maxmemory`` (no ``maxmemory``: never). Redis's memory is read at most
+    every ``every_s`` per process, so storing costs no extra round trip on most requests."""
+
+    def __init__(self, redis: Redis, share: float | None = None, every_s: float = 1.0) -> None:
+        self.redis = redis
+        self.share = STORED_SHARE if share is None else share
+        self.every_s = every_s
+        self._next = 0.0
+        self._over = False
+
+    @needs_store
+    async def check(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.every_s
+            info: dict[str, Any] = await self.redis.info("memory")
+            # A Cluster answers per node ({node: info}); a server, with its own info.
+            nodes = [v for v in info.values() if isinstance(v, dict)] or [info]
+            self._over = any(
+                int(node.get("maxmemory", 0))
+                and int(node.get("used_memory", 0)) > self.share * int(node["maxmemory"])
+                for node in nodes
+            )
+        if self._over:
+            raise StoreFullError(
+                f"Redis is over {self.share:.0%} of its maxmemory: stored conversations may "
+                "not take the rest, which keys, limits and usage need."
+            )

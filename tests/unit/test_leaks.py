@@ -121,6 +121,31 @@ async def test_a_full_redis_is_a_clear_503_not_its_error_text(own_redis: Embedde
         assert internal not in response.text
 
 
+async def test_stored_conversations_leave_redis_room_for_every_keys_requests(
+    own_redis: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small Redis's memory moves a lot with its connections: a low share leaves room.
+    monkeypatch.setattr(store, "STORED_SHARE", 0.3)
+    async with serve(make_settings(redis_url=own_redis.url)) as (_, http, _sdk):
+        key = (await new_key(http, rpm=100, tpm=10_000))["key"]
+        with redis.Redis.from_url(own_redis.url) as admin:
+            used = int(admin.info("memory")["used_memory"])
+            admin.config_set("maxmemory", used * 2)  # half full: past the share
+        stored = await http.post(
+            "/v1/responses", json={"model": "fake-chat", "input": "Hi"}, headers=bearer(key)
+        )
+        assert_openai_error(stored, 503, code="store_full")
+        # Requests that store nothing are still admitted, limited and metered.
+        chat = await http.post(CHAT, json=chat_body(), headers=bearer(key))
+        assert chat.status_code == 200, chat.text
+        unstored = await http.post(
+            "/v1/responses",
+            json={"model": "fake-chat", "input": "Hi", "store": False},
+            headers=bearer(key),
+        )
+        assert unstored.status_code == 200, unstored.text
+
+
 @pytest.mark.parametrize(
     "url",
     [
