@@ -127,18 +127,18 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             settings.default_chat_template,
             app.state.sessions,
             metrics,
-            settings.default_max_tokens,
-            settings.max_inflight_per_request,
-            settings.max_choices,
-            settings.max_schema_kb,
+            default_max_tokens=settings.default_max_tokens,
+            in_flight=settings.max_inflight_per_request,
+            max_choices=settings.max_choices,
+            max_schema_kb=settings.max_schema_kb,
         )
         app.state.completions = CompletionService(
             active,
             catalog,
-            settings.max_prompts,
-            settings.max_choices,
-            settings.max_inflight_per_request,
-            settings.max_schema_kb,
+            max_prompts=settings.max_prompts,
+            max_choices=settings.max_choices,
+            in_flight=settings.max_inflight_per_request,
+            max_schema_kb=settings.max_schema_kb,
         )
         app.state.responses = ResponsesService(
             app.state.chat,
