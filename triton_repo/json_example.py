@@ -5,11 +5,23 @@ It covers what response formats and tool parameters use: objects (every property
 arrays (``minItems``, at least one item), strings (``enum``, ``const``, ``minLength``,
 ``maxLength``, common ``format``\\ s), numbers within their bounds, booleans, null,
 ``anyOf``/``oneOf`` (the first), ``allOf`` (merged) and local ``$ref`` (``#/$defs/...``).
+
+The value is bounded whatever the schema asks for (a few bytes can ask for 200,000,000
+items, or arrays of arrays, or ``$ref``\\ s used twice at every level): each count is cut to
+:data:`MAX_REPEAT`, and once :data:`MAX_VALUES` values and characters are written, arrays
+end and further values are null. Past those bounds the value no longer fits the schema.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+#: The largest ``minItems`` or ``minLength`` written.
+MAX_REPEAT = 4096
+#: How many values and string characters one example holds at most.
+MAX_VALUES = 16384
+#: How many schemas deep the example goes (``$ref``\\ s included); deeper values are null.
+MAX_DEPTH = 32
 
 _FORMATS = {
     "date": "2024-01-02",
@@ -21,61 +33,82 @@ _FORMATS = {
 }
 
 
-def example(schema: Any, root: Any = None, depth: int = 0) -> Any:
-    root = schema if root is None else root
-    if not isinstance(schema, dict) or depth > 32:
+def example(schema: Any) -> Any:
+    """A value that fits ``schema``, within the bounds above."""
+    return _Writer(schema).value(schema, 0)
+
+
+class _Writer:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.left = MAX_VALUES
+
+    def value(self, schema: Any, depth: int) -> Any:
+        if not isinstance(schema, dict) or depth > MAX_DEPTH or self.left <= 0:
+            return None
+        self.left -= 1
+        if "$ref" in schema:
+            return self.value(self.resolve(schema["$ref"]), depth + 1)
+        if "const" in schema:
+            return schema["const"]
+        if schema.get("enum"):
+            return schema["enum"][0]
+        for key in ("anyOf", "oneOf"):
+            if schema.get(key):
+                return self.value(schema[key][0], depth + 1)
+        if schema.get("allOf"):
+            merged: dict[str, Any] = {}
+            for part in schema["allOf"]:
+                if isinstance(part, dict):
+                    merged.update(self.resolve(part["$ref"]) if "$ref" in part else part)
+            return self.value(merged, depth + 1)
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "null")
+        if kind is None:
+            kind = (
+                "object" if "properties" in schema else "array" if "items" in schema else "string"
+            )
+        if kind == "object":
+            properties = schema.get("properties", {})
+            return {name: self.value(sub, depth + 1) for name, sub in properties.items()}
+        if kind == "array":
+            count = max(_count(schema, "minItems", 1), 1)
+            count = min(count, _count(schema, "maxItems", count), MAX_REPEAT)
+            items = schema.get("items", {})
+            values = []
+            while len(values) < count and self.left > 0:
+                values.append(self.value(items, depth + 1))
+            return values
+        if kind == "string":
+            text = self.string(schema)
+            self.left -= len(text)
+            return text
+        if kind in ("integer", "number"):
+            return _number(schema, kind == "integer")
+        if kind == "boolean":
+            return True
         return None
-    if "$ref" in schema:
-        return example(_resolve(root, schema["$ref"]), root, depth + 1)
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    for key in ("anyOf", "oneOf"):
-        if schema.get(key):
-            return example(schema[key][0], root, depth + 1)
-    if schema.get("allOf"):
-        merged: dict[str, Any] = {}
-        for part in schema["allOf"]:
-            merged.update(_resolve(root, part["$ref"]) if "$ref" in part else part)
-        return example(merged, root, depth + 1)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind is None:
-        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    if kind == "object":
-        properties = schema.get("properties", {})
-        return {name: example(sub, root, depth + 1) for name, sub in properties.items()}
-    if kind == "array":
-        count = max(int(schema.get("minItems", 1)), 1)
-        count = min(count, int(schema.get("maxItems", count)))
-        items = schema.get("items", {})
-        return [example(items, root, depth + 1) for _ in range(count)]
-    if kind == "string":
-        return _string(schema)
-    if kind in ("integer", "number"):
-        return _number(schema, kind == "integer")
-    if kind == "boolean":
-        return True
-    return None
+
+    def resolve(self, ref: Any) -> Any:
+        node = self.root
+        for part in str(ref).removeprefix("#/").split("/"):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        return node
+
+    def string(self, schema: dict[str, Any]) -> str:
+        text = _FORMATS.get(schema.get("format", ""), "quick brown fox")
+        low = min(_count(schema, "minLength", 0), MAX_REPEAT, max(self.left, 0))
+        if len(text) < low:
+            text += "x" * (low - len(text))
+        if "maxLength" in schema:
+            text = text[: _count(schema, "maxLength", len(text))]
+        return text
 
 
-def _resolve(root: Any, ref: str) -> Any:
-    node = root
-    for part in ref.removeprefix("#/").split("/"):
-        node = node.get(part, {}) if isinstance(node, dict) else {}
-    return node
-
-
-def _string(schema: dict[str, Any]) -> str:
-    text = _FORMATS.get(schema.get("format", ""), "quick brown fox")
-    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
-    if len(text) < low:
-        text += "x" * (low - len(text))
-    if high is not None:
-        text = text[: int(high)]
-    return text
+def _count(schema: dict[str, Any], key: str, default: int) -> int:
+    value = schema.get(key, default)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
 def _number(schema: dict[str, Any], integer: bool) -> float | int:

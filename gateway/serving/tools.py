@@ -14,7 +14,10 @@
   where they started (the model keeps its choice of function and what it wrote before).
   Checking first costs nothing when the model was right, and keeps the calls it wrote
   after; a model that cannot enforce a schema is refused strict tools up front. Streamed,
-  a strict call's arguments are sent once checked, in one piece.
+  a strict call's arguments are sent once checked, in one piece. The check runs on the
+  event loop, so it is bounded: patterns are matched by RE2, in linear time, and a schema
+  that cannot be checked in time is a 400 (see
+  :func:`~gateway.serving.structured.arguments_problem`).
 - Legacy ``functions`` / ``function_call`` are these tools and choices (``none``, ``auto``
   or a name), with one call at most; the answer takes their shape (``message.function_call``,
   finish reason ``function_call``).
@@ -31,9 +34,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
 from gateway.backend import ModelInfo
 from gateway.errors import BackendError, InvalidRequestError
 from gateway.serving.protocol import (
@@ -45,8 +45,11 @@ from gateway.serving.protocol import (
 )
 from gateway.serving.structured import (
     DEFAULT_MAX_SCHEMA_KB,
+    UncheckableSchema,
+    arguments_problem,
     arguments_schema,
     check_schema,
+    check_strict_schema,
     named_call_constraint,
     required_calls_constraint,
 )
@@ -81,16 +84,24 @@ class ToolPlan:
 
     def mismatch(self, name: str, arguments: str) -> str | None:
         """Why a call's arguments break its strict schema (None when they match, or the
-        tool is not strict)."""
+        tool is not strict); a 400 when they cannot be checked against it (see
+        :func:`~gateway.serving.structured.arguments_problem`)."""
         schema = self.strict.get(name)
         if schema is None:
             return None
         try:
             value = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's limit
             return "the arguments are not JSON"
-        error = best_match(Draft202012Validator(schema).iter_errors(value))
-        return None if error is None else error.message
+        try:
+            return arguments_problem(schema, value)
+        except UncheckableSchema as exc:
+            raise InvalidRequestError(
+                f"The arguments of '{name}' cannot be checked against its strict schema: "
+                f"{exc}. Simplify the schema, or leave strict out.",
+                param="functions" if self.legacy else "tools",
+                code="uncheckable_schema",
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -208,7 +219,9 @@ def setup(
                 param=f"{tools_param}.[{index}]{function_param}.strict",
                 code="unsupported_parameter",
             )
-        strict[tool.function.name] = arguments_schema(tool)
+        schema = arguments_schema(tool)
+        check_strict_schema(schema, f"{tools_param}.[{index}]{function_param}.parameters")
+        strict[tool.function.name] = schema
     plan = ToolPlan(
         "auto",
         tuple(names),

@@ -4,6 +4,7 @@ official SDK against the fake backend (which answers ``fake.reply`` word by word
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import httpx
@@ -475,4 +476,144 @@ async def test_bad_legacy_function_input_is_400_naming_it(
 ) -> None:
     response = await http.post("/v1/chat/completions", json=chat_body(**fields))
     assert_openai_error(response, 400, param=param)
+    assert fake.calls == []
+
+
+# Issue 24: a strict tool's arguments are checked on the event loop, so no client schema
+# may make that check slow: patterns are matched by RE2 (linear time), and the whole check
+# stops after STRICT_CHECK_S.
+
+REDOS = "^(a+)+$"
+#: Python's re takes 2**n steps to fail this (seconds here, hours for 40 a's).
+ATTACK = "a" * 28 + "!"
+
+
+def strict_tool(parameters: dict[str, object]) -> dict[str, object]:
+    return {
+        "type": "function",
+        "function": {"name": "run", "parameters": parameters, "strict": True},
+    }
+
+
+def call_of(arguments: str) -> str:
+    return f'<tool_call> {{"name": "run", "arguments": {arguments}}} </tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("parameters", "bad", "good"),
+    [
+        (
+            {"type": "object", "properties": {"code": {"type": "string", "pattern": REDOS}}},
+            {"code": ATTACK},
+            {"code": "aaaa"},
+        ),
+        # A subschema that names its dialect is still matched by RE2 (jsonschema would
+        # check it with that dialect's own validator, and Python's re).
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "code": {
+                        "$schema": "http://json-schema.org/draft-07/schema#",
+                        "type": "string",
+                        "pattern": REDOS,
+                    }
+                },
+            },
+            {"code": ATTACK},
+            {"code": "aaaa"},
+        ),
+        (
+            {
+                "type": "object",
+                "patternProperties": {REDOS: {"type": "string"}},
+                "additionalProperties": False,
+            },
+            {ATTACK: "x"},
+            {"aaaa": "x"},
+        ),
+    ],
+)
+async def test_a_backtracking_pattern_in_a_strict_schema_is_checked_in_linear_time(
+    client: openai.AsyncOpenAI,
+    fake: FakeBackend,
+    parameters: dict[str, object],
+    bad: dict[str, str],
+    good: dict[str, str],
+) -> None:
+    fake.replies = [call_of(json.dumps(bad).replace(" ", "")), json.dumps(good)]
+    started = time.perf_counter()
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[strict_tool(parameters)]
+    )
+    assert time.perf_counter() - started < 2
+    # The arguments broke the pattern, so they were generated again under the schema.
+    assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == good
+    assert len(fake.calls) == 2
+
+
+def doubling(levels: int) -> dict[str, object]:
+    """A schema whose check takes 2**levels steps: each level refers to the next twice."""
+    defs: dict[str, object] = {
+        f"l{i}": {"allOf": [{"$ref": f"#/$defs/l{i + 1}"}, {"$ref": f"#/$defs/l{i + 1}"}]}
+        for i in range(levels)
+    }
+    defs[f"l{levels}"] = {"type": "object"}
+    return {"$defs": defs, "$ref": "#/$defs/l0"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"$ref": "#"},  # references that recurse without end (was a RecursionError, a 500)
+        {"$ref": "http://127.0.0.1:9/schema.json"},  # jsonschema fetched it from the gateway
+        doubling(40),
+    ],
+)
+async def test_a_strict_schema_that_cannot_be_checked_is_a_400_naming_the_tool(
+    http: httpx.AsyncClient, fake: FakeBackend, parameters: dict[str, object], stream: bool
+) -> None:
+    fake.reply = call_of('{"x": 1}')
+    started = time.perf_counter()
+    response = await http.post(
+        "/v1/chat/completions", json=chat_body(tools=[strict_tool(parameters)], stream=stream)
+    )
+    assert time.perf_counter() - started < 3
+    if stream:
+        [error] = [e["error"] for e in sse_json(response.text) if "error" in e]
+        assert error["code"] == "uncheckable_schema"
+    else:
+        error = assert_openai_error(response, 400, param="tools", code="uncheckable_schema")
+    assert "'run'" in error["message"]
+
+
+async def test_arguments_nested_past_the_bound_are_generated_again(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    # A recursive schema: checking 300 levels of arguments recursed past Python's limit.
+    tree = {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}
+    fake.replies = [call_of("[" * 300 + "]" * 300), "[[]]"]
+    reply = await client.chat.completions.create(
+        model="fake-chat", messages=USER_HI, tools=[strict_tool(tree)]
+    )
+    assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == [[]]
+    assert len(fake.calls) == 2
+
+
+async def test_a_strict_schema_whose_patterns_python_would_match_is_refused_up_front(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # jsonschema's unevaluatedProperties matches patternProperties with Python's re.
+    parameters = {
+        "type": "object",
+        "patternProperties": {REDOS: {"type": "string"}},
+        "unevaluatedProperties": False,
+    }
+    response = await http.post(
+        "/v1/chat/completions", json=chat_body(tools=[strict_tool(parameters)])
+    )
+    assert_openai_error(
+        response, 400, param="tools.[0].function.parameters", code="unsupported_parameter"
+    )
     assert fake.calls == []
