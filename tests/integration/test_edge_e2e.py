@@ -85,6 +85,21 @@ def _rss_mb(pid: int) -> float:
     return int(match.group(1)) / 1024
 
 
+def _head_only(address: str, headers: bytes) -> bytes:
+    """A chat request that sends its headers and one byte of its body, straight to a
+    replica: the whole answer (the gateway closes the connection after it)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        raw.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n" + headers + b"\r\n{"
+        )
+        answer = b""
+        while chunk := raw.recv(4096):
+            answer += chunk
+    return answer
+
+
 def test_a_fan_out_or_an_oversized_body_is_refused_at_once_and_costs_nothing(
     stack: GatewayProcess,
 ) -> None:
@@ -101,17 +116,13 @@ def test_a_fan_out_or_an_oversized_body_is_refused_at_once_and_costs_nothing(
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "too_many_prompts"
     for address in replicas:  # the app's own cap, behind nginx's: no body is read
-        host, port = address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=5) as raw:
-            raw.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                b"Content-Type: application/json\r\nContent-Length: 900000000\r\n\r\n{"
-            )
-            answer = b""
-            while chunk := raw.recv(4096):  # the answer, then the gateway closes
-                answer += chunk
+        key = f"Authorization: Bearer {stack.admin_key}\r\n".encode()
+        answer = _head_only(address, key + b"Content-Length: 900000000\r\n")
         assert answer.startswith(b"HTTP/1.1 413"), answer
         assert b"GATEWAY_MAX_REQUEST_MB" in answer
+        # Without a valid key, a large body is not even read.
+        answer = _head_only(address, b"Content-Length: 2000000\r\n")
+        assert answer.startswith(b"HTTP/1.1 401"), answer
     after = [_rss_mb(pid) for pid in pids]
     assert all(a - b < 20 for a, b in zip(after, before, strict=True)), (before, after)
     assert _chat(stack).status_code == 200  # and the stack serves on
