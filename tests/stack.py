@@ -53,10 +53,12 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.nginx_internal_port}"
 
     def replica_addresses(self) -> list[str]:
-        """host:port of each gateway replica behind nginx, as ``gateway up`` printed them."""
-        match = re.search(
-            r"gateway replicas on (\S+(?:, \S+)*) \(nginx logs: (\S+)\)", self.output()
-        )
+        """host:port of each gateway replica behind nginx, as ``gateway up`` printed them
+        (just after nginx started: the stack can answer before the line is written)."""
+        pattern = r"gateway replicas on (\S+(?:, \S+)*) \(nginx logs: (\S+)\)"
+        deadline = time.monotonic() + 10
+        while not (match := re.search(pattern, self.output())) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert match, self.output()
         return match.group(1).split(", ")
 
