@@ -41,9 +41,9 @@ from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.serving.voice import VoiceModels
-from gateway.state import store
 from gateway.state.keys import KeyStore
 from gateway.state.limits import RateLimiter
+from gateway.state.redis import LAYOUT, Headroom, connect, migrate
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
 
@@ -55,22 +55,22 @@ async def _migrate(redis: Redis) -> asyncio.Task[None] | None:
     with Redis unreachable, keeps trying in the background (nothing is served from Redis
     meanwhile anyway). Returns that task, if any."""
 
-    async def migrate() -> bool:
+    async def migrated() -> bool:
         try:
-            renamed = await store.migrate(redis)
+            renamed = await migrate(redis)
         except StoreUnavailableError:
             return False
         if renamed:
-            logger.warning("moved %d Redis keys to key layout %s", renamed, store.LAYOUT)
+            logger.warning("moved %d Redis keys to key layout %s", renamed, LAYOUT)
         return True
 
     async def keep_trying() -> None:
         while True:
             await asyncio.sleep(2)
-            if await migrate():
+            if await migrated():
                 return
 
-    if await migrate():
+    if await migrated():
         return None
     return asyncio.create_task(keep_trying())
 
@@ -109,7 +109,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         active = backend
         if active is None:
             active = _triton(settings, metrics)
-        redis = store.connect(settings.redis_url, settings.redis_timeout_s)
+        redis = connect(settings.redis_url, settings.redis_timeout_s)
         migration = await _migrate(redis)
         catalog = ModelCatalog(active, settings.model_cache_ttl_s)
         app.state.backend = active
@@ -117,7 +117,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.catalog = catalog
         app.state.keys = KeyStore(redis, settings.admin_key)
         app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
-        headroom = store.Headroom(redis)
+        headroom = Headroom(redis)
         app.state.sessions = SessionStore(
             redis, settings.session_ttl_s, settings.max_stored_kb, headroom
         )

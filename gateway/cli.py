@@ -44,8 +44,8 @@ from gateway.stack.triton_server import (
     free_port,
     is_loopback,
 )
-from gateway.state import store
 from gateway.state.keys import ApiKey, KeyCreate, KeyStore
+from gateway.state.redis import CLUSTER_SCHEME, SENTINEL_SCHEME, connect, migrate
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,7 +203,7 @@ def redis_password(settings: Settings, make: bool = True) -> Settings:
 def _redis(settings: Settings) -> EmbeddedRedis:
     """The embedded Redis at the host and port of ``redis_url``, with its password."""
     url = urlsplit(settings.redis_url)
-    if url.scheme in (store.SENTINEL_SCHEME, store.CLUSTER_SCHEME):
+    if url.scheme in (SENTINEL_SCHEME, CLUSTER_SCHEME):
         raise EmbeddedRedisError(
             "GATEWAY_REDIS_URL names Redis Sentinels or a Redis Cluster: the gateway cannot "
             "start those itself; set GATEWAY_EMBEDDED_REDIS=false (or pass --redis-url)"
@@ -471,10 +471,10 @@ def _print_key(key: ApiKey, as_json: bool) -> None:
 
 
 async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
-    redis = store.connect(settings.redis_url, settings.redis_timeout_s)
+    redis = connect(settings.redis_url, settings.redis_timeout_s)
     keys = KeyStore(redis)
     try:
-        await store.migrate(redis)
+        await migrate(redis)
         if args.action == "create":
             created = await keys.create(
                 KeyCreate(

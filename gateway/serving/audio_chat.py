@@ -61,7 +61,7 @@ from gateway.serving.transcription import transcript
 from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
-from gateway.state.store import PREFIX, needs_store
+from gateway.state.redis import PREFIX, needs_store
 
 #: ``input_audio`` parts in one request. Each is a transcription job of its own, and
 #: Whisper pads every job to a 30 s window: 50 tiny parts cost about what 1500 s

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from redis.asyncio import Redis
 
 from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
-from gateway.state.store import PREFIX, needs_store
+from gateway.state.redis import PREFIX, needs_store
 
 KEY_PREFIX = "sk-gw-"
 _INDEX = f"{PREFIX}keys"

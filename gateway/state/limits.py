@@ -38,7 +38,6 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import AuthenticationError, RateLimitError
-from gateway.state import store
 from gateway.state.keys import (
     EXPIRED,
     INCORRECT,
@@ -51,7 +50,7 @@ from gateway.state.keys import (
     no_key,
     record_key,
 )
-from gateway.state.store import PREFIX, needs_store
+from gateway.state.redis import PREFIX, is_cluster, needs_store
 
 logger = logging.getLogger("gateway.state.limits")
 
@@ -384,7 +383,7 @@ class RateLimiter:
             await asyncio.sleep(self.lease_s / 3)
             held = list(self._held.items())
             try:
-                if store.is_cluster(self.redis):  # no scripts in a Cluster's pipelines
+                if is_cluster(self.redis):  # no scripts in a Cluster's pipelines
                     await asyncio.gather(
                         *(self._renew(keys=[ls], args=[lease, self.lease_s]) for lease, ls in held)
                     )

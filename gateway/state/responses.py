@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.state.store import PREFIX, Headroom, needs_store
+from gateway.state.redis import PREFIX, Headroom, needs_store
 
 #: The default of ``settings.max_stored_kb``, for a store given no bound.
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default

@@ -23,7 +23,7 @@ from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import settings_env
 from gateway.stack.triton_server import EmbeddedTritonError, free_port
-from gateway.state import store
+from gateway.state.redis import connect
 from tests.redis_server import redis_server
 from tests.unit.conftest import (
     AUTH,
@@ -125,7 +125,7 @@ async def test_stored_conversations_leave_redis_room_for_every_keys_requests(
     own_redis: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A small Redis's memory moves a lot with its connections: a low share leaves room.
-    monkeypatch.setattr(store, "STORED_SHARE", 0.3)
+    monkeypatch.setattr("gateway.state.redis.STORED_SHARE", 0.3)
     async with serve(make_settings(redis_url=own_redis.url)) as (_, http, _sdk):
         key = (await new_key(http, rpm=100, tpm=10_000))["key"]
         with redis.Redis.from_url(own_redis.url) as admin:
@@ -156,7 +156,7 @@ async def test_stored_conversations_leave_redis_room_for_every_keys_requests(
 )
 def test_a_refused_redis_url_is_shown_without_its_password(url: str) -> None:
     with pytest.raises(ValueError) as refused:
-        store.connect(url, 1.0)
+        connect(url, 1.0)
     assert "s3cret-pw" not in str(refused.value)
     assert "127.0.0.1" in str(refused.value)
 

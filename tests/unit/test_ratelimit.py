@@ -13,9 +13,9 @@ import pytest
 from gateway.backend.fake import FakeBackend
 from gateway.errors import RateLimitError
 from gateway.stack.redis_server import EmbeddedRedis
-from gateway.state import store
 from gateway.state.keys import KeyCreate, KeyStore
 from gateway.state.limits import RateLimiter, duration
+from gateway.state.redis import connect
 from tests.redis_server import redis_server
 from tests.unit.conftest import (
     REPLY,
@@ -242,7 +242,7 @@ def test_reset_durations_read_like_openais() -> None:
 async def test_a_long_request_keeps_its_concurrency_slot(redis_server: EmbeddedRedis) -> None:
     # Leases of 0.6 s, renewed every 0.2 s: the request outlives several of them, and the
     # lease set itself (which expires a second after a lease) must outlive them too.
-    redis = store.connect(redis_server.url, 1.0)
+    redis = connect(redis_server.url, 1.0)
     limiter = RateLimiter(redis, lease_s=0.6)
     keys = KeyStore(redis)
     key = (await keys.create(KeyCreate(name="long", max_concurrency=1))).key
@@ -261,7 +261,7 @@ async def test_two_reservations_of_one_request_settle_to_exactly_what_it_used(
     redis_server: EmbeddedRedis,
 ) -> None:
     # A strict tool call generated again reserves a second time, maybe in another second.
-    redis = store.connect(redis_server.url, 1.0)
+    redis = connect(redis_server.url, 1.0)
     limiter = RateLimiter(redis, lease_s=60)
     keys = KeyStore(redis)
     key = (await keys.create(KeyCreate(name="twice", tpm=1000))).key

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.state.store import parse_sentinel_url
+from gateway.state.redis import parse_sentinel_url
 from tests.redis_server import wait_until
 from tests.stack import free_port
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve

@@ -10,7 +10,7 @@ from gateway.backend import ModelInfo
 from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
 from gateway.errors import InvalidRequestError
 from gateway.stack.redis_server import EmbeddedRedis
-from gateway.state import store
+from gateway.state.redis import connect
 from gateway.state.sessions import Message, Session, SessionStore, Turn, estimate_tokens, plan
 from tests.unit.conftest import REPLY, assert_openai_error, bearer, chat_body, new_key
 
@@ -181,7 +181,7 @@ def test_plan_keeps_the_newest_turns_that_fit_the_stored_size() -> None:
 
 
 async def test_a_saved_session_never_exceeds_the_stored_size(redis_server: EmbeddedRedis) -> None:
-    redis = store.connect(redis_server.url, 1.0)
+    redis = connect(redis_server.url, 1.0)
     sessions = SessionStore(redis, ttl_s=60, max_stored_kb=1)
     try:
         for index in range(4):

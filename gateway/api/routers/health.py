@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gateway.api.dependencies import BackendDep, CatalogDep, RedisDep, SettingsDep
 from gateway.errors import BackendUnavailableError
-from gateway.state import store
+from gateway.state.redis import ping
 
 router = APIRouter(prefix="/health", tags=["health"])
 
@@ -23,7 +23,7 @@ async def ready(
 ) -> dict[str, object]:
     """Redis answers, Triton is up and every model named in ``GATEWAY_MODELS`` is loaded;
     503 otherwise."""
-    await store.ping(redis)
+    await ping(redis)
     if not await backend.ready():
         raise BackendUnavailableError("Triton is not ready", code="not_ready")
     models = await catalog.refresh()
