@@ -46,6 +46,7 @@ from gateway.state.limits import RateLimiter
 from gateway.state.redis import LAYOUT, Headroom, connect, migrate
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
+from gateway.state.transcripts import TranscriptStore
 
 logger = logging.getLogger("gateway")
 
@@ -153,8 +154,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             app.state.chat,
             app.state.speech,
             app.state.voice_models,
-            redis,
-            settings.audio_ttl_s,
+            TranscriptStore(redis, settings.audio_ttl_s),
             settings.max_audio_seconds,
         )
         app.state.realtime = RealtimeServices(

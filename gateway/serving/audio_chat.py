@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from redis.asyncio import Redis
 
 from gateway.backend import Backend, TranscriptionOptions
 from gateway.errors import InvalidRequestError
@@ -61,7 +60,7 @@ from gateway.serving.transcription import transcript
 from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
-from gateway.state.redis import PREFIX, needs_store
+from gateway.state.transcripts import TranscriptStore
 
 #: ``input_audio`` parts in one request. Each is a transcription job of its own, and
 #: Whisper pads every job to a 30 s window: 50 tiny parts cost about what 1500 s
@@ -73,10 +72,6 @@ _FORMATS = {"pcm16": "pcm"}  # OpenAI's chat audio format names -> the speech en
 
 def _encoding(output: AudioOutput) -> str:
     return _FORMATS.get(output.format, output.format)
-
-
-def audio_key(owner: str, audio_id: str) -> str:
-    return f"{PREFIX}audio:{{{owner}}}:{audio_id}"
 
 
 def _decode(data: str, max_seconds: float) -> npt.NDArray[np.float32]:
@@ -101,8 +96,7 @@ class AudioChat:
         chat: ChatService,
         speech: SpeechService,
         models: VoiceModels,
-        redis: Redis,
-        ttl_s: int,
+        transcripts: TranscriptStore,
         max_audio_seconds: float = 1500.0,
         max_audio_parts: int = MAX_AUDIO_PARTS,
     ) -> None:
@@ -110,8 +104,7 @@ class AudioChat:
         self.chat = chat
         self.speech = speech
         self.models = models
-        self.redis = redis
-        self.ttl_s = ttl_s
+        self.transcripts = transcripts
         self.max_audio_seconds = max_audio_seconds
         self.max_audio_parts = max_audio_parts
 
@@ -191,16 +184,15 @@ class AudioChat:
         meter.audio_seconds_in += sum(audio.size for audio in audios) / STT_RATE
         return await self._transcribe_all(model, audios)
 
-    @needs_store
     async def _transcript_of(self, audio_id: str, owner: str, index: int) -> str:
-        transcript = await self.redis.get(audio_key(owner, audio_id))
+        transcript = await self.transcripts.get(owner, audio_id)
         if transcript is None:
             raise InvalidRequestError(
                 f"Audio '{audio_id}' is unknown or has expired.",
                 param=f"messages.[{index}].audio.id",
                 code="audio_not_found",
             )
-        return str(transcript)
+        return transcript
 
     async def _decode_all(self, parts: list[_Part]) -> list[npt.NDArray[np.float32]]:
         """The parts' samples, decoded one after the other, each at most what is left of
@@ -261,10 +253,6 @@ class AudioChat:
             raise
         return Voice(info.name, name), request.audio
 
-    @needs_store
-    async def _remember(self, owner: str, audio_id: str, transcript: str) -> None:
-        await self.redis.set(audio_key(owner, audio_id), transcript, ex=self.ttl_s)
-
     async def complete(
         self,
         chat: PreparedChat,
@@ -289,11 +277,11 @@ class AudioChat:
         body = await self.speech.stream(speech, meter)
         audio = b"".join([piece async for piece in body if isinstance(piece, bytes)])
         audio_id = f"audio_{uuid.uuid4().hex}"
-        await self._remember(key.id, audio_id, text)
+        await self.transcripts.save(key.id, audio_id, text)
         message.audio = AnswerAudio(
             id=audio_id,
             data=base64.b64encode(audio).decode(),
-            expires_at=int(time.time()) + self.ttl_s,
+            expires_at=int(time.time()) + self.transcripts.ttl_s,
             transcript=text,
         )
         message.content = None
@@ -341,7 +329,7 @@ class AudioChat:
             return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
 
         audio_id = f"audio_{uuid.uuid4().hex}"
-        expires_at = int(time.time()) + self.ttl_s
+        expires_at = int(time.time()) + self.transcripts.ttl_s
         said: list[str] = []
         yield chunk({"role": "assistant", "content": None})
         texts = generation.texts(pieces, tally)
@@ -355,7 +343,7 @@ class AudioChat:
                     data = base64.b64encode(item.data).decode()
                     yield chunk({"audio": {"id": audio_id, "data": data}})
         text = "".join(said)
-        await self._remember(owner, audio_id, text)
+        await self.transcripts.save(owner, audio_id, text)
         finish = tally.finish_reasons.get(0, "stop")
         yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
         message = {"role": "assistant", "content": text}
