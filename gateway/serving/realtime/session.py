@@ -1,71 +1,63 @@
-"""The OpenAI Realtime API (GA event names) over one WebSocket: a voice conversation.
-
-A :class:`RealtimeSession` owns one connection's conversation. The router feeds it the
-client's events (:meth:`RealtimeSession.handle`) and it sends server events through the
-``send`` callback it was given. What happens to a spoken turn:
-
-1. ``input_audio_buffer.append``: the base64 is decoded, 24 kHz pcm16 resampled to 16 kHz
-   (PyAV) and kept; with ``server_vad`` it also goes through Silero VAD
-   (:mod:`gateway.serving.vad`), which reports ``speech_started`` / ``speech_stopped``.
-   That is CPU work (seconds for minutes of audio), so it runs in a worker thread, one
-   append after the other: the other streams of the process go on meanwhile. Speech that
-   starts while a response plays cancels it (barge-in, ``interrupt_response``).
-2. The turn is committed (silence after speech, or ``input_audio_buffer.commit``): a user
-   item is added and its audio transcribed by the transcription model. While the VAD waits
-   for the silence to last ``silence_duration_ms``, the audio so far is already being
-   transcribed; if the user goes on speaking that guess is dropped, else it is the
-   transcript, so the wait hides the transcription.
-3. A response (automatic after a VAD turn, or ``response.create``): the conversation (or
-   the response's own ``input``) is rendered with the chat model's template and
-   generated; its text streams as transcript (or text) deltas and is spoken sentence by
-   sentence (:mod:`gateway.serving.voice`). ``response.cancel``, barge-in or a closed
-   connection stop the Triton requests. A response with ``conversation: "none"`` is
-   out of band: its answer is not added to the conversation.
-
-Work runs in order on one worker task (a transcription, then the response that needs it),
-so the receive loop never waits for a model and audio keeps flowing into the VAD.
-
-Every request a session makes of a model is admitted under the key's limits like any
-request (:meth:`RealtimeSession._admit`: one against ``rpm``, no concurrency slot of its
-own, as the connection holds one), its models checked against the key, and what it used
-recorded as usage when it ends: each response, and each transcription (a turn's, with the
-guesses made while it was spoken). The models the session's settings make it use (chat,
-transcription and, for spoken answers, speech) are checked when it opens and at every
-``session.update``, which applies whole or not at all.
-
-Every field of a client event is honoured or refused by name, as OpenAI refuses them:
-``unknown_parameter`` for a field the API does not define, ``unsupported_parameter`` for
-one this gateway does not implement (tools, noise reduction, semantic VAD...). What a
-client can make a session hold is bounded (:class:`Bounds`).
-"""
+"""A Realtime session: its settings (:class:`SessionConfig`, changed by
+``session.update``), the state machine that acts on each client event in order and runs
+the work on one worker task, and :class:`RealtimeServices`, what every session shares and
+the factory that opens one."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
-
-import av
-import numpy as np
-import numpy.typing as npt
 
 from gateway.backend import Backend, TranscriptionOptions
 from gateway.config import Settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.metrics import Metrics
-from gateway.serving import generation
-from gateway.serving.audio import PCM_RATE, STT_RATE
+from gateway.serving.audio import STT_RATE
 from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.chat import ChatService
-from gateway.serving.protocol import ChatCompletionRequest
+from gateway.serving.realtime.buffer import (
+    MIN_COMMIT_MS,
+    Audio,
+    InputAudio,
+    _b64,
+    _check_seconds,
+    _pcm_to_stt,
+)
+from gateway.serving.realtime.events import (
+    _ANSWERS,
+    _INPUT,
+    _OUTPUT,
+    _PART_FIELDS,
+    _RESPONSE_FIELDS,
+    _ROLE_PARTS,
+    _SESSION_FIELDS,
+    _SPEAKS,
+    _TRANSCRIBES,
+    MAX_ITEM_ID_CHARS,
+    PCM_FORMAT,
+    Bounds,
+    ClientEventError,
+    Item,
+    _check_format,
+    _fields,
+    _id,
+    _max_tokens,
+    _metadata,
+    _modalities,
+    _object,
+    _parse,
+    _refuse_tools,
+    _string,
+    _unsupported,
+    _Use,
+)
+from gateway.serving.realtime.responder import Response, _Responder
+from gateway.serving.realtime.transcription import _Guess, _guessed, _Transcription
 from gateway.serving.speech import resolve_voice
 from gateway.serving.vad import (
     SpeechStarted,
@@ -74,78 +66,22 @@ from gateway.serving.vad import (
     VadEvent,
     VadSettings,
 )
-from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
+from gateway.serving.voice import VoiceModels
 from gateway.state.keys import ApiKey, KeyStore
 from gateway.state.limits import Admission, RateLimiter
 
 logger = logging.getLogger("gateway.realtime")
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-Audio = npt.NDArray[np.float32]
-
-#: OpenAI refuses to commit less than 100 ms of audio.
-MIN_COMMIT_MS = 100
-PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
-_PCM_BYTES_PER_S = PCM_RATE * 2
-#: Bytes of the client's pcm16 per sample kept (16 kHz): the buffer's size as it was sent.
-_PCM_BYTES_PER_KEPT = _PCM_BYTES_PER_S // STT_RATE
 
 #: Transcriptions and responses a session may have waiting: a conversation has two at
 #: most (a turn's transcription, then its answer); past it, an event that would add one is
 #: refused, so a client cannot queue work (and the audio it holds) without end.
 MAX_QUEUED_JOBS = 16
-#: The longest id a client may give an item.
-MAX_ITEM_ID_CHARS = 64
-#: ``metadata`` as OpenAI bounds it: pairs, and characters of a key and of a value.
-METADATA_PAIRS = 16
-METADATA_KEY_CHARS = 64
-METADATA_VALUE_CHARS = 512
-#: Base64 characters decoded in one call (a multiple of 4: whole groups of 3 bytes).
-_B64_PIECE = 64 * 1024
-#: A client event larger than this is parsed in a worker thread (an append of minutes of
-#: audio takes tens of milliseconds to parse); smaller ones are not worth the hop.
-_PARSE_IN_THREAD_BYTES = 64 * 1024
+
 #: Model names of OpenAI's own that mean "the gateway's default" (``gpt-realtime``,
 #: ``whisper-1``, ``gpt-4o-transcribe``...).
 _OPENAI_MODEL_PREFIXES = ("gpt-", "whisper-")
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-class ClientEventError(InvalidRequestError):
-    """A client event the session cannot act on: sent back as an ``error`` event."""
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """What a client can make one session hold (README "Limits"). An event past a bound is
-    refused with an ``error`` event naming it, and the session stays as it was; past
-    ``items`` and ``text_bytes`` the oldest items are dropped instead."""
-
-    buffer_bytes: int
-    """The input audio buffer, as the pcm16 the client sent (``realtime_max_buffer_mb``)."""
-    audio_seconds: float
-    """The audio of one turn: the buffer, or an ``input_audio`` part (``max_audio_seconds``)."""
-    items: int
-    """Conversation items kept; past it the oldest are dropped (``realtime_max_items``)."""
-    text_bytes: int
-    """Text kept (``max_stored_kb``): instructions, a transcription prompt, one item; and
-    all items together (past it the oldest are dropped)."""
-    message_bytes: int
-    """One client event (``realtime_max_message_mb``; uvicorn refuses larger ones first)."""
-
-    @classmethod
-    def of(cls, settings: Settings) -> Bounds:
-        mb = 1024 * 1024
-        return cls(
-            buffer_bytes=int(settings.realtime_max_buffer_mb * mb),
-            audio_seconds=settings.max_audio_seconds,
-            items=settings.realtime_max_items,
-            text_bytes=settings.max_stored_kb * 1024,
-            message_bytes=int(settings.realtime_max_message_mb * mb),
-        )
 
 
 @dataclass
@@ -212,194 +148,6 @@ class SessionConfig:
                 "output": {"format": PCM_FORMAT, "voice": self.voice, "speed": self.speed},
             },
         }
-
-
-@dataclass
-class Item:
-    """A conversation item: a message with its parts (the audio itself is not kept)."""
-
-    id: str
-    role: str
-    content: list[dict[str, Any]]
-    status: str = "completed"
-    spoken: list[tuple[int, str]] = field(default_factory=list)
-    """Assistant audio: where each spoken sentence starts (ms) and its text (truncation)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "message",
-            "object": "realtime.item",
-            "role": self.role,
-            "status": self.status,
-            "content": self.content,
-        }
-
-    def text(self) -> str:
-        """What the chat model sees of it."""
-        parts = []
-        for part in self.content:
-            text = part.get("text") if part["type"] in ("input_text", "output_text") else None
-            if text is None:
-                text = part.get("transcript")
-            if text:
-                parts.append(text)
-        return " ".join(parts)
-
-    @property
-    def size(self) -> int:
-        """Bytes of text it holds (what :attr:`Bounds.text_bytes` counts)."""
-        return len(self.text().encode("utf-8"))
-
-    def audio_part(self) -> int:
-        """The index of its ``input_audio`` part (the one a transcript goes into)."""
-        return next(i for i, part in enumerate(self.content) if part["type"] == "input_audio")
-
-
-class InputAudio:
-    """The input audio buffer: 24 kHz pcm16 in, 16 kHz float kept (what VAD and the
-    transcription model take). Positions count 16 kHz samples of all the audio the session
-    was sent, as the VAD's do, so their times agree."""
-
-    def __init__(self) -> None:
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=STT_RATE)
-        self._pts = 0
-        self.parts: list[Audio] = []
-        self.start = 0  # where the buffer starts
-        self.size = 0  # samples kept
-
-    def append(self, pcm: bytes) -> Audio:
-        """Keeps ``pcm`` and returns it as 16 kHz audio (CPU work: run it in a thread)."""
-        samples = np.frombuffer(pcm, dtype="<i2")
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = PCM_RATE
-        frame.pts = self._pts
-        self._pts += samples.size
-        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
-        audio = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
-        self.parts.append(audio)
-        self.size += audio.size
-        return audio
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
-
-    @property
-    def start_ms(self) -> int:
-        return self.start * 1000 // STT_RATE
-
-    @property
-    def end_ms(self) -> int:
-        return self.end * 1000 // STT_RATE
-
-    @property
-    def pcm_bytes(self) -> int:
-        """What the buffered audio was as the client sent it."""
-        return self.size * _PCM_BYTES_PER_KEPT
-
-    def audio(self, from_ms: int | None = None) -> Audio:
-        """A copy of the buffered audio from ``from_ms`` (CPU work for a long buffer)."""
-        whole = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.float32)
-        skip = max(0, (from_ms or 0) * STT_RATE // 1000 - self.start)
-        return whole[skip:]
-
-    def take(self, from_ms: int | None = None) -> Audio:
-        """The buffered audio (from ``from_ms``), and the buffer emptied."""
-        audio = self.audio(from_ms)
-        self.clear()
-        return audio
-
-    def clear(self) -> None:
-        self.start = self.end
-        self.parts = []
-        self.size = 0
-
-    def drop_before(self, at_ms: int) -> None:
-        """Forgets the audio before ``at_ms``: silence the VAD has judged, which no turn will
-        ever include, so a microphone left open does not fill the buffer."""
-        drop = min(self.size, at_ms * STT_RATE // 1000 - self.start)
-        if drop <= 0:
-            return
-        self.start += drop
-        self.size -= drop
-        while drop:
-            head = self.parts[0]
-            if head.size > drop:
-                self.parts[0] = head[drop:]
-                break
-            self.parts.pop(0)
-            drop -= head.size
-
-
-@dataclass
-class Response:
-    id: str
-    model: str
-    modalities: list[str]
-    instructions: str
-    max_output_tokens: int | None
-    voice: str
-    conversation: bool = True
-    """False for an out-of-band response (``conversation: "none"``): its answer is not
-    added to the conversation, and it may be asked for while the conversation's own runs
-    (it runs next: a session's work runs in order)."""
-    input: list[tuple[Item, Audio | None]] | None = None
-    """The items it answers instead of the conversation (``input``), with the audio of
-    those still to transcribe."""
-    metadata: dict[str, str] | None = None
-    reason: str = "client_cancelled"
-    """Why it was cancelled, if it is (``turn_detected`` for barge-in)."""
-    task: asyncio.Task[None] | None = None
-    turn_ended: float | None = None
-    """When the user's turn ended (monotonic), for the first-audio latency metric."""
-
-
-@dataclass
-class _Guess:
-    """A transcription started when the user fell silent, before the turn was committed."""
-
-    from_ms: int
-    voiced_windows: int  # the detector's mark when it was made
-    task: asyncio.Task[str | None]
-
-
-class _Transcription:
-    """One transcription request: admitted under the key's limits once (the guesses made
-    while a turn was spoken and the turn's own transcript share it), then recorded with the
-    seconds of audio it transcribed."""
-
-    def __init__(self, session: RealtimeSession) -> None:
-        self.session = session
-        self.model = session.config.transcription_model
-        uses = [(self.model, "session.audio.input.transcription.model", _TRANSCRIBES)]
-        self.admitted = asyncio.create_task(session._admit(uses))
-        self.finished = False
-
-    async def run(self, audio: Audio) -> str:
-        """The transcript of ``audio``, once the request is admitted (a refusal raises)."""
-        await asyncio.shield(self.admitted)
-        return await self.session._transcribe(self.model, audio)
-
-    async def finish(self, seconds: float) -> None:
-        """Records the request (the first call only) with ``seconds`` of audio."""
-        if self.finished:
-            return
-        self.finished = True
-        self.session._transcriptions.discard(self)
-        try:
-            admission = await self.admitted
-        except GatewayError:
-            return  # refused: nothing ran
-        admission.meter.audio_seconds_in += seconds
-        await self.session.services.settle(admission)
-
-
-_ANSWERS = "answers in this session"
-_TRANSCRIBES = "transcribes this session's audio"
-_SPEAKS = "speaks this session's answers"
-#: (model, the parameter that chose it, what it does)
-_Use = tuple[str, str, str]
 
 
 def _uses(config: SessionConfig, speech_model: str) -> list[_Use]:
@@ -486,19 +234,6 @@ class RealtimeServices:
 
 
 _Handler = Callable[["RealtimeSession", dict[str, Any]], Awaitable[None]]
-
-#: The fields of the parts of a message item a client sends, by part type.
-_PART_FIELDS = {
-    "input_text": {"type", "text"},
-    "input_audio": {"type", "audio", "transcript"},
-    "output_text": {"type", "text"},
-    "output_audio": {"type", "audio", "transcript"},
-}
-_ROLE_PARTS = {
-    "user": ("input_text", "input_audio"),
-    "system": ("input_text",),
-    "assistant": ("output_text", "output_audio"),
-}
 
 
 class RealtimeSession:
@@ -1286,317 +1021,6 @@ class RealtimeSession:
     """Each client event's handler and its fields (besides ``type`` and ``event_id``)."""
 
 
-class _Responder:
-    """One response: admitted, generated, spoken, and its events."""
-
-    def __init__(self, session: RealtimeSession, response: Response) -> None:
-        self.session = session
-        self.response = response
-        self.audio = response.modalities == ["audio"]
-        self.item = Item(_id("item"), "assistant", [], "in_progress")
-        self.text: list[str] = []
-        self.audio_ms = 0.0
-        self.status = "completed"
-        self.details: dict[str, Any] | None = None
-        self.tally: generation.Tally | None = None
-        self.started = False
-
-    def _json(self, status: str) -> dict[str, Any]:
-        usage = None
-        if self.tally is not None and status != "in_progress":
-            prompt, completion = self.tally.prompt_tokens, self.tally.completion_tokens
-            usage = {
-                "total_tokens": prompt + completion,
-                "input_tokens": prompt,
-                "output_tokens": completion,
-                "input_token_details": {
-                    "text_tokens": prompt,
-                    "audio_tokens": 0,
-                    "cached_tokens": 0,
-                },
-                "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
-            }
-        response = self.response
-        return {
-            "id": response.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": self.details,
-            "output": [self.item.to_json()] if self.started else [],
-            "output_modalities": response.modalities,
-            "conversation_id": self.session.id if response.conversation else None,
-            "max_output_tokens": response.max_output_tokens or "inf",
-            "audio": {"output": {"format": PCM_FORMAT, "voice": response.voice}},
-            "usage": usage,
-            "metadata": response.metadata,
-        }
-
-    def _where(self) -> dict[str, Any]:
-        return {
-            "response_id": self.response.id,
-            "item_id": self.item.id,
-            "output_index": 0,
-            "content_index": 0,
-        }
-
-    async def run(self) -> None:
-        session = self.session
-        uses = [(self.response.model, "session.model", _ANSWERS)]
-        if self.audio:
-            uses.append((session.speech_model, "response.output_modalities", _SPEAKS))
-        admission = await session._admit(uses)
-        try:
-            await session.emit("response.created", response=self._json("in_progress"))
-            await self._generate(admission)
-        except asyncio.CancelledError:
-            if session.closed:
-                raise
-            self.status = "cancelled"
-            self.details = {"type": "cancelled", "reason": self.response.reason}
-        except GatewayError as exc:
-            self.status = "failed"
-            self.details = {"type": "failed", "error": exc.body()["error"]}
-            await session.error(exc)
-        finally:
-            await asyncio.shield(self._finish(admission))
-
-    async def _answered(self) -> list[Item]:
-        """What the response answers: the conversation, or its ``input`` (whose audio is
-        transcribed first, each part a transcription request of its own)."""
-        if self.response.input is None:
-            return list(self.session.items)
-        for item, audio in self.response.input:
-            if audio is not None:
-                transcript = await self.session._transcript(audio)
-                item.content[item.audio_part()]["transcript"] = transcript
-        return [item for item, _ in self.response.input]
-
-    async def _generate(self, admission: Admission) -> None:
-        session = self.session
-        response = self.response
-        messages: list[dict[str, Any]] = []
-        if response.instructions:
-            messages.append({"role": "system", "content": response.instructions})
-        for item in await self._answered():
-            text = item.text()
-            if text:
-                messages.append({"role": item.role, "content": text})
-        if not any(m["role"] == "user" for m in messages):
-            raise ClientEventError(
-                "The conversation has no user message to respond to.",
-                code="conversation_empty",
-            )
-        request = ChatCompletionRequest.model_validate(
-            {
-                "model": response.model,
-                "messages": messages,
-                "max_tokens": response.max_output_tokens,
-                "temperature": session.config.temperature,
-            }
-        )
-        chat = await session.services.chat.prepare(request)
-        self.tally = await chat.tally(admission.meter)
-        pieces = await generation.stream(session.services.backend, chat.model, self.tally)
-        self.started = True
-        part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
-        self.item.content = [
-            {"type": "output_audio", "transcript": ""}
-            if self.audio
-            else {"type": "output_text", "text": ""}
-        ]
-        await session.emit(
-            "response.output_item.added",
-            response_id=response.id,
-            output_index=0,
-            item=self.item.to_json(),
-        )
-        if response.conversation:
-            previous = session.items[-1].id if session.items else None
-            session.items.append(self.item)
-            await session.emit(
-                "conversation.item.added", item=self.item.to_json(), previous_item_id=previous
-            )
-            await session._keep_bounded()
-        await session.emit("response.content_part.added", part=part, **self._where())
-        texts = generation.texts(pieces, self.tally)
-        if not self.audio:
-            async with aclosing(texts):
-                async for text in texts:
-                    self._add_text(text)
-                    await session.emit("response.output_text.delta", delta=text, **self._where())
-        else:
-            await self._speak(texts, admission)
-        if self.tally.finish_reasons.get(0) == "length":
-            self.status = "incomplete"
-            self.details = {"type": "incomplete", "reason": "max_output_tokens"}
-
-    async def _speak(self, texts: AsyncGenerator[str, None], admission: Admission) -> None:
-        session = self.session
-        voice = Voice(session.speech_model, self.response.voice, session.config.speed)
-        backend = session.services.backend
-        stream = spoken(backend, voice, texts, "pcm", admission.meter)
-        async with aclosing(stream):
-            async for piece in stream:
-                if isinstance(piece, TextDelta):
-                    self._add_text(piece.text)
-                    await session.emit(
-                        "response.output_audio_transcript.delta", delta=piece.text, **self._where()
-                    )
-                    continue
-                if not self.item.spoken:
-                    self._first_audio()
-                if piece.seconds and (
-                    not self.item.spoken or self.item.spoken[-1][1] != piece.sentence
-                ):
-                    self.item.spoken.append((round(self.audio_ms), piece.sentence))
-                self.audio_ms += piece.seconds * 1000
-                if piece.data:
-                    await session.emit(
-                        "response.output_audio.delta",
-                        delta=base64.b64encode(piece.data).decode(),
-                        **self._where(),
-                    )
-
-    def _first_audio(self) -> None:
-        metrics = self.session.services.metrics
-        if metrics is not None and self.response.turn_ended is not None:
-            metrics.realtime_first_audio.observe(time.monotonic() - self.response.turn_ended)
-
-    def _add_text(self, text: str) -> None:
-        self.text.append(text)
-        key = "transcript" if self.audio else "text"
-        self.item.content[0][key] = "".join(self.text)
-
-    async def _finish(self, admission: Admission) -> None:
-        session = self.session
-        services = session.services
-        await services.settle(admission)
-        if services.metrics is not None:
-            services.metrics.realtime_responses.labels(admission.model, self.status).inc()
-        if self.started:
-            self.item.status = "completed" if self.status == "completed" else "incomplete"
-            where = self._where()
-            text = "".join(self.text)
-            if self.audio:
-                await session.emit("response.output_audio.done", **where)
-                await session.emit(
-                    "response.output_audio_transcript.done", transcript=text, **where
-                )
-                part = {"type": "audio", "transcript": text}
-            else:
-                await session.emit("response.output_text.done", text=text, **where)
-                part = {"type": "text", "text": text}
-            await session.emit("response.content_part.done", part=part, **where)
-            await session.emit(
-                "response.output_item.done",
-                response_id=self.response.id,
-                output_index=0,
-                item=self.item.to_json(),
-            )
-            if self.response.conversation:
-                await session.emit("conversation.item.done", item=self.item.to_json())
-                await session._keep_bounded()
-        await session.emit("response.done", response=self._json(self.status))
-
-
-# --- helpers ----------------------------------------------------------------------------
-
-_INPUT = "session.audio.input"
-_OUTPUT = "session.audio.output"
-#: The fields of a ``session.update``'s session and of a ``response.create``'s response.
-_SESSION_FIELDS = frozenset(
-    {
-        "type",
-        "model",
-        "instructions",
-        "output_modalities",
-        "max_output_tokens",
-        "audio",
-        "include",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "prompt",
-        "reasoning",
-        "tracing",
-        "truncation",
-    }
-)
-_RESPONSE_FIELDS = frozenset(
-    {
-        "conversation",
-        "input",
-        "instructions",
-        "output_modalities",
-        "max_output_tokens",
-        "audio",
-        "metadata",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "prompt",
-        "reasoning",
-    }
-)
-
-
-async def _parse(raw: str | bytes) -> object:
-    """A client event's JSON (a large one parsed in a worker thread)."""
-    try:
-        if len(raw) > _PARSE_IN_THREAD_BYTES:
-            return await asyncio.to_thread(json.loads, raw)
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ClientEventError(f"The event is not valid JSON: {exc}.", code="invalid_json") from exc
-
-
-async def _guessed(turn: _Transcription, audio: Audio) -> str | None:
-    """A guess at the turn's transcript; None when it failed (the turn's own
-    transcription, made at the commit, reports why)."""
-    try:
-        return await turn.run(audio)
-    except GatewayError:
-        return None
-
-
-def _unsupported(param: str, message: str) -> ClientEventError:
-    return ClientEventError(message, param=param, code="unsupported_parameter")
-
-
-def _fields(spec: dict[str, Any], param: str, known: Collection[str]) -> None:
-    """Refuses a field the API does not define in the object ``param`` names: an
-    unknown field is never ignored (OpenAI refuses them the same way)."""
-    for name in spec:
-        if name not in known:
-            where = f"{param}.{name}" if param else name
-            raise ClientEventError(
-                f"Unknown parameter: '{where}'.", param=where, code="unknown_parameter"
-            )
-
-
-def _refuse_tools(spec: dict[str, Any], param: str) -> None:
-    """Refuses tool calling and OpenAI's hosted features (prompt templates, reasoning),
-    which the gateway's Realtime answers do not have, unless they ask for nothing:
-    ``tools: []``, ``tool_choice`` ``auto`` or ``none`` and ``parallel_tool_calls``
-    change nothing when there are no tools."""
-    if spec.get("tools"):
-        raise _unsupported(
-            f"{param}.tools", "Tools are not supported in Realtime sessions by this gateway."
-        )
-    if spec.get("tool_choice") not in (None, "auto", "none"):
-        raise _unsupported(
-            f"{param}.tool_choice",
-            "tool_choice must be 'auto' or 'none': Realtime sessions have no tools here.",
-        )
-    if spec.get("parallel_tool_calls") not in (None, True, False):
-        raise ClientEventError(
-            "parallel_tool_calls must be a boolean.", param=f"{param}.parallel_tool_calls"
-        )
-    for name, what in (("prompt", "Prompt templates"), ("reasoning", "Reasoning settings")):
-        if spec.get(name) is not None:
-            raise _unsupported(f"{param}.{name}", f"{what} are not supported by this gateway.")
-
-
 def _configure_vad(config: SessionConfig, spec: dict[str, Any]) -> None:
     where = f"{_INPUT}.turn_detection"
     if spec.get("type", "server_vad") != "server_vad":
@@ -1638,122 +1062,3 @@ def _configure_vad(config: SessionConfig, spec: dict[str, Any]) -> None:
     config.create_response = spec.get("create_response", config.create_response)
     config.interrupt_response = spec.get("interrupt_response", config.interrupt_response)
     config.vad = VadSettings(float(threshold), padding, silence)
-
-
-def _object(value: object, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ClientEventError(f"{param} must be an object.", param=param)
-    return value
-
-
-def _string(value: object, param: str, empty: bool = False) -> str:
-    """A string field; ``empty``: an empty one (or null, read as empty) is taken too."""
-    if value is None and empty:
-        return ""
-    if not isinstance(value, str) or not (value or empty):
-        what = "a string" if empty else "a non-empty string"
-        raise ClientEventError(f"{param} must be {what}.", param=param)
-    return value
-
-
-def _metadata(value: object, param: str) -> dict[str, str] | None:
-    """``metadata`` as OpenAI bounds it (see :data:`METADATA_PAIRS`)."""
-    if value is None:
-        return None
-    pairs = _object(value, param)
-    if len(pairs) > METADATA_PAIRS:
-        raise ClientEventError(
-            f"metadata has {len(pairs)} pairs; at most {METADATA_PAIRS} are allowed.",
-            param=param,
-        )
-    for key, text in pairs.items():
-        if len(key) > METADATA_KEY_CHARS:
-            raise ClientEventError(
-                f"A metadata key has at most {METADATA_KEY_CHARS} characters.", param=param
-            )
-        if not isinstance(text, str) or len(text) > METADATA_VALUE_CHARS:
-            raise ClientEventError(
-                f"A metadata value is a string of at most {METADATA_VALUE_CHARS} characters.",
-                param=f"{param}.{key}",
-            )
-    return dict(pairs)
-
-
-def _b64(value: object, param: str) -> bytes:
-    """Base64 pcm16, decoded a piece at a time: one call on megabytes holds the GIL for
-    tens of milliseconds, which would stall the event loop even from a worker thread."""
-    text = str(value)
-    last = len(text) - _B64_PIECE
-    try:
-        pieces = []
-        for start in range(0, len(text), _B64_PIECE):
-            piece = text[start : start + _B64_PIECE]
-            if start < last and piece.endswith("="):  # padding only at the very end
-                raise ValueError(piece)
-            pieces.append(base64.b64decode(piece, validate=True))
-    except (binascii.Error, ValueError) as exc:
-        raise ClientEventError(
-            f"{param} is not valid base64.", param=param, code="invalid_audio"
-        ) from exc
-    data = b"".join(pieces)
-    if len(data) % 2:
-        raise ClientEventError(
-            f"{param} must hold whole 16-bit samples (an even number of bytes).",
-            param=param,
-            code="invalid_audio",
-        )
-    return data
-
-
-def _check_seconds(pcm_bytes: int, bounds: Bounds, param: str) -> None:
-    """Refuses a turn of more than :attr:`Bounds.audio_seconds` of pcm16."""
-    seconds = pcm_bytes / _PCM_BYTES_PER_S
-    if seconds > bounds.audio_seconds:
-        raise ClientEventError(
-            f"The audio would be {seconds:,.1f} seconds long; at most "
-            f"{bounds.audio_seconds:g} are taken in one turn (GATEWAY_MAX_AUDIO_SECONDS).",
-            param=param,
-            code="audio_too_long",
-        )
-
-
-def _modalities(value: object, param: str) -> list[str]:
-    if value not in (["audio"], ["text"]):
-        raise ClientEventError("output_modalities must be ['audio'] or ['text'].", param=param)
-    assert isinstance(value, list)
-    return list(value)
-
-
-def _pcm_to_stt(pcm: bytes) -> Audio:
-    buffer = InputAudio()
-    buffer.append(pcm)
-    return buffer.take()
-
-
-def _max_tokens(value: object, param: str) -> int | None:
-    if value == "inf" or value is None:
-        return None
-    if not isinstance(value, int) or not 1 <= value <= 4096:
-        raise ClientEventError(
-            "max_output_tokens must be an integer from 1 to 4096, or 'inf'.", param=param
-        )
-    return value
-
-
-def _check_format(value: object, param: str) -> None:
-    if value is None:
-        return
-    spec = _object(value, param)
-    _fields(spec, param, {"type", "rate"})
-    kind = spec.get("type", "audio/pcm")
-    if kind != "audio/pcm":
-        raise ClientEventError(
-            f"Audio format '{kind}' is not supported; use 'audio/pcm' (24 kHz pcm16).",
-            param=f"{param}.type",
-            code="unsupported_parameter",
-        )
-    if spec.get("rate", PCM_RATE) != PCM_RATE:
-        raise ClientEventError(
-            f"Audio rate {spec.get('rate')} is not supported; pcm16 is 24000 Hz.",
-            param=f"{param}.rate",
-        )

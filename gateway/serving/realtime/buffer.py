@@ -1,0 +1,147 @@
+"""The input audio buffer and the audio a client sends: base64 pcm16 decoded, resampled
+to what the VAD and the transcription model take (16 kHz), kept until a turn is
+committed, and bounded."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+from gateway.serving.audio import PCM_RATE, STT_RATE
+from gateway.serving.realtime.events import Bounds, ClientEventError
+
+Audio = npt.NDArray[np.float32]
+
+#: OpenAI refuses to commit less than 100 ms of audio.
+MIN_COMMIT_MS = 100
+
+_PCM_BYTES_PER_S = PCM_RATE * 2
+#: Bytes of the client's pcm16 per sample kept (16 kHz): the buffer's size as it was sent.
+_PCM_BYTES_PER_KEPT = _PCM_BYTES_PER_S // STT_RATE
+
+#: Base64 characters decoded in one call (a multiple of 4: whole groups of 3 bytes).
+_B64_PIECE = 64 * 1024
+
+
+class InputAudio:
+    """The input audio buffer: 24 kHz pcm16 in, 16 kHz float kept (what VAD and the
+    transcription model take). Positions count 16 kHz samples of all the audio the session
+    was sent, as the VAD's do, so their times agree."""
+
+    def __init__(self) -> None:
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=STT_RATE)
+        self._pts = 0
+        self.parts: list[Audio] = []
+        self.start = 0  # where the buffer starts
+        self.size = 0  # samples kept
+
+    def append(self, pcm: bytes) -> Audio:
+        """Keeps ``pcm`` and returns it as 16 kHz audio (CPU work: run it in a thread)."""
+        samples = np.frombuffer(pcm, dtype="<i2")
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = PCM_RATE
+        frame.pts = self._pts
+        self._pts += samples.size
+        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
+        audio = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+        self.parts.append(audio)
+        self.size += audio.size
+        return audio
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def start_ms(self) -> int:
+        return self.start * 1000 // STT_RATE
+
+    @property
+    def end_ms(self) -> int:
+        return self.end * 1000 // STT_RATE
+
+    @property
+    def pcm_bytes(self) -> int:
+        """What the buffered audio was as the client sent it."""
+        return self.size * _PCM_BYTES_PER_KEPT
+
+    def audio(self, from_ms: int | None = None) -> Audio:
+        """A copy of the buffered audio from ``from_ms`` (CPU work for a long buffer)."""
+        whole = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.float32)
+        skip = max(0, (from_ms or 0) * STT_RATE // 1000 - self.start)
+        return whole[skip:]
+
+    def take(self, from_ms: int | None = None) -> Audio:
+        """The buffered audio (from ``from_ms``), and the buffer emptied."""
+        audio = self.audio(from_ms)
+        self.clear()
+        return audio
+
+    def clear(self) -> None:
+        self.start = self.end
+        self.parts = []
+        self.size = 0
+
+    def drop_before(self, at_ms: int) -> None:
+        """Forgets the audio before ``at_ms``: silence the VAD has judged, which no turn will
+        ever include, so a microphone left open does not fill the buffer."""
+        drop = min(self.size, at_ms * STT_RATE // 1000 - self.start)
+        if drop <= 0:
+            return
+        self.start += drop
+        self.size -= drop
+        while drop:
+            head = self.parts[0]
+            if head.size > drop:
+                self.parts[0] = head[drop:]
+                break
+            self.parts.pop(0)
+            drop -= head.size
+
+
+def _b64(value: object, param: str) -> bytes:
+    """Base64 pcm16, decoded a piece at a time: one call on megabytes holds the GIL for
+    tens of milliseconds, which would stall the event loop even from a worker thread."""
+    text = str(value)
+    last = len(text) - _B64_PIECE
+    try:
+        pieces = []
+        for start in range(0, len(text), _B64_PIECE):
+            piece = text[start : start + _B64_PIECE]
+            if start < last and piece.endswith("="):  # padding only at the very end
+                raise ValueError(piece)
+            pieces.append(base64.b64decode(piece, validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise ClientEventError(
+            f"{param} is not valid base64.", param=param, code="invalid_audio"
+        ) from exc
+    data = b"".join(pieces)
+    if len(data) % 2:
+        raise ClientEventError(
+            f"{param} must hold whole 16-bit samples (an even number of bytes).",
+            param=param,
+            code="invalid_audio",
+        )
+    return data
+
+
+def _check_seconds(pcm_bytes: int, bounds: Bounds, param: str) -> None:
+    """Refuses a turn of more than :attr:`Bounds.audio_seconds` of pcm16."""
+    seconds = pcm_bytes / _PCM_BYTES_PER_S
+    if seconds > bounds.audio_seconds:
+        raise ClientEventError(
+            f"The audio would be {seconds:,.1f} seconds long; at most "
+            f"{bounds.audio_seconds:g} are taken in one turn (GATEWAY_MAX_AUDIO_SECONDS).",
+            param=param,
+            code="audio_too_long",
+        )
+
+
+def _pcm_to_stt(pcm: bytes) -> Audio:
+    buffer = InputAudio()
+    buffer.append(pcm)
+    return buffer.take()

@@ -1,0 +1,266 @@
+"""One response of a session: admitted, generated from the conversation (or its own
+``input``) with the chat model, spoken sentence by sentence, and its server events."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.errors import GatewayError
+from gateway.serving import generation
+from gateway.serving.protocol import ChatCompletionRequest
+from gateway.serving.realtime.buffer import Audio
+from gateway.serving.realtime.events import (
+    _ANSWERS,
+    _SPEAKS,
+    PCM_FORMAT,
+    ClientEventError,
+    Item,
+    _id,
+)
+from gateway.serving.voice import TextDelta, Voice, spoken
+from gateway.state.limits import Admission
+
+if TYPE_CHECKING:
+    from gateway.serving.realtime.session import RealtimeSession
+
+
+@dataclass
+class Response:
+    id: str
+    model: str
+    modalities: list[str]
+    instructions: str
+    max_output_tokens: int | None
+    voice: str
+    conversation: bool = True
+    """False for an out-of-band response (``conversation: "none"``): its answer is not
+    added to the conversation, and it may be asked for while the conversation's own runs
+    (it runs next: a session's work runs in order)."""
+    input: list[tuple[Item, Audio | None]] | None = None
+    """The items it answers instead of the conversation (``input``), with the audio of
+    those still to transcribe."""
+    metadata: dict[str, str] | None = None
+    reason: str = "client_cancelled"
+    """Why it was cancelled, if it is (``turn_detected`` for barge-in)."""
+    task: asyncio.Task[None] | None = None
+    turn_ended: float | None = None
+    """When the user's turn ended (monotonic), for the first-audio latency metric."""
+
+
+class _Responder:
+    """One response: admitted, generated, spoken, and its events."""
+
+    def __init__(self, session: RealtimeSession, response: Response) -> None:
+        self.session = session
+        self.response = response
+        self.audio = response.modalities == ["audio"]
+        self.item = Item(_id("item"), "assistant", [], "in_progress")
+        self.text: list[str] = []
+        self.audio_ms = 0.0
+        self.status = "completed"
+        self.details: dict[str, Any] | None = None
+        self.tally: generation.Tally | None = None
+        self.started = False
+
+    def _json(self, status: str) -> dict[str, Any]:
+        usage = None
+        if self.tally is not None and status != "in_progress":
+            prompt, completion = self.tally.prompt_tokens, self.tally.completion_tokens
+            usage = {
+                "total_tokens": prompt + completion,
+                "input_tokens": prompt,
+                "output_tokens": completion,
+                "input_token_details": {
+                    "text_tokens": prompt,
+                    "audio_tokens": 0,
+                    "cached_tokens": 0,
+                },
+                "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
+            }
+        response = self.response
+        return {
+            "id": response.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": self.details,
+            "output": [self.item.to_json()] if self.started else [],
+            "output_modalities": response.modalities,
+            "conversation_id": self.session.id if response.conversation else None,
+            "max_output_tokens": response.max_output_tokens or "inf",
+            "audio": {"output": {"format": PCM_FORMAT, "voice": response.voice}},
+            "usage": usage,
+            "metadata": response.metadata,
+        }
+
+    def _where(self) -> dict[str, Any]:
+        return {
+            "response_id": self.response.id,
+            "item_id": self.item.id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+
+    async def run(self) -> None:
+        session = self.session
+        uses = [(self.response.model, "session.model", _ANSWERS)]
+        if self.audio:
+            uses.append((session.speech_model, "response.output_modalities", _SPEAKS))
+        admission = await session._admit(uses)
+        try:
+            await session.emit("response.created", response=self._json("in_progress"))
+            await self._generate(admission)
+        except asyncio.CancelledError:
+            if session.closed:
+                raise
+            self.status = "cancelled"
+            self.details = {"type": "cancelled", "reason": self.response.reason}
+        except GatewayError as exc:
+            self.status = "failed"
+            self.details = {"type": "failed", "error": exc.body()["error"]}
+            await session.error(exc)
+        finally:
+            await asyncio.shield(self._finish(admission))
+
+    async def _answered(self) -> list[Item]:
+        """What the response answers: the conversation, or its ``input`` (whose audio is
+        transcribed first, each part a transcription request of its own)."""
+        if self.response.input is None:
+            return list(self.session.items)
+        for item, audio in self.response.input:
+            if audio is not None:
+                transcript = await self.session._transcript(audio)
+                item.content[item.audio_part()]["transcript"] = transcript
+        return [item for item, _ in self.response.input]
+
+    async def _generate(self, admission: Admission) -> None:
+        session = self.session
+        response = self.response
+        messages: list[dict[str, Any]] = []
+        if response.instructions:
+            messages.append({"role": "system", "content": response.instructions})
+        for item in await self._answered():
+            text = item.text()
+            if text:
+                messages.append({"role": item.role, "content": text})
+        if not any(m["role"] == "user" for m in messages):
+            raise ClientEventError(
+                "The conversation has no user message to respond to.",
+                code="conversation_empty",
+            )
+        request = ChatCompletionRequest.model_validate(
+            {
+                "model": response.model,
+                "messages": messages,
+                "max_tokens": response.max_output_tokens,
+                "temperature": session.config.temperature,
+            }
+        )
+        chat = await session.services.chat.prepare(request)
+        self.tally = await chat.tally(admission.meter)
+        pieces = await generation.stream(session.services.backend, chat.model, self.tally)
+        self.started = True
+        part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
+        self.item.content = [
+            {"type": "output_audio", "transcript": ""}
+            if self.audio
+            else {"type": "output_text", "text": ""}
+        ]
+        await session.emit(
+            "response.output_item.added",
+            response_id=response.id,
+            output_index=0,
+            item=self.item.to_json(),
+        )
+        if response.conversation:
+            previous = session.items[-1].id if session.items else None
+            session.items.append(self.item)
+            await session.emit(
+                "conversation.item.added", item=self.item.to_json(), previous_item_id=previous
+            )
+            await session._keep_bounded()
+        await session.emit("response.content_part.added", part=part, **self._where())
+        texts = generation.texts(pieces, self.tally)
+        if not self.audio:
+            async with aclosing(texts):
+                async for text in texts:
+                    self._add_text(text)
+                    await session.emit("response.output_text.delta", delta=text, **self._where())
+        else:
+            await self._speak(texts, admission)
+        if self.tally.finish_reasons.get(0) == "length":
+            self.status = "incomplete"
+            self.details = {"type": "incomplete", "reason": "max_output_tokens"}
+
+    async def _speak(self, texts: AsyncGenerator[str, None], admission: Admission) -> None:
+        session = self.session
+        voice = Voice(session.speech_model, self.response.voice, session.config.speed)
+        backend = session.services.backend
+        stream = spoken(backend, voice, texts, "pcm", admission.meter)
+        async with aclosing(stream):
+            async for piece in stream:
+                if isinstance(piece, TextDelta):
+                    self._add_text(piece.text)
+                    await session.emit(
+                        "response.output_audio_transcript.delta", delta=piece.text, **self._where()
+                    )
+                    continue
+                if not self.item.spoken:
+                    self._first_audio()
+                if piece.seconds and (
+                    not self.item.spoken or self.item.spoken[-1][1] != piece.sentence
+                ):
+                    self.item.spoken.append((round(self.audio_ms), piece.sentence))
+                self.audio_ms += piece.seconds * 1000
+                if piece.data:
+                    await session.emit(
+                        "response.output_audio.delta",
+                        delta=base64.b64encode(piece.data).decode(),
+                        **self._where(),
+                    )
+
+    def _first_audio(self) -> None:
+        metrics = self.session.services.metrics
+        if metrics is not None and self.response.turn_ended is not None:
+            metrics.realtime_first_audio.observe(time.monotonic() - self.response.turn_ended)
+
+    def _add_text(self, text: str) -> None:
+        self.text.append(text)
+        key = "transcript" if self.audio else "text"
+        self.item.content[0][key] = "".join(self.text)
+
+    async def _finish(self, admission: Admission) -> None:
+        session = self.session
+        services = session.services
+        await services.settle(admission)
+        if services.metrics is not None:
+            services.metrics.realtime_responses.labels(admission.model, self.status).inc()
+        if self.started:
+            self.item.status = "completed" if self.status == "completed" else "incomplete"
+            where = self._where()
+            text = "".join(self.text)
+            if self.audio:
+                await session.emit("response.output_audio.done", **where)
+                await session.emit(
+                    "response.output_audio_transcript.done", transcript=text, **where
+                )
+                part = {"type": "audio", "transcript": text}
+            else:
+                await session.emit("response.output_text.done", text=text, **where)
+                part = {"type": "text", "text": text}
+            await session.emit("response.content_part.done", part=part, **where)
+            await session.emit(
+                "response.output_item.done",
+                response_id=self.response.id,
+                output_index=0,
+                item=self.item.to_json(),
+            )
+            if self.response.conversation:
+                await session.emit("conversation.item.done", item=self.item.to_json())
+                await session._keep_bounded()
+        await session.emit("response.done", response=self._json(self.status))
