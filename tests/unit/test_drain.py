@@ -29,7 +29,7 @@ async def test_a_draining_gateway_finishes_streams_and_refuses_new_requests(
                 words.append(json.loads(line.removeprefix("data: ")))
                 break
         assert drain.busy == 1
-        drain.draining = True  # what SIGTERM does (gateway.cli._DrainingServer)
+        drain.draining = True  # what SIGTERM does (gateway.stack.server._DrainingServer)
 
         refused = await stream_http.post("/v1/chat/completions", json=chat_body())
         error = assert_openai_error(refused, 503, code="shutting_down", type="server_error")

@@ -20,6 +20,8 @@ from gateway import cli
 from gateway.app import create_app
 from gateway.backend.triton import _model_error, _status_error
 from gateway.config import Settings
+from gateway.stack import up as stack_up
+from gateway.stack.credentials import admin_key, redis_password
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import settings_env
 from gateway.stack.triton_server import EmbeddedTritonError, free_port
@@ -202,13 +204,13 @@ def no_chmod(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_generated_admin_key_is_private_from_its_creation(
     tmp_path: Path, no_chmod: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    key = cli.admin_key(_up_settings(tmp_path)).admin_key
+    key = admin_key(_up_settings(tmp_path)).admin_key
     assert key is not None
     kept = tmp_path / "run" / "admin_key"
     assert _mode(kept) == 0o600
     assert kept.read_text().strip() == key.get_secret_value()
     # A later start reuses it and does not print it again.
-    assert cli.admin_key(_up_settings(tmp_path)).admin_key == key
+    assert admin_key(_up_settings(tmp_path)).admin_key == key
     assert capsys.readouterr().out.count(key.get_secret_value()) == 1
 
 
@@ -216,25 +218,25 @@ def test_the_embedded_redis_password_is_kept_private_and_reaches_every_replica(
     tmp_path: Path, no_chmod: None
 ) -> None:
     port = free_port()
-    settings = cli.redis_password(_up_settings(tmp_path, redis_url=f"redis://127.0.0.1:{port}/2"))
+    settings = redis_password(_up_settings(tmp_path, redis_url=f"redis://127.0.0.1:{port}/2"))
     kept = tmp_path / "run" / "redis_password"
     assert _mode(kept) == 0o600
     password = kept.read_text().strip()
     # The replicas' URL carries it, with the database of the operator's URL.
     url = settings_env(settings)["GATEWAY_REDIS_URL"]
     assert url == f"redis://:{password}@127.0.0.1:{port}/2"
-    embedded = cli._redis(settings)
+    embedded = stack_up._redis(settings)
     assert (embedded.password, embedded.maxmemory_mb) == (password, settings.redis_maxmemory_mb)
     # The same password on the next start: the data and the replicas keep working.
-    again = cli.redis_password(_up_settings(tmp_path, redis_url=f"redis://127.0.0.1:{port}/2"))
+    again = redis_password(_up_settings(tmp_path, redis_url=f"redis://127.0.0.1:{port}/2"))
     assert again.redis_url == url
 
 
 def test_gateway_keys_reaches_the_embedded_redis_with_its_kept_password(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    up = cli.redis_password(_up_settings(tmp_path, redis_url=f"redis://127.0.0.1:{free_port()}"))
-    embedded = cli._redis(up).start()
+    up = redis_password(_up_settings(tmp_path, redis_url=f"redis://127.0.0.1:{free_port()}"))
+    embedded = stack_up._redis(up).start()
     try:
         monkeypatch.setenv("GATEWAY_RUN_DIR", str(tmp_path / "run"))
         monkeypatch.setenv("GATEWAY_REDIS_URL", f"redis://127.0.0.1:{embedded.port}")
@@ -248,16 +250,16 @@ def test_gateway_keys_reaches_the_embedded_redis_with_its_kept_password(
 
 def test_a_redis_the_gateway_does_not_start_keeps_its_url(tmp_path: Path) -> None:
     own = _up_settings(tmp_path, redis_url="redis://127.0.0.1:6379/0", embedded_redis=False)
-    assert cli.redis_password(own) == own
+    assert redis_password(own) == own
     url = f"redis://:my%20own@127.0.0.1:{free_port()}/0"
-    settings = cli.redis_password(_up_settings(tmp_path, redis_url=url))
+    settings = redis_password(_up_settings(tmp_path, redis_url=url))
     assert settings.redis_url == url
-    assert cli._redis(settings).password == "my own"
+    assert stack_up._redis(settings).password == "my own"
     assert not (tmp_path / "run" / "redis_password").exists()
 
 
 def test_the_embedded_servers_listen_on_loopback_only(tmp_path: Path) -> None:
     with pytest.raises(EmbeddedRedisError, match="loopback only"):
-        cli._redis(_up_settings(tmp_path, redis_url="redis://0.0.0.0:6379/0"))
+        stack_up._redis(_up_settings(tmp_path, redis_url="redis://0.0.0.0:6379/0"))
     with pytest.raises(EmbeddedTritonError, match="loopback only"):
-        cli._triton(_up_settings(tmp_path, triton_url="10.1.2.3:8001"))
+        stack_up._triton(_up_settings(tmp_path, triton_url="10.1.2.3:8001"))
