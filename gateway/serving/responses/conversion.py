@@ -1,0 +1,289 @@
+"""Conversion between the Responses API and the chat path: input items to chat messages
+(and to stored items), tools and ``text.format`` to their chat form, chat parameter names
+back to Responses ones, and generated output to output items, the response object and the
+record the store keeps."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gateway.backend import TokenLogprob
+from gateway.errors import InvalidRequestError
+from gateway.serving.chat import PreparedChat, logprob_items
+from gateway.serving.protocol import Usage
+from gateway.serving.responses.protocol import (
+    ContentPart,
+    FunctionTool,
+    InputItem,
+    PreparedResponse,
+    TextConfig,
+    ToolChoiceFunction,
+)
+from gateway.state.responses import StoredResponse, new_id
+
+
+def _text_of(parts: str | list[ContentPart] | None, param: str) -> str:
+    if parts is None:
+        return ""
+    if isinstance(parts, str):
+        return parts
+    texts = []
+    for index, part in enumerate(parts):
+        if part.type not in ("input_text", "output_text", "text") or part.text is None:
+            raise InvalidRequestError(
+                f"Content parts of type '{part.type}' are not supported; send input_text.",
+                param=f"{param}[{index}].type",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def input_messages(
+    items: str | list[InputItem],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The input as chat messages, and as stored input items (with ids)."""
+    if isinstance(items, str):
+        only: dict[str, Any] = {"id": new_id("msg"), "type": "message", "role": "user"}
+        only |= {"status": "completed", "content": [{"type": "input_text", "text": items}]}
+        return [{"role": "user", "content": items}], [only]
+    messages: list[dict[str, Any]] = []
+    stored: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        param = f"input[{index}]"
+        kind = item.type or ("message" if item.role else None)
+        if kind == "message":
+            if item.role not in ("user", "system", "developer", "assistant"):
+                raise InvalidRequestError(
+                    f"Unknown role '{item.role}'.", param=f"{param}.role", code="invalid_value"
+                )
+            text = _text_of(item.content, f"{param}.content")
+            messages.append({"role": item.role, "content": text})
+            part = "output_text" if item.role == "assistant" else "input_text"
+            stored.append(
+                {
+                    "id": item.id or new_id("msg"),
+                    "type": "message",
+                    "role": item.role,
+                    "status": "completed",
+                    "content": [{"type": part, "text": text}],
+                }
+            )
+        elif kind == "function_call":
+            if not item.call_id or not item.name:
+                raise InvalidRequestError(
+                    "A function_call item needs call_id and name.", param=param
+                )
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments or "{}"},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            stored.append(
+                {
+                    "id": item.id or new_id("fc"),
+                    "type": "function_call",
+                    "call_id": item.call_id,
+                    "name": item.name,
+                    "arguments": item.arguments or "{}",
+                    "status": "completed",
+                }
+            )
+        elif kind == "function_call_output":
+            if not item.call_id:
+                raise InvalidRequestError(
+                    "A function_call_output item needs call_id.", param=f"{param}.call_id"
+                )
+            output = _text_of(item.output, f"{param}.output")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+            stored.append(
+                {
+                    "id": item.id or new_id("fco"),
+                    "type": "function_call_output",
+                    "call_id": item.call_id,
+                    "output": output,
+                    "status": "completed",
+                }
+            )
+        else:
+            raise InvalidRequestError(
+                f"Input items of type '{kind}' are not supported (message, function_call, "
+                "function_call_output).",
+                param=f"{param}.type",
+            )
+    return messages, stored
+
+
+def _chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    out = []
+    for index, tool in enumerate(tools):
+        if tool.type != "function":
+            raise InvalidRequestError(
+                f"Tools of type '{tool.type}' are not supported; only function tools.",
+                param=f"tools[{index}].type",
+            )
+        if not tool.name:
+            raise InvalidRequestError("A function tool needs a name.", param=f"tools[{index}].name")
+        function: dict[str, Any] = {"name": tool.name, "description": tool.description}
+        function |= {"parameters": tool.parameters, "strict": tool.strict}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+    form = text.format if text is not None else None
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return {"type": "json_object"}
+    if not form.name:
+        raise InvalidRequestError("A json_schema format needs a name.", param="text.format.name")
+    schema = {"name": form.name, "schema": form.schema_, "strict": form.strict}
+    return {"type": "json_schema", "json_schema": schema | {"description": form.description}}
+
+
+#: Chat parameter names -> the Responses parameter they came from.
+_PARAMS = [
+    (re.compile(r"^messages\b.*"), "input"),
+    (re.compile(r"^logprobs"), "include"),
+    (re.compile(r"^response_format\.json_schema\.?"), "text.format."),
+    (re.compile(r"^response_format"), "text.format"),
+    (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
+    (re.compile(r"^tools\.\[(\d+)\]\.function\."), r"tools[\1]."),
+]
+
+
+def _responses_param(param: str | None) -> str | None:
+    if param is None:
+        return None
+    for pattern, replacement in _PARAMS:
+        if pattern.match(param):
+            return pattern.sub(replacement, param, count=1).rstrip(".")
+    return param
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _logprobs(chat: PreparedChat, tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """The tokens as an ``output_text`` part lists them (none unless asked for)."""
+    if chat.logprobs is None:
+        return []
+    return [item.model_dump() for item in logprob_items(tokens, chat.logprobs)]
+
+
+def _message_item(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [part] if status != "in_progress" else [],
+    }
+
+
+def _call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def _response_object(
+    prepared: PreparedResponse,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: Usage | None = None,
+    error: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    request = prepared.request
+    tool_choice: Any = request.tool_choice or "auto"
+    if isinstance(tool_choice, ToolChoiceFunction):
+        tool_choice = tool_choice.model_dump()
+    text_format = request.text.format if request.text and request.text.format else None
+    return {
+        "id": prepared.id,
+        "object": "response",
+        "created_at": prepared.created_at,
+        "status": status,
+        "error": error,
+        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
+        "model": request.model,
+        "output": output,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
+        "previous_response_id": request.previous_response_id,
+        "prompt_cache_key": request.prompt_cache_key,
+        "reasoning": {"effort": None, "summary": None},
+        "safety_identifier": request.safety_identifier,
+        "service_tier": "default",
+        "store": request.store is not False,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "text": {
+            "format": (
+                text_format.model_dump(by_alias=True, exclude_none=True)
+                if text_format
+                else {"type": "text"}
+            )
+        },
+        "tool_choice": tool_choice,
+        "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
+        "top_logprobs": request.top_logprobs,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "truncation": "disabled",
+        "usage": _usage(usage) if usage is not None else None,
+        "user": request.user,
+        "metadata": request.metadata or {},
+    }
+
+
+def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
+    """What is stored of a response: the object, the conversation it answered as items, and
+    the conversation with its answer as chat messages (what a continuation reads)."""
+    output = response["output"]
+    reply: dict[str, Any] = {"role": "assistant", "content": None}
+    texts = [p["text"] for item in output if item["type"] == "message" for p in item["content"]]
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    if texts:
+        reply["content"] = "".join(texts)
+    if calls:
+        reply["tool_calls"] = calls
+    return StoredResponse(
+        owner=prepared.owner,
+        response=response,
+        input_items=prepared.input_items,
+        messages=[*prepared.messages, reply],
+    )

@@ -1,0 +1,153 @@
+"""The Responses request's shapes: :class:`ResponsesRequest` (every parameter of OpenAI's
+``ResponseCreateParams``, with :meth:`ResponsesRequest.unsupported` naming those the gateway
+refuses), the input items, tools and text format it holds, and :class:`PreparedResponse`,
+a request once validated and rendered by the chat path."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.serving.chat import PreparedChat
+from gateway.serving.protocol import FUNCTION_NAME, Hint, SafetyIdentifier, ServiceTier
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class InputItem(BaseModel):
+    """A message, ``function_call`` or ``function_call_output`` item (checked when the
+    request is turned into chat messages, so errors can name the item)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str | None = None
+    id: str | None = None
+    role: str | None = None
+    content: str | list[ContentPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | list[ContentPart] | None = None
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(BaseModel):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, pattern=FUNCTION_NAME)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: TextFormat | None = None
+
+
+#: The one ``include`` value the gateway can fill.
+LOGPROBS = "message.output_text.logprobs"
+#: OpenAI's bounds on ``metadata``: 16 pairs, keys of 64 characters, values of 512.
+MetadataKey = Annotated[str, Field(max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
+    """Honoured by keeping the first calls of the answer (OpenAI: further calls are
+    ignored)."""
+    text: TextConfig | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    truncation: Literal["auto", "disabled"] | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    previous_response_id: str | None = None
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
+    prompt: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+    conversation: str | dict[str, Any] | None = None
+    # Hints for OpenAI's own systems: abuse detection (user, safety_identifier), its prompt
+    # cache (prompt_cache_key) and processing tier (service_tier). Accepting them is
+    # harmless: nothing here has such a system, and the answer echoes them (the tier as
+    # "default", the one that served it).
+    user: Hint | None = None
+    safety_identifier: SafetyIdentifier | None = None
+    prompt_cache_key: Hint | None = None
+    service_tier: ServiceTier | None = None
+
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS in (self.include or [])
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.background:
+            return "background", "Background responses are not supported by this gateway."
+        if self.conversation is not None:
+            return "conversation", "Conversations are not supported; use previous_response_id."
+        if self.prompt is not None:
+            return "prompt", "Prompt templates are not supported; send input and instructions."
+        if self.reasoning is not None and any(
+            value is not None and (key, value) != ("effort", "none")
+            for key, value in self.reasoning.items()
+        ):
+            return "reasoning", "Reasoning is not supported: these models do not reason."
+        if self.truncation == "auto":
+            return "truncation", (
+                "truncation 'auto' is not supported: a conversation longer than the model's "
+                "context is a 400 (context_length_exceeded), never shortened."
+            )
+        for index, value in enumerate(self.include or []):
+            if value != LOGPROBS:
+                return f"include[{index}]", (
+                    f"include '{value}' is not supported; only '{LOGPROBS}' is."
+                )
+        if self.top_logprobs is not None and not self.wants_logprobs():
+            return "top_logprobs", f"top_logprobs needs include ['{LOGPROBS}']."
+        if isinstance(self.input, list) and not self.input:
+            return "input", "input must not be empty."
+        return None
+
+
+@dataclass
+class PreparedResponse:
+    id: str
+    request: ResponsesRequest
+    chat: PreparedChat
+    owner: str
+    input_items: list[dict[str, Any]]
+    """The conversation this response answers, as items with ids (what ``input_items``
+    lists): the previous response's input items and output, then the request's input."""
+    messages: list[dict[str, Any]]
+    """The conversation before the reply: stored chain + new input (no instructions)."""
+    created_at: int = field(default_factory=lambda: int(time.time()))

@@ -1,0 +1,167 @@
+"""The Responses service: :class:`ResponsesService` prepares a request (the stored chain,
+the chat validation with errors renamed to Responses parameters, the store's size bound),
+generates it whole or as a stream of events, and stores the finished response."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway.errors import InvalidRequestError
+from gateway.serving import generation
+from gateway.serving.chat import ChatService
+from gateway.serving.protocol import ChatCompletionRequest, Usage
+from gateway.serving.responses.conversion import (
+    _call_item,
+    _chat_tools,
+    _logprobs,
+    _message_item,
+    _record,
+    _response_format,
+    _response_object,
+    _responses_param,
+    input_messages,
+)
+from gateway.serving.responses.protocol import (
+    PreparedResponse,
+    ResponsesRequest,
+    ToolChoiceFunction,
+)
+from gateway.serving.responses.stream import _StreamWriter
+from gateway.serving.sse import failure
+from gateway.serving.tool_parsers import ParsedCall, assemble
+from gateway.state.limits import Meter
+from gateway.state.responses import ResponseStore, new_id
+
+
+class ResponsesService:
+    def __init__(self, chat: ChatService, store: ResponseStore) -> None:
+        self.chat = chat
+        self.store = store
+
+    async def prepare(self, request: ResponsesRequest, owner: str) -> PreparedResponse:
+        problem = request.unsupported()
+        if problem is not None:
+            raise InvalidRequestError(problem[1], param=problem[0], code="unsupported_parameter")
+        history: list[dict[str, Any]] = []
+        earlier: list[dict[str, Any]] = []
+        if request.previous_response_id is not None:
+            previous = await self.store.get(owner, request.previous_response_id)
+            history = previous.messages
+            earlier = [*previous.input_items, *previous.response["output"]]
+        new, items = input_messages(request.input)
+        messages = history + new
+        system = [{"role": "system", "content": request.instructions}]
+        tool_choice: Any = request.tool_choice
+        if isinstance(tool_choice, ToolChoiceFunction):
+            tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
+        body = {
+            "model": request.model,
+            "messages": (system if request.instructions else []) + messages,
+            "max_completion_tokens": request.max_output_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "tools": _chat_tools(request.tools),
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": request.parallel_tool_calls,
+            "response_format": _response_format(request.text),
+            "logprobs": request.wants_logprobs() or None,
+            "top_logprobs": request.top_logprobs,
+        }
+        try:
+            chat_request = ChatCompletionRequest.model_validate(body)
+            chat = await self.chat.prepare(chat_request)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"])
+            raise InvalidRequestError(
+                first["msg"], param=_responses_param(param), code="invalid_value"
+            ) from None
+        except InvalidRequestError as exc:
+            exc.param = _responses_param(exc.param)
+            raise
+        prepared = PreparedResponse(
+            id=new_id("resp"),
+            request=request,
+            chat=chat,
+            owner=owner,
+            input_items=[*earlier, *items],
+            messages=messages,
+        )
+        if request.store is not False:
+            # What is known before generating (all but the answer) must fit the store.
+            self.store.encode(_record(prepared, _response_object(prepared, "in_progress", [])))
+        return prepared
+
+    async def _finish(
+        self,
+        prepared: PreparedResponse,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: Usage,
+    ) -> dict[str, Any]:
+        """The final response object; stored (with ``store``) before it is returned."""
+        response = _response_object(prepared, status, output, usage)
+        if prepared.request.store is not False:
+            await self.store.save(_record(prepared, response))
+        return response
+
+    async def create(
+        self, prepared: PreparedResponse, meter: Meter | None = None
+    ) -> dict[str, Any]:
+        chat = prepared.chat
+        tally = await chat.tally(meter)
+        (result,) = await generation.collect(self.chat.backend, chat.model, tally)
+        content: str | None = result.text
+        calls: list[ParsedCall] = []
+        if chat.tools is not None:
+            content, calls = assemble(chat.tools.new_parser(), result.text)
+        calls = calls[: prepared.request.max_tool_calls]
+        for call in calls:
+            if chat.tools is not None and call.name in chat.tools.strict:
+                call.arguments = await self.chat.strict_arguments(
+                    chat, tally, 0, call, result.text, result.completion_tokens
+                )
+        status = "incomplete" if result.finish_reason == "length" else "completed"
+        output = []
+        if content or not calls:
+            logprobs = _logprobs(chat, result.logprobs)
+            output.append(_message_item(new_id("msg"), content or "", status, logprobs))
+        for call in calls:
+            output.append(_call_item(new_id("fc"), call.id, call.name, call.arguments, "completed"))
+        return await self._finish(prepared, status, output, tally.usage())
+
+    async def stream(
+        self, prepared: PreparedResponse, meter: Meter | None = None
+    ) -> AsyncIterator[str]:
+        """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
+        if the backend fails before its first chunk."""
+        chat = prepared.chat
+        tally = await chat.tally(meter)
+        pieces = await generation.stream(self.chat.backend, chat.model, tally)
+        return self._guarded(prepared, _StreamWriter(prepared, self), pieces, tally)
+
+    async def _guarded(
+        self,
+        prepared: PreparedResponse,
+        writer: _StreamWriter,
+        pieces: AsyncGenerator[generation.Piece, None],
+        tally: generation.Tally,
+    ) -> AsyncGenerator[str, None]:
+        """The events; a failure after the stream began ends it with ``error`` and
+        ``response.failed`` (the HTTP status is already sent)."""
+        async with aclosing(writer.events(pieces, tally)) as events:
+            try:
+                async for item in events:
+                    yield item
+            except Exception as exc:
+                error = failure(exc, "responses")["error"]
+                code, message = error["code"] or error["type"], error["message"]
+                yield writer.event("error", code=code, message=message, param=None)
+                failed = _response_object(
+                    prepared, "failed", writer.output, error={"code": code, "message": message}
+                )
+                yield writer.event("response.failed", response=failed)

@@ -1,0 +1,229 @@
+"""The streamed Responses event sequence: :class:`_StreamWriter` turns the backend's
+pieces into numbered events, one output item at a time, checking a strict tool's arguments
+before they are sent, and finishes (and stores) the response through the service."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from gateway.backend import TokenLogprob
+from gateway.serving import generation
+from gateway.serving.responses.conversion import (
+    _call_item,
+    _logprobs,
+    _message_item,
+    _response_object,
+)
+from gateway.serving.responses.protocol import PreparedResponse
+from gateway.serving.tool_parsers import ParsedCall, ParserDelta
+from gateway.state.responses import new_id
+
+if TYPE_CHECKING:
+    from gateway.serving.responses.service import ResponsesService
+
+
+class _StreamWriter:
+    """Turns the backend's pieces into Responses events, one output item at a time."""
+
+    def __init__(self, prepared: PreparedResponse, service: ResponsesService) -> None:
+        self.prepared = prepared
+        self.service = service
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None
+        """The item being written: a message (its text so far) or a function call."""
+        self.pending: list[TokenLogprob] = []
+        """Log probabilities of tokens not yet sent with a text delta."""
+        self.logprobs: list[dict[str, Any]] = []
+        """Those sent with the open message's deltas."""
+        self.text = ""
+        """Everything generated so far (a strict call's arguments continue it)."""
+        self.call_at: int | None = None
+        """Where the open call's arguments start in :attr:`text`."""
+        self.tally: generation.Tally | None = None
+
+    def event(self, kind: str, **fields: Any) -> str:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
+
+    def _index(self) -> int:
+        return len(self.output)
+
+    def _strict(self) -> bool:
+        """Whether the open item is a call of a strict tool: its arguments are sent once
+        checked against the schema (see :meth:`ChatService.strict_arguments`)."""
+        tools = self.prepared.chat.tools
+        open_ = self.open
+        return (
+            tools is not None
+            and open_ is not None
+            and open_["type"] == "function_call"
+            and open_["name"] in tools.strict
+        )
+
+    async def _text(self, text: str) -> list[str]:
+        events = []
+        if self.open is None or self.open["type"] != "message":
+            events += await self._close("completed")
+            self.open = _message_item(new_id("msg"), "", "in_progress")
+            self.open["text"] = ""
+            self.logprobs = []
+            index = self._index()
+            item = {k: v for k, v in self.open.items() if k != "text"}
+            events.append(self.event("response.output_item.added", output_index=index, item=item))
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            events.append(
+                self.event(
+                    "response.content_part.added",
+                    item_id=self.open["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+        if not text:
+            return events
+        self.open["text"] += text
+        logprobs = self._take_logprobs()
+        self.logprobs += logprobs
+        events.append(
+            self.event(
+                "response.output_text.delta",
+                item_id=self.open["id"],
+                output_index=self._index(),
+                content_index=0,
+                delta=text,
+                logprobs=logprobs,
+            )
+        )
+        return events
+
+    def _take_logprobs(self) -> list[dict[str, Any]]:
+        logprobs = _logprobs(self.prepared.chat, self.pending)
+        self.pending = []
+        return logprobs
+
+    async def _calls(self, delta: ParserDelta) -> list[str]:
+        events = []
+        for piece in delta.calls:
+            limit = self.prepared.request.max_tool_calls
+            if limit is not None and piece.index >= limit:
+                continue
+            if piece.id is not None:
+                events += await self._close("completed")
+                self.open = _call_item(new_id("fc"), piece.id, piece.name or "", "", "in_progress")
+                self.call_at = piece.at
+                events.append(
+                    self.event(
+                        "response.output_item.added",
+                        output_index=self._index(),
+                        item=dict(self.open),
+                    )
+                )
+            if piece.arguments and self.open is not None and self.open["type"] == "function_call":
+                self.open["arguments"] += piece.arguments
+                if self._strict():
+                    continue
+                events.append(
+                    self.event(
+                        "response.function_call_arguments.delta",
+                        item_id=self.open["id"],
+                        output_index=self._index(),
+                        delta=piece.arguments,
+                    )
+                )
+        return events
+
+    async def _close(self, status: str) -> list[str]:
+        """Ends the open item with its ``.done`` events and adds it to the output."""
+        strict = self._strict()
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = self._index()
+        events = []
+        if strict:
+            assert self.tally is not None
+            call = ParsedCall(item["call_id"], item["name"], item["arguments"], self.call_at)
+            item["arguments"] = await self.service.chat.strict_arguments(
+                self.prepared.chat, self.tally, 0, call, self.text, self.tally.completion_tokens
+            )
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=item["arguments"],
+                )
+            )
+        if item["type"] == "message":
+            logprobs = self.logprobs + self._take_logprobs()
+            item = _message_item(item["id"], item["text"], status, logprobs)
+            (part,) = item["content"]
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(
+                self.event("response.output_text.done", **ids, text=part["text"], logprobs=logprobs)
+            )
+            events.append(self.event("response.content_part.done", **ids, part=part))
+        else:
+            events.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
+            item["status"] = "completed"
+        events.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.output.append(item)
+        return events
+
+    async def _feed(self, text: str, parser: Any) -> list[str]:
+        self.text += text
+        delta = parser.feed(text) if parser is not None else ParserDelta(content=text)
+        return await self._delta(delta)
+
+    async def _delta(self, delta: ParserDelta) -> list[str]:
+        events = await self._text(delta.content) if delta.content else []
+        return events + await self._calls(delta)
+
+    async def events(
+        self, pieces: AsyncGenerator[generation.Piece, None], tally: generation.Tally
+    ) -> AsyncGenerator[str, None]:
+        prepared = self.prepared
+        chat = prepared.chat
+        self.tally = tally
+        parser = chat.tools.new_parser() if chat.tools is not None else None
+        snapshot = _response_object(prepared, "in_progress", [])
+        yield self.event("response.created", response=snapshot)
+        yield self.event("response.in_progress", response=snapshot)
+        finish = "stop"
+        async with aclosing(pieces):
+            async for index, chunk in pieces:
+                if chunk is None:
+                    continue
+                # Counted before the text is sent (a client may leave mid-stream).
+                tally.add(index, chunk)
+                finish = chunk.finish_reason or finish
+                self.pending += chunk.logprobs
+                if chunk.text:
+                    for item in await self._feed(chunk.text, parser):
+                        yield item
+        if parser is not None:
+            for item in await self._delta(parser.finish()):
+                yield item
+        status = "incomplete" if finish == "length" else "completed"
+        if self.open is None and not self.output:
+            for item in await self._text(""):
+                yield item
+        for item in await self._close(status):
+            yield item
+        final = await self.service._finish(prepared, status, self.output, tally.usage())
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        yield self.event(kind, response=final)
