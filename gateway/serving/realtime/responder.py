@@ -263,4 +263,7 @@ class _Responder:
             if self.response.conversation:
                 await session.emit("conversation.item.done", item=self.item.to_json())
                 await session._keep_bounded()
+        # No longer active once the client can read that it is done: a response.create
+        # sent on reading response.done must not find it still running.
+        session._forget(self.response)
         await session.emit("response.done", response=self._json(self.status))
