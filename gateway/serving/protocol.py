@@ -6,9 +6,10 @@ honoured, refused when set (a 400 ``unsupported_parameter`` naming it and saying
 :meth:`SamplingRequest.unsupported`), or accepted as a hint nothing depends on (``user``,
 ``safety_identifier``, ``prompt_cache_key``, ``service_tier``). Fields the API does not
 define are refused too (``extra="forbid"``: a 400 naming the field, never a silent drop), at
-the top and inside tools, formats and options. Messages and their content parts take extra
-keys (clients echo back what they received, ``index`` and the like): they are not sent to
-the model.
+the top and inside messages, content parts, tool calls, tools, formats and options. What the
+openai SDKs put on an answer a client sends back as history (:data:`Echoed`: ``annotations``,
+``parsed``, ``parsed_arguments``, a streamed call's ``index``) is accepted and not read;
+an assistant's ``refusal`` stands for its empty content.
 """
 
 from __future__ import annotations
@@ -33,44 +34,54 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class InputAudio(BaseModel):
+#: What the openai SDKs put on a message, part or call a client sends back as it got it:
+#: accepted, never read (``exclude``: not passed on), and never anything else unknown.
+Echoed = Annotated[Any, Field(exclude=True)]
+
+
+class InputAudio(Strict):
     data: str = Field(min_length=1)
     """The audio file, base64-encoded."""
     format: str = "wav"
     """``wav`` or ``mp3`` in OpenAI's API; any format FFmpeg decodes is taken."""
 
 
-class ContentPart(BaseModel):
+class ContentPart(Strict):
     """Any content part: ``text``, or ``input_audio`` (transcribed into text before the chat
-    model sees it, see :mod:`gateway.serving.audio_chat`); others are refused."""
+    model sees it, see :mod:`gateway.serving.audio_chat`); the other types OpenAI defines
+    are declared so that they are refused by their type, with a clear message."""
 
-    model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
     input_audio: InputAudio | None = None
+    image_url: Any = None
+    file: Any = None
+    refusal: str | None = None
 
 
-class AudioRef(BaseModel):
+class AudioRef(Strict):
     """An earlier answer's audio, by its id (``message.audio.id``)."""
 
     id: str = Field(min_length=1)
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(Strict):
     name: str = Field(min_length=1)
     arguments: str
     """The arguments as a JSON string, as the model wrote them."""
+    parsed_arguments: Echoed = None
+    """The SDK's parse of ``arguments`` (its ``parse`` helpers)."""
 
 
-class ToolCall(BaseModel):
+class ToolCall(Strict):
     id: str = Field(min_length=1)
     type: Literal["function"] = "function"
     function: FunctionCall
+    index: Echoed = None
+    """A streamed call's place, kept by clients that assemble deltas themselves."""
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -83,6 +94,12 @@ class ChatMessage(BaseModel):
     comes in a ``function`` message with the function's ``name``)."""
     audio: AudioRef | None = None
     """Assistant messages: an earlier spoken answer, stood for by its transcript."""
+    refusal: str | None = None
+    """Assistant messages: a refusal the model gave, its text when ``content`` is empty."""
+    annotations: Echoed = None
+    """Citations OpenAI puts on an answer (none here); sent back with it."""
+    parsed: Echoed = None
+    """The SDK's parse of the content (its ``parse`` helpers)."""
 
 
 class StreamOptions(Strict):

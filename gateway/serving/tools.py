@@ -234,10 +234,15 @@ def setup(
 
 
 def _text(index: int, message: ChatMessage) -> str | None:
-    if message.content is None or isinstance(message.content, str):
+    if message.content is None:
+        return message.refusal
+    if isinstance(message.content, str):
         return message.content
     texts = []
     for part in message.content:
+        if part.type == "refusal" and part.refusal is not None:
+            texts.append(part.refusal)  # what the assistant said, as OpenAI gives it back
+            continue
         if part.type != "text":
             raise InvalidRequestError(
                 f"Content parts of type '{part.type}' are not supported; only 'text' is.",

@@ -19,7 +19,7 @@ import secrets
 import time
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from redis.asyncio import Redis
 
 from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
@@ -56,7 +56,10 @@ class KeyLimits(BaseModel):
 
 
 class KeyCreate(KeyLimits):
-    """Body of ``POST /admin/keys``."""
+    """Body of ``POST /admin/keys`` (a field it does not declare is a 400 naming it: a
+    misspelt limit must not leave a key unlimited)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=100)
     role: Role = "user"

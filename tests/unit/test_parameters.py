@@ -187,3 +187,63 @@ async def test_hints_are_bounded_since_they_are_echoed_and_stored(
 ) -> None:
     refused = await http.post(path, json={**body, "user": "u" * 1_000_000})
     assert_openai_error(refused, 400, param="user")
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user", "content": "Hi", "colour": "red"}, "messages.0.colour"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "Hi", "bold": True}]},
+            "messages.0.content",
+        ),
+        (
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": "{}", "strict": 1},
+                    }
+                ],
+            },
+            "messages.0.tool_calls.0.function.strict",
+        ),
+    ],
+)
+async def test_unknown_fields_inside_messages_are_refused_by_name(
+    http: httpx.AsyncClient, message: dict[str, Any], param: str
+) -> None:
+    body = chat_body(messages=[message, *USER_HI])
+    error = assert_openai_error(await http.post("/v1/chat/completions", json=body), 400)
+    assert error["param"].startswith(param.split(".")[0])
+    assert param.rsplit(".", 1)[-1] in error["message"]
+
+
+async def test_what_the_sdk_puts_on_an_answer_can_be_sent_back(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    # An answer as the SDK returns it (its parse helpers add parsed and parsed_arguments;
+    # a refusal stands for empty content) goes back as history unchanged.
+    answer = {
+        "role": "assistant",
+        "content": None,
+        "refusal": "I cannot help with that.",
+        "annotations": [],
+        "parsed": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": None,
+    }
+    await client.chat.completions.create(
+        model="fake-chat", messages=[*USER_HI, answer, {"role": "user", "content": "Why?"}]
+    )
+    assert "I cannot help with that." in fake.calls[-1].prompt
+
+
+async def test_a_misspelt_key_limit_is_refused_not_ignored(http: httpx.AsyncClient) -> None:
+    created = await http.post("/admin/keys", json={"name": "k", "max_conccurency": 2})
+    error = assert_openai_error(created, 400)
+    assert "max_conccurency" in error["message"]

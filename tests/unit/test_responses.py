@@ -15,7 +15,7 @@ import pytest
 
 from gateway.backend import ModelInfo
 from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
-from tests.unit.conftest import assert_openai_error, new_key, sdk
+from tests.unit.conftest import REPLY, assert_openai_error, new_key, sdk
 
 CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
 WEATHER = {
@@ -555,3 +555,23 @@ async def test_strict_function_arguments_that_break_the_schema_are_generated_aga
     first, again = fake.calls
     assert again.prompt == first.prompt + '<tool_call> {"name": "get_weather", "arguments":'
     assert again.options.constraint == {"json": WEATHER["parameters"]}
+
+
+async def test_an_earlier_output_sent_back_as_input_is_taken_and_unknown_fields_refused(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    first = await client.responses.create(model="fake-chat", input="Hi")
+    # The output items as the SDK sends them back (only what the server gave: status,
+    # annotations and logprobs on the parts).
+    again = await client.responses.create(
+        model="fake-chat",
+        input=[
+            *(i.model_dump(exclude_unset=True) for i in first.output),
+            {"role": "user", "content": "More"},
+        ],
+    )
+    assert again.status == "completed"
+    assert REPLY in fake.calls[-1].prompt
+    bad = {"model": "fake-chat", "input": [{"role": "user", "content": "Hi", "colour": 1}]}
+    error = assert_openai_error(await http.post("/v1/responses", json=bad), 400)
+    assert "colour" in error["message"]

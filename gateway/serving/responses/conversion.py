@@ -30,6 +30,9 @@ def _text_of(parts: str | list[ContentPart] | None, param: str) -> str:
         return parts
     texts = []
     for index, part in enumerate(parts):
+        if part.type == "refusal" and part.refusal is not None:
+            texts.append(part.refusal)  # what the assistant said, as OpenAI gives it back
+            continue
         if part.type not in ("input_text", "output_text", "text") or part.text is None:
             raise InvalidRequestError(
                 f"Content parts of type '{part.type}' are not supported; send input_text.",

@@ -12,20 +12,37 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.serving.chat import PreparedChat
-from gateway.serving.protocol import FUNCTION_NAME, Hint, SafetyIdentifier, ServiceTier
+from gateway.serving.protocol import FUNCTION_NAME, Echoed, Hint, SafetyIdentifier, ServiceTier
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A part of a message's content: ``input_text``, ``output_text`` (an earlier answer
+    sent back) or ``refusal``; the other types OpenAI defines are declared so that they are
+    refused by their type, with a clear message."""
+
+    model_config = ConfigDict(extra="forbid")
     type: str
     text: str | None = None
+    refusal: str | None = None
+    annotations: Echoed = None
+    """An earlier answer's citations (none here), sent back with it."""
+    logprobs: Echoed = None
+    """An earlier answer's log probabilities, sent back with it."""
+    image_url: Any = None
+    file_id: Any = None
+    file_data: Any = None
+    file_url: Any = None
+    filename: Any = None
+    detail: Any = None
+    input_audio: Any = None
 
 
 class InputItem(BaseModel):
     """A message, ``function_call`` or ``function_call_output`` item (checked when the
-    request is turned into chat messages, so errors can name the item)."""
+    request is turned into chat messages, so errors can name the item). The fields of
+    OpenAI's other item types are declared so that those are refused by their type."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
     type: str | None = None
     id: str | None = None
     role: str | None = None
@@ -34,6 +51,10 @@ class InputItem(BaseModel):
     name: str | None = None
     arguments: str | None = None
     output: str | list[ContentPart] | None = None
+    status: Echoed = None
+    """An earlier output item's status, sent back with it (stored items are completed)."""
+    summary: Any = None
+    encrypted_content: Any = None
 
 
 class FunctionTool(BaseModel):
@@ -46,6 +67,7 @@ class FunctionTool(BaseModel):
 
 
 class ToolChoiceFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     type: Literal["function"]
     name: str = Field(min_length=1)
 
