@@ -170,10 +170,12 @@ def _run(command: Callable[[], Coroutine[Any, Any, None]]) -> int:
 def _refused(exc: ValidationError) -> str:
     """One line per refused setting, named by its variable; never its value (it may be a
     secret, see :class:`Settings`)."""
-    return "\n".join(
-        f"  GATEWAY_{'__'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
-        for error in exc.errors(include_url=False, include_input=False)
-    )
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        name = "__".join(str(part) for part in error["loc"]).upper()
+        # An error of no one setting (an unknown variable) names its variables itself.
+        lines.append(f"  GATEWAY_{name}: {error['msg']}" if name else f"  {error['msg']}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

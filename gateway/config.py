@@ -7,10 +7,11 @@ Settings are passed into :func:`gateway.app.create_app`; nothing reads them at i
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from zxcvbn import zxcvbn
 
@@ -232,3 +233,19 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _no_unknown_variables(self) -> Settings:
+        """A ``GATEWAY_*`` variable that names no setting is refused: pydantic-settings reads
+        only the names it knows, so a misspelt one (``GATEWAY_MAX_REQEST_MB``) would leave
+        its setting at the default without a word. (``extra="ignore"`` above is for the
+        ``.env`` file, which may hold other programs' variables too.)"""
+        known = {f"GATEWAY_{name.upper()}" for name in type(self).model_fields}
+        unknown = sorted(
+            name
+            for name in os.environ
+            if name.startswith("GATEWAY_") and name.split("__")[0] not in known
+        )
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a setting of the gateway")
+        return self

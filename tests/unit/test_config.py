@@ -89,3 +89,14 @@ def test_env_file_is_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     current = Settings(_env_file=env_file)  # type: ignore[call-arg]
     assert current.models == ["m1", "m2"]
     assert current.log_level == "debug"
+
+
+def test_a_misspelt_variable_is_refused_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MAX_REQEST_MB", "1")
+    with pytest.raises(ValidationError, match="GATEWAY_MAX_REQEST_MB: not a setting"):
+        Settings(_env_file=None)  # type: ignore[call-arg]
+    monkeypatch.delenv("GATEWAY_MAX_REQEST_MB")
+    monkeypatch.setenv("GATEWAY_MAX_REQUEST_MB", "1")
+    monkeypatch.setenv("GATEWAY_TOKENIZERS__LLAMA", "/tokenizers/llama")  # a nested one
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.max_request_mb == 1
