@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from typing import Any
 
@@ -83,6 +84,22 @@ class Drain:
 CHECKED_BODY_BYTES = 1024 * 1024
 
 
+#: What :func:`_declared_length` says of a chunked body: its length is not known before.
+_CHUNKED = -1
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """A request body's length as its headers declare it: None without a body,
+    :data:`_CHUNKED` for a chunked one, and a malformed ``Content-Length`` as past every
+    limit."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else sys.maxsize
+        if name == b"transfer-encoding" and b"chunked" in value.lower():
+            return _CHUNKED
+    return None
+
+
 class GatewayMiddleware:
     def __init__(
         self, app: ASGIApp, metrics: Metrics, drain: Drain, max_body_mb: float = 36.0
@@ -106,11 +123,12 @@ class GatewayMiddleware:
         if self.drain.draining and scope["path"] != "/metrics":
             await self._refuse(scope, send)
             return
-        refused = await self._unknown_caller(scope)
+        length = _declared_length(scope)
+        refused = await self._unknown_caller(scope, length)
         if refused is not None:
             await self._send_error(scope, send, refused)
             return
-        bounded = await self._bounded(scope, receive)
+        bounded = await self._bounded(receive, length)
         if bounded is None:
             too_large = PayloadTooLargeError(self._too_large, code="request_too_large")
             await self._send_error(scope, send, too_large)
@@ -155,14 +173,8 @@ class GatewayMiddleware:
         self.metrics.requests.labels(LIVE_PATH, "", "200").inc()
         self.metrics.duration.labels(LIVE_PATH, "").observe(time.monotonic() - started)
 
-    async def _unknown_caller(self, scope: Scope) -> GatewayError | None:
+    async def _unknown_caller(self, scope: Scope, length: int | None) -> GatewayError | None:
         """The 401 (or 503) for a large body without a valid key; None to go on."""
-        length = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                length = int(value) if value.isdigit() else -1
-            elif name == b"transfer-encoding":
-                length = -1  # chunked: of unknown length
         if length is None or 0 <= length <= CHECKED_BODY_BYTES:
             return None
         authorization = Headers(scope=scope).get("authorization", "")
@@ -183,19 +195,12 @@ class GatewayMiddleware:
         await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels(_route_of(scope), "", str(error.status_code)).inc()
 
-    async def _bounded(self, scope: Scope, receive: Receive) -> Receive | None:
+    async def _bounded(self, receive: Receive, length: int | None) -> Receive | None:
         """``receive`` for a body within the limit; None for one past it."""
-        length = None
-        chunked = False
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-        if length is not None:
-            return receive if length.isdigit() and int(length) <= self.max_body else None
-        if not chunked:
+        if length is None:
             return receive
+        if length != _CHUNKED:
+            return receive if length <= self.max_body else None
         messages: list[Message] = []
         size = 0
         while True:

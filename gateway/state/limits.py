@@ -368,9 +368,7 @@ class RateLimiter:
             )
         if result[0] == "no":
             wait = float(result[1])
-            message = _refusal(key, "tokens", wait).replace(
-                ". Please", f" (this request needs {wanted}). Please", 1
-            )
+            message = _refusal(key, "tokens", wait, needs=wanted)
             raise RateLimitError(message, "tokens", wait, {})
         granted = int(result[1])
         meter.reservations.append((int(result[2]), prompt + generations * granted))
@@ -436,13 +434,15 @@ class RateLimiter:
         }
 
 
-def _refusal(key: ApiKey, limit: str, wait: float) -> str:
+def _refusal(key: ApiKey, limit: str, wait: float, needs: int | None = None) -> str:
+    """OpenAI's 429 message; ``needs``: the tokens the refused request would reserve."""
     what = {
         "requests": f"requests per minute (RPM): limit {key.rpm}",
         "tokens": f"tokens per minute (TPM): limit {key.tpm}",
         "concurrency": f"concurrent requests: limit {key.max_concurrency}",
     }[limit]
+    needed = f" (this request needs {needs})" if needs is not None else ""
     return (
-        f"Rate limit reached for API key '{key.name}' on {what}. "
+        f"Rate limit reached for API key '{key.name}' on {what}{needed}. "
         f"Please try again in {duration(wait)}."
     )
