@@ -22,22 +22,20 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from gateway.backend import Backend, Embeddings, ModelInfo
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
-from gateway.serving.protocol import Hint
+from gateway.serving.protocol import Hint, Strict
 from gateway.state.limits import Meter
 
 #: The most inputs one request may carry (OpenAI's limit).
 MAX_INPUTS = 2048
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EmbeddingRequest(Strict):
     model: str = Field(min_length=1)
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

@@ -480,9 +480,7 @@ OPENAI_VOICES = (
 )  # fmt: skip
 
 
-class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SpeechRequest(Strict):
     model: str = Field(min_length=1)
     input: str = Field(min_length=1, max_length=4096)
     voice: str = Field(min_length=1)

@@ -9,18 +9,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gateway.serving.chat import PreparedChat
-from gateway.serving.protocol import FUNCTION_NAME, Echoed, Hint, SafetyIdentifier, ServiceTier
+from gateway.serving.protocol import (
+    FUNCTION_NAME,
+    Echoed,
+    Hint,
+    SafetyIdentifier,
+    ServiceTier,
+    Strict,
+)
 
 
-class ContentPart(BaseModel):
+class ContentPart(Strict):
     """A part of a message's content: ``input_text``, ``output_text`` (an earlier answer
     sent back) or ``refusal``; the other types OpenAI defines are declared so that they are
     refused by their type, with a clear message."""
 
-    model_config = ConfigDict(extra="forbid")
     type: str
     text: str | None = None
     refusal: str | None = None
@@ -37,12 +43,11 @@ class ContentPart(BaseModel):
     input_audio: Any = None
 
 
-class InputItem(BaseModel):
+class InputItem(Strict):
     """A message, ``function_call`` or ``function_call_output`` item (checked when the
     request is turned into chat messages, so errors can name the item). The fields of
     OpenAI's other item types are declared so that those are refused by their type."""
 
-    model_config = ConfigDict(extra="forbid")
     type: str | None = None
     id: str | None = None
     role: str | None = None
@@ -57,8 +62,7 @@ class InputItem(BaseModel):
     encrypted_content: Any = None
 
 
-class FunctionTool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FunctionTool(Strict):
     type: str
     name: str | None = None
     description: str | None = None
@@ -66,14 +70,12 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
-class ToolChoiceFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ToolChoiceFunction(Strict):
     type: Literal["function"]
     name: str = Field(min_length=1)
 
 
-class TextFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, pattern=FUNCTION_NAME)
     description: str | None = None
@@ -81,8 +83,7 @@ class TextFormat(BaseModel):
     strict: bool | None = None
 
 
-class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TextConfig(Strict):
     format: TextFormat | None = None
 
 
@@ -93,9 +94,7 @@ MetadataKey = Annotated[str, Field(max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ResponsesRequest(Strict):
     model: str = Field(min_length=1)
     input: str | list[InputItem]
     instructions: str | None = None
