@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # The npm openai client that tests/integration/test_js_sdk.py drives (pinned by its lock file).
 JS_STAMP := tests/js/node_modules/.installed
 # llama-cpp-python is built from source; a native (-march=native) build crashed on some
-# CPUs (see README), so build a portable one. pip caches the wheel after the first build.
+# CPUs, so build a portable one. pip caches the wheel after the first build.
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 
 .PHONY: run test test-unit lint bench screenshots system-deps
@@ -41,7 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.scale
 	$(BIN)/python -m tests.bench.voice
 
-# The README's playground screenshots (docs/playground/*.png), from a stack it starts.
+# The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps
 	$(BIN)/python -m tests.screenshots
 

@@ -135,9 +135,9 @@ class Settings(BaseSettings):
     max_audio_upload_mb: float = Field(25.0, gt=0)
     """Largest audio file ``/v1/audio/transcriptions`` accepts (OpenAI's limit is 25 MB)."""
 
-    # Bounds on what one request can make the system do (README "Limits"). Past one, a
+    # Bounds on what one request can make the system do (docs/limits.md). Past one, a
     # request is refused with a 400 (413 for sizes) naming the limit before work starts,
-    # except where the README says otherwise (in-flight work waits; Realtime drops its
+    # except where docs/limits.md says otherwise (in-flight work waits; Realtime drops its
     # oldest items).
     max_request_mb: float = Field(36.0, gt=0)
     """Largest request body the app reads (refused with 413 before it is parsed): a 25 MB

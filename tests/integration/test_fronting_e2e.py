@@ -240,7 +240,7 @@ def test_custom_speech_and_transcription_round_trip(sdk: openai.OpenAI) -> None:
 
 def test_leaving_a_stream_cancels_a_vllm_request(loaded: GatewayProcess) -> None:
     """vLLM aborts a cancelled request. (A TensorRT-LLM ensemble does not: Triton passes a
-    cancellation only to steps not yet started; see the README's notes.)"""
+    cancellation only to steps not yet started; see docs/fronting-triton.md.)"""
     before = generated_tokens(loaded, "vllm_r25_11")
     body = {
         "model": "vllm_r25_11",

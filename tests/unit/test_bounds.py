@@ -1,4 +1,4 @@
-"""What one request can make the gateway do is bounded (README "Limits"), and every model a
+"""What one request can make the gateway do is bounded (docs/limits.md), and every model a
 request makes the gateway use is checked against the caller's key."""
 
 from __future__ import annotations
