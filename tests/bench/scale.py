@@ -1,4 +1,4 @@
-"""Scaling benchmark, behind the scaling guide (docs/deployment.md): what one request costs each tier.
+"""Scaling benchmark, behind the scaling guide (docs/deployment.md): what a request costs a tier.
 
 Run with ``make bench`` (or ``python -m tests.bench.scale``). It starts a 3-master Redis
 Cluster (real ``redis-server`` processes) and ``gateway up`` on it with four gateway

@@ -195,9 +195,22 @@ async def test_response_cancel_stops_the_model(stack: GatewayProcess) -> None:
 
 async def test_speech_during_an_answer_cancels_it(stack: GatewayProcess, question: bytes) -> None:
     # mock_chat, slowed down, answers for as long as it is let (a real model may finish
-    # before the user speaks).
+    # before the user speaks). The slowing is in this response's own instructions, so the
+    # answer to the user's turn afterwards is a short one.
     async with connect(stack, model="mock_chat") as connection:
-        await ask(connection, "[mock:delay_ms=40] [mock:words=400] Talk.", max_tokens=400)
+        await connection.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Talk."}],
+            }
+        )
+        await connection.response.create(
+            response={
+                "instructions": "[mock:delay_ms=40] [mock:words=400]",
+                "max_output_tokens": 400,
+            }
+        )
         await events_until(connection, "response.output_audio.delta")
         await send_audio(connection, silence(0.3) + question)
         events = await events_until(connection, "response.done")
