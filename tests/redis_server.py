@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from gateway.stack.redis_server import EmbeddedRedis
 from tests.stack import free_port
@@ -19,6 +21,10 @@ def redis_server(directory: Path) -> EmbeddedRedis:
     """A started ``redis-server`` on a free port, keeping its data in ``directory``."""
     return EmbeddedRedis(directory, free_port()).start()
 
+
+#: A client's retries when polling a server that may not be up yet: none (redis-py's default
+#: retries a refused connection with a back-off of seconds; the poll tries again anyway).
+ONE_TRY = Retry(NoBackoff(), 0)
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -78,7 +84,8 @@ class Cluster:
             )
         for port in self.ports:
             wait_until(
-                lambda p=port: redis.Redis(port=p, socket_timeout=1).ping(), f"{port} answers"
+                lambda p=port: redis.Redis(port=p, socket_timeout=1, retry=ONE_TRY).ping(),
+                f"{port} answers",
             )
         subprocess.run(
             [

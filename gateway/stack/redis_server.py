@@ -20,6 +20,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from gateway.stack import processes
 
@@ -127,6 +129,10 @@ class EmbeddedRedis:
             password=self.password,
             socket_timeout=0.5,
             socket_connect_timeout=0.5,
+            # One try: redis-py's default retries a refused connection with a back-off of
+            # seconds, which made every start (and a crash loop's every try) that much
+            # slower to notice; the caller polls anyway.
+            retry=Retry(NoBackoff(), 0),
         )
         try:
             return bool(client.ping())

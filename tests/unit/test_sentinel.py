@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from gateway.state.redis import parse_sentinel_url
-from tests.redis_server import wait_until
+from tests.redis_server import ONE_TRY, wait_until
 from tests.stack import free_port
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
 
@@ -97,7 +97,7 @@ class SentinelSet:
         return bool(fields["master-link-status"] == "ok" and fields["flags"] == "slave")
 
     def _client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+        return redis.Redis(port=port, socket_timeout=1, decode_responses=True, retry=ONE_TRY)
 
     def replicated(self) -> bool:
         sent = self._client(self.master).info("replication")["master_repl_offset"]
