@@ -107,6 +107,16 @@ class Settings(BaseSettings):
     triton_start_timeout_s: float = Field(300.0, gt=0)
     """How long ``gateway up`` waits for Triton and its models to become ready."""
 
+    supervise_interval_s: float = Field(0.5, gt=0)
+    """How often ``gateway up`` checks that each part it started (Redis, Triton, nginx, the
+    replicas) still runs."""
+    restart_delay_s: float = Field(0.5, gt=0)
+    """``gateway up``'s wait before it starts a part that died again; it doubles with each
+    death (up to 16 times this), and a part that died 5 times within 60 s ends it."""
+    triton_models_check_s: float = Field(2.0, gt=0)
+    """How often ``gateway up`` reads which models Triton has ready (the ones it loads into a
+    Triton that died and starts again)."""
+
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM a gateway process answers new requests 503 (``/health/ready`` too) and lets
     the ones in flight, streams included, run to their end for up to this long before it

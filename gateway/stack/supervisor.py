@@ -7,10 +7,11 @@
   seconds while it runs).
 - **nginx** and the **gateway replicas** start again as they were.
 
-A part that died starts again after a back-off that doubles (0.5 s, 1 s, 2 s, ... 8 s); one
-that died ``limit`` times within ``window_s`` is a crash loop, and :class:`GiveUp` ends
-``gateway up`` with the reason. Meanwhile the replicas answer 503 with ``Retry-After`` and
-``/health/ready`` fails; they reconnect by themselves when the part is back.
+A part that died starts again after a back-off that doubles (``restart_delay_s``: 0.5 s,
+1 s, 2 s, ... 8 s); one that died ``limit`` times within ``window_s`` is a crash loop, and
+:class:`GiveUp` ends ``gateway up`` with the reason. Meanwhile the replicas answer 503 with
+``Retry-After`` and ``/health/ready`` fails; they reconnect by themselves when the part is
+back.
 
 Why not supervisord: it would not know which models to load into a restarted Triton, nor
 stop Triton's model processes with it, nor tie the children's lives to its own when it is
@@ -33,10 +34,6 @@ from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import Replica, ReplicaError
 from gateway.stack.triton_server import EmbeddedTriton, EmbeddedTritonError
 
-#: How often the models Triton has ready are read (to load them again after a crash).
-MODELS_EVERY_S = 2.0
-
-
 _START_ERRORS = (EmbeddedRedisError, EmbeddedTritonError, EmbeddedNginxError, ReplicaError)
 
 
@@ -58,7 +55,7 @@ class Restarts:
     limit: int = 5
     window_s: float = 60.0
     first_delay_s: float = 0.5
-    max_delay_s: float = 8.0
+    max_delay_s: float = 8.0  # 16 x the first
     deaths: list[float] = field(default_factory=list)
     due_at: float | None = None
     down_since: float | None = None
@@ -86,8 +83,10 @@ class Restarts:
 
 
 class Supervisor:
-    """Call :meth:`tick` every half second from the thread that started the parts (the
-    children's death signal follows that thread; see :func:`processes.spawn`)."""
+    """Call :meth:`tick` every ``interval_s`` from the thread that started the parts (the
+    children's death signal follows that thread; see :func:`processes.spawn`); :meth:`run`
+    does. ``restart_delay_s``: the first back-off; ``models_every_s``: how often the models
+    Triton has ready are read (to load them again after a crash)."""
 
     def __init__(
         self,
@@ -96,12 +95,18 @@ class Supervisor:
         nginx: EmbeddedNginx | None = None,
         replicas: list[Replica] | None = None,
         say: Callable[[str], None] = lambda line: print(line, flush=True),
+        *,
+        interval_s: float = 0.5,
+        restart_delay_s: float = 0.5,
+        models_every_s: float = 2.0,
     ) -> None:
         self.redis = redis
         self.triton = triton
         self.nginx = nginx
         self.replicas = replicas or []
         self.say = say
+        self.interval_s = interval_s
+        self.models_every_s = models_every_s
         self.restarts: dict[object, Restarts] = {}
         for part, what in (
             (redis, "Redis"),
@@ -110,7 +115,9 @@ class Supervisor:
             *((r, f"the gateway replica on port {r.port}") for r in self.replicas),
         ):
             if part is not None:
-                self.restarts[part] = Restarts(what)
+                self.restarts[part] = Restarts(
+                    what, first_delay_s=restart_delay_s, max_delay_s=16 * restart_delay_s
+                )
         self.models = list(triton.models) if triton is not None else []
         self._models_read = 0.0
         self._triton_starting = False
@@ -121,11 +128,11 @@ class Supervisor:
         self._http.close()
 
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
-        """Ticks every half second until ``stop()`` says so (or :class:`GiveUp`)."""
+        """Ticks every ``interval_s`` until ``stop()`` says so (or :class:`GiveUp`)."""
         try:
             while not stop():
                 self.tick()
-                time.sleep(0.5)
+                time.sleep(self.interval_s)
         finally:
             self.close()
 
@@ -212,7 +219,7 @@ class Supervisor:
     def _triton_running(self, triton: EmbeddedTriton, now: float) -> None:
         if self._triton_starting:
             self._check_triton_ready(triton, now)
-        elif now - self._models_read >= MODELS_EVERY_S:
+        elif now - self._models_read >= self.models_every_s:
             self._read_models(triton, now)
 
     def _triton_died(self) -> None:

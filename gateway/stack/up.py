@@ -139,6 +139,18 @@ class _Parts:
     replicas: list[Replica] = field(default_factory=list)
     nginx: EmbeddedNginx | None = None
 
+    def supervisor(self, settings: Settings) -> Supervisor:
+        """The watch over what was started, with the settings' intervals."""
+        return Supervisor(
+            self.redis,
+            self.triton,
+            self.nginx,
+            self.replicas,
+            interval_s=settings.supervise_interval_s,
+            restart_delay_s=settings.restart_delay_s,
+            models_every_s=settings.triton_models_check_s,
+        )
+
     def stop(self, drain_timeout_s: float) -> None:
         """Stops everything, each part once (a second call goes on where the first was cut).
         The replicas drain first, nginx still in front of them: streams go on, new requests
@@ -210,7 +222,7 @@ def _up(settings: Settings, parts: _Parts) -> int:
             settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
         )
     if not settings.embedded_nginx:
-        return _serve_here(settings, Supervisor(parts.redis, parts.triton))
+        return _serve_here(settings, parts.supervisor(settings))
     ensure_port_free(
         "127.0.0.1",
         settings.nginx_internal_port,
@@ -239,7 +251,7 @@ def _up(settings: Settings, parts: _Parts) -> int:
         flush=True,
     )
     print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
-    Supervisor(parts.redis, parts.triton, parts.nginx, parts.replicas).run()
+    parts.supervisor(settings).run()
     return 0  # not reached: the watch ends with a signal or GiveUp
 
 
