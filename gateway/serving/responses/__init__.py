@@ -27,8 +27,9 @@ The package, each module importing only those listed before it (``stream`` names
 :class:`ResponsesService` for type checking only):
 
 - :mod:`~gateway.serving.responses.protocol`: the request schema and the prepared request;
-- :mod:`~gateway.serving.responses.conversion`: input items to chat messages, parameter
-  names, output items, the response object and its stored record;
+- :mod:`~gateway.serving.responses.conversion`: input items to chat messages, the request
+  to a chat request, parameter names, output items, the response object and its stored
+  record;
 - :mod:`~gateway.serving.responses.stream`: the streamed event sequence;
 - :mod:`~gateway.serving.responses.service`: :class:`ResponsesService`, which prepares,
   generates, streams and stores responses.

@@ -1,7 +1,7 @@
 """Conversion between the Responses API and the chat path: input items to chat messages
-(and to stored items), tools and ``text.format`` to their chat form, chat parameter names
-back to Responses ones, and generated output to output items, the response object and the
-record the store keeps."""
+(and to stored items), the request to the chat request it is served as (tools and
+``text.format`` in their chat form), chat parameter names back to Responses ones, and
+generated output to output items, the response object and the record the store keeps."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from typing import Any
 from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving.chat import PreparedChat, logprob_items
-from gateway.serving.protocol import Usage
+from gateway.serving.protocol import ChatCompletionRequest, Usage
 from gateway.serving.responses.protocol import (
     ContentPart,
     FunctionTool,
     InputItem,
     PreparedResponse,
+    ResponsesRequest,
     TextConfig,
     ToolChoiceFunction,
 )
@@ -150,6 +151,31 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
         raise InvalidRequestError("A json_schema format needs a name.", param="text.format.name")
     schema = {"name": form.name, "schema": form.schema_, "strict": form.strict}
     return {"type": "json_schema", "json_schema": schema | {"description": form.description}}
+
+
+def chat_request(
+    request: ResponsesRequest, messages: list[dict[str, Any]]
+) -> ChatCompletionRequest:
+    """The chat request ``request`` is served as: ``instructions`` as the system message,
+    then ``messages`` (the stored chain and the new input)."""
+    system = [{"role": "system", "content": request.instructions}]
+    tool_choice: Any = request.tool_choice
+    if isinstance(tool_choice, ToolChoiceFunction):
+        tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
+    body = {
+        "model": request.model,
+        "messages": (system if request.instructions else []) + messages,
+        "max_completion_tokens": request.max_output_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "tools": _chat_tools(request.tools),
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "response_format": _response_format(request.text),
+        "logprobs": request.wants_logprobs() or None,
+        "top_logprobs": request.top_logprobs,
+    }
+    return ChatCompletionRequest.model_validate(body)
 
 
 #: Chat parameter names -> the Responses parameter they came from.

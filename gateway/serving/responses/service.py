@@ -13,23 +13,18 @@ from pydantic import ValidationError
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.chat import ChatService
-from gateway.serving.protocol import ChatCompletionRequest, Usage
+from gateway.serving.protocol import Usage
 from gateway.serving.responses.conversion import (
     _call_item,
-    _chat_tools,
     _logprobs,
     _message_item,
     _record,
-    _response_format,
     _response_object,
     _responses_param,
+    chat_request,
     input_messages,
 )
-from gateway.serving.responses.protocol import (
-    PreparedResponse,
-    ResponsesRequest,
-    ToolChoiceFunction,
-)
+from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
 from gateway.serving.responses.stream import _StreamWriter
 from gateway.serving.sse import failure
 from gateway.serving.tool_parsers import ParsedCall, assemble
@@ -54,26 +49,8 @@ class ResponsesService:
             earlier = [*previous.input_items, *previous.response["output"]]
         new, items = input_messages(request.input)
         messages = history + new
-        system = [{"role": "system", "content": request.instructions}]
-        tool_choice: Any = request.tool_choice
-        if isinstance(tool_choice, ToolChoiceFunction):
-            tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
-        body = {
-            "model": request.model,
-            "messages": (system if request.instructions else []) + messages,
-            "max_completion_tokens": request.max_output_tokens,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
-            "tools": _chat_tools(request.tools),
-            "tool_choice": tool_choice,
-            "parallel_tool_calls": request.parallel_tool_calls,
-            "response_format": _response_format(request.text),
-            "logprobs": request.wants_logprobs() or None,
-            "top_logprobs": request.top_logprobs,
-        }
         try:
-            chat_request = ChatCompletionRequest.model_validate(body)
-            chat = await self.chat.prepare(chat_request)
+            chat = await self.chat.prepare(chat_request(request, messages))
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"])
