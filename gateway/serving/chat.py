@@ -176,7 +176,7 @@ def check_max_tokens(model: ModelInfo, max_tokens: int | None, param: str) -> No
     if model.context_length and (max_tokens or 0) >= model.context_length:
         # Caught here because an error the model reports mid-stream carries no kind.
         raise InvalidRequestError(
-            f"max_tokens is {max_tokens}, but the model's context length is "
+            f"{param} is {max_tokens}, but the model's context length is "
             f"{model.context_length} tokens (prompt included).",
             param=param,
             code="context_length_exceeded",

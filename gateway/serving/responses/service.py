@@ -1,6 +1,6 @@
 """The Responses service: :class:`ResponsesService` prepares a request (the stored chain,
-the chat validation with errors renamed to Responses parameters, the store's size bound),
-generates it whole or as a stream of events, and stores the finished response."""
+the Responses checks, the chat validation naming Responses parameters, the store's size
+bound), generates it whole or as a stream of events, and stores the finished response."""
 
 from __future__ import annotations
 
@@ -8,19 +8,17 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from pydantic import ValidationError
-
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.chat import ChatService
 from gateway.serving.protocol import Usage
 from gateway.serving.responses.conversion import (
+    RESPONSES_NAMES,
     _call_item,
     _logprobs,
     _message_item,
     _record,
     _response_object,
-    _responses_param,
     chat_request,
     input_messages,
 )
@@ -47,19 +45,9 @@ class ResponsesService:
             previous = await self.store.get(owner, request.previous_response_id)
             history = previous.messages
             earlier = [*previous.input_items, *previous.response["output"]]
-        new, items = input_messages(request.input)
+        new, items = input_messages(request.input, history)
         messages = history + new
-        try:
-            chat = await self.chat.prepare(chat_request(request, messages))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"])
-            raise InvalidRequestError(
-                first["msg"], param=_responses_param(param), code="invalid_value"
-            ) from None
-        except InvalidRequestError as exc:
-            exc.param = _responses_param(exc.param)
-            raise
+        chat = await self.chat.prepare(chat_request(request, messages), names=RESPONSES_NAMES)
         prepared = PreparedResponse(
             id=new_id("resp"),
             request=request,
