@@ -267,6 +267,10 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0].type",
         ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": None}]}]},
+            "input[0].content[0].text",
+        ),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"input": []}, "input"),
         (

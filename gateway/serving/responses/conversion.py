@@ -40,10 +40,15 @@ def _text_of(parts: str | list[ContentPart] | None, param: str) -> str:
         if part.type == "refusal" and part.refusal is not None:
             texts.append(part.refusal)  # what the assistant said, as OpenAI gives it back
             continue
-        if part.type not in ("input_text", "output_text", "text") or part.text is None:
+        if part.type not in ("input_text", "output_text", "text"):
             raise InvalidRequestError(
                 f"Content parts of type '{part.type}' are not supported; send input_text.",
                 param=f"{param}[{index}].type",
+            )
+        if part.text is None:
+            raise InvalidRequestError(
+                f"A content part of type '{part.type}' needs its text.",
+                param=f"{param}[{index}].text",
             )
         texts.append(part.text)
     return "".join(texts)
