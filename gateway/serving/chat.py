@@ -42,6 +42,7 @@ from gateway.serving.protocol import (
     ChatCompletionRequest,
     ChoiceLogprobs,
     FunctionCall,
+    ParamNames,
     SamplingRequest,
     TokenLogprobItem,
     ToolCall,
@@ -175,7 +176,7 @@ def check_max_tokens(model: ModelInfo, max_tokens: int | None, param: str) -> No
     if model.context_length and (max_tokens or 0) >= model.context_length:
         # Caught here because an error the model reports mid-stream carries no kind.
         raise InvalidRequestError(
-            f"max_tokens is {max_tokens}, but the model's context length is "
+            f"{param} is {max_tokens}, but the model's context length is "
             f"{model.context_length} tokens (prompt included).",
             param=param,
             code="context_length_exceeded",
@@ -371,14 +372,18 @@ class ChatService:
         request: ChatCompletionRequest,
         session_id: str | None = None,
         owner: str = "",
+        names: ParamNames | None = None,
     ) -> PreparedChat:
         """Validates the request and renders its prompt. With ``session_id`` the stored
-        conversation of ``owner`` (a key id) comes first."""
+        conversation of ``owner`` (a key id) comes first. Errors name parameters as
+        ``names`` do: by default the request's own, else those of the request it was
+        converted from."""
         problem = request.unsupported()
         if problem is not None:
             param, message = problem
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
         check_fan_out(1, 1, request.n, self.max_choices)
+        names = names or request.param_names()
         legacy = request.functions is not None or request.function_call is not None
         if legacy:
             request = from_functions(request)
@@ -394,18 +399,18 @@ class ChatService:
                 code="chat_template_missing",
             )
         max_tokens = request.max_completion_tokens or request.max_tokens
-        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        param = names.max_tokens
         check_max_tokens(model, max_tokens, param)
         top = logprob_options(
-            model, bool(request.logprobs), request.top_logprobs, "logprobs", "top_logprobs"
+            model, bool(request.logprobs), request.top_logprobs, names.logprobs, names.top_logprobs
         )
-        tools = setup(request, model, legacy, self.max_schema_kb)
-        formatted = response_constraint(request.response_format, model, self.max_schema_kb)
+        tools = setup(request, model, names, legacy, self.max_schema_kb)
+        formatted = response_constraint(request.response_format, model, self.max_schema_kb, names)
         if tools.constraint is not None and formatted is not None:
             raise InvalidRequestError(
-                "response_format cannot be combined with a forced tool call (tool_choice "
-                "'required' or a named function).",
-                param="response_format",
+                f"{names.response_format} cannot be combined with a forced tool call "
+                "(tool_choice 'required' or a named function).",
+                param=names.response_format,
             )
         options = replace(
             fit_to_model(model, sampling_options(request, max_tokens), {"max_tokens": param}),
@@ -430,11 +435,12 @@ class ChatService:
         prompt = render_chat(
             template,
             for_template(messages),
+            param=names.messages,
             tools=tools.template_tools,
             bos_token=model.bos_token or "",
             eos_token=model.eos_token or "",
         )
-        check_prompt(model, prompt, max_tokens, "messages")
+        check_prompt(model, prompt, max_tokens, names.messages)
         options = with_max_tokens(model, options, prompt, self.default_max_tokens)
         return PreparedChat(
             id=f"chatcmpl-{uuid.uuid4().hex}",

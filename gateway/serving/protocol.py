@@ -15,6 +15,7 @@ an assistant's ``refusal`` stands for its empty content.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -245,6 +246,26 @@ CHAT_REFUSED = {
 }
 
 
+@dataclass(frozen=True)
+class ParamNames:
+    """What a request calls the parameters the chat path checks (see
+    :meth:`gateway.serving.chat.ChatService.prepare`), so that an error names the one the
+    client sent: a chat request's own names (:meth:`ChatCompletionRequest.param_names`), or
+    those of the request it was converted from (a Responses request's)."""
+
+    max_tokens: str = "max_tokens"
+    logprobs: str = "logprobs"
+    top_logprobs: str = "top_logprobs"
+    tools: str = "tools"
+    tool: str = "tools.[{}].function"
+    """One tool's function (its ``name``, ``parameters``, ``strict``); ``{}``: its index."""
+    tool_choice: str = "tool_choice"
+    response_format: str = "response_format"
+    json_schema: str = "response_format.json_schema"
+    """The ``json_schema`` format (its ``schema`` below it)."""
+    messages: str = "messages"
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = None
@@ -277,6 +298,15 @@ class ChatCompletionRequest(SamplingRequest):
 
     def wants_audio(self) -> bool:
         return "audio" in (self.modalities or [])
+
+    def param_names(self) -> ParamNames:
+        """This request's names of the parameters the chat path checks: the token limit it
+        set, and legacy ``functions`` and ``function_call`` for tools."""
+        max_tokens = "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+        names = ParamNames(max_tokens=max_tokens)
+        if self.functions is None and self.function_call is None:
+            return names
+        return replace(names, tools="functions", tool="functions.[{}]", tool_choice="function_call")
 
     def unsupported(self) -> tuple[str, str] | None:
         for param, why in CHAT_REFUSED.items():

@@ -35,7 +35,7 @@ from referencing.exceptions import Unresolvable
 from gateway.backend import ModelInfo
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError
-from gateway.serving.protocol import ChatTool, ResponseFormat
+from gateway.serving.protocol import ChatTool, ParamNames, ResponseFormat
 
 
 def _refuse(model: ModelInfo, kind: str, param: str, what: str) -> InvalidRequestError:
@@ -423,24 +423,27 @@ def response_constraint(
     response_format: ResponseFormat | None,
     model: ModelInfo,
     max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
+    names: ParamNames | None = None,
 ) -> dict[str, Any] | None:
-    """The constraint a ``response_format`` asks for (None for plain text)."""
+    """The constraint a ``response_format`` asks for (None for plain text); errors name it
+    as ``names`` do (by default, ``response_format``)."""
+    names = names or ParamNames()
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
         if "json_object" not in model.structured_outputs:
-            raise _refuse(model, "json_object", "response_format", "JSON output")
+            raise _refuse(model, "json_object", names.response_format, "JSON output")
         return {"json_object": True}
     spec = response_format.json_schema
     if spec is None:
         raise InvalidRequestError(
-            "response_format of type 'json_schema' needs a 'json_schema' object.",
-            param="response_format.json_schema",
+            f"{names.response_format} of type 'json_schema' needs a 'json_schema' object.",
+            param=names.json_schema,
         )
     schema = spec.schema_ if spec.schema_ is not None else {"type": "object"}
-    check_schema(schema, "response_format.json_schema.schema", max_schema_kb)
+    check_schema(schema, f"{names.json_schema}.schema", max_schema_kb)
     if "json" not in model.structured_outputs:
-        raise _refuse(model, "json", "response_format", "a JSON schema")
+        raise _refuse(model, "json", names.response_format, "a JSON schema")
     return {"json": schema}
 
 

@@ -49,18 +49,21 @@ def _compile(source: str) -> Any:
     return _ENV.from_string(source)
 
 
-def render_chat(template: str, messages: list[dict[str, str]], **extra: Any) -> str:
+def render_chat(
+    template: str, messages: list[dict[str, str]], *, param: str = "messages", **extra: Any
+) -> str:
     """Renders ``messages`` (``role``/``content`` dicts) with a generation prompt;
     ``extra`` are further template variables (``tools``, ``bos_token``, ``eos_token``).
 
-    A conversation the template rejects is the client's error (400); a template that fails
-    otherwise is the operator's (500)."""
+    A conversation the template rejects is the client's error (400, naming ``param``, the
+    request's name for the messages); a template that fails otherwise is the operator's
+    (500)."""
     try:
         compiled = _compile(template)
         return str(compiled.render(messages=messages, add_generation_prompt=True, **extra))
     except TemplateRejected as exc:
         raise InvalidRequestError(
-            f"The chat template rejected the messages: {exc}", param="messages"
+            f"The chat template rejected the messages: {exc}", param=param
         ) from exc
     except TemplateError as exc:
         raise BackendError(

@@ -42,6 +42,7 @@ from gateway.serving.protocol import (
     ChatTool,
     NamedFunction,
     NamedToolChoice,
+    ParamNames,
 )
 from gateway.serving.structured import (
     DEFAULT_MAX_SCHEMA_KB,
@@ -144,21 +145,19 @@ def from_functions(request: ChatCompletionRequest) -> ChatCompletionRequest:
     )
 
 
-def _names(legacy: bool) -> tuple[str, str, str]:
-    """The request's names of (the tools, one tool's function, the choice)."""
-    return ("functions", "", "function_call") if legacy else ("tools", ".function", "tool_choice")
-
-
 def setup(
     request: ChatCompletionRequest,
     model: ModelInfo,
+    names: ParamNames,
     legacy: bool = False,
     max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
 ) -> ToolSetup:
-    """How the request's tools are shown and its reply read; ``legacy``: they came from
-    ``functions`` (see :func:`from_functions`), and errors name those. Each tool's
-    parameters schema may be ``max_schema_kb`` of JSON at most."""
-    tools_param, function_param, choice_param = _names(legacy)
+    """How the request's tools are shown and its reply read; errors name the tools and the
+    choice as ``names`` do (``functions`` and ``function_call`` for legacy ones);
+    ``legacy``: they came from ``functions`` (see :func:`from_functions`), and the answer
+    takes their shape. Each tool's parameters schema may be ``max_schema_kb`` of JSON at
+    most."""
+    tools_param, choice_param = names.tools, names.tool_choice
     choice = request.tool_choice
     if not request.tools:
         if choice not in (None, "none"):
@@ -167,14 +166,14 @@ def setup(
                 param=choice_param,
             )
         return _NO_TOOLS
-    names: list[str] = []
+    declared: list[str] = []
     for index, tool in enumerate(request.tools):
-        where = f"{tools_param}.[{index}]{function_param}"
-        if tool.function.name in names:
+        where = names.tool.format(index)
+        if tool.function.name in declared:
             raise InvalidRequestError(
                 f"Two tools are named '{tool.function.name}'.", param=f"{where}.name"
             )
-        names.append(tool.function.name)
+        declared.append(tool.function.name)
         if tool.function.parameters is not None:
             check_schema(tool.function.parameters, f"{where}.parameters", max_schema_kb)
     if choice == "none":
@@ -188,12 +187,12 @@ def setup(
                 f"{choice_param} names '{wanted}', which is not one of the {tools_param}.",
                 param=choice_param,
             )
-        plan = ToolPlan("named", tuple(names), function=wanted, legacy=legacy)
+        plan = ToolPlan("named", tuple(declared), function=wanted, legacy=legacy)
         return ToolSetup(plan, named_call_constraint(named, model), shown)
     if choice == "required":
         parallel = request.parallel_tool_calls is not False
         constraint = required_calls_constraint(request.tools, parallel, model)
-        return ToolSetup(ToolPlan("required", tuple(names)), constraint, shown)
+        return ToolSetup(ToolPlan("required", tuple(declared)), constraint, shown)
     if model.tool_call_parser is None:
         raise InvalidRequestError(
             f"The model '{model.name}' cannot choose to call tools: its config names no "
@@ -216,15 +215,15 @@ def setup(
             raise InvalidRequestError(
                 f"The model '{model.name}' cannot enforce a strict schema (its config lists "
                 "no 'json' structured outputs); leave strict out.",
-                param=f"{tools_param}.[{index}]{function_param}.strict",
+                param=f"{names.tool.format(index)}.strict",
                 code="unsupported_parameter",
             )
         schema = arguments_schema(tool)
-        check_strict_schema(schema, f"{tools_param}.[{index}]{function_param}.parameters")
+        check_strict_schema(schema, f"{names.tool.format(index)}.parameters")
         strict[tool.function.name] = schema
     plan = ToolPlan(
         "auto",
-        tuple(names),
+        tuple(declared),
         parser=parser,
         max_calls=1 if request.parallel_tool_calls is False else None,
         strict=strict,

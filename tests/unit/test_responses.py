@@ -267,6 +267,10 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0].type",
         ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": None}]}]},
+            "input[0].content[0].text",
+        ),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"input": []}, "input"),
         (
@@ -276,7 +280,7 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
         (
             {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
-            "input",
+            "input[0].call_id",
         ),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
         ({"background": True}, "background"),
@@ -287,6 +291,176 @@ async def test_bad_input_is_a_400_naming_the_parameter(
 ) -> None:
     reply = await http.post("/v1/responses", json={"model": "fake-chat", "input": "Hi", **body})
     assert_openai_error(reply, 400, param=param)
+
+
+def _models(fake: FakeBackend) -> None:
+    """Chat models that lack what a request may need: one taking only top_p, one enforcing
+    no schema (with a tool-call parser), one whose template refuses every conversation."""
+    fake.model_list += [
+        ModelInfo("fake-top-p", "chat", True, TOOLS_TEMPLATE, 2048, takes=frozenset({"top_p"})),
+        ModelInfo("fake-no-json", "chat", True, TOOLS_TEMPLATE, 2048, tool_call_parser="hermes"),
+        ModelInfo("fake-refuses", "chat", True, "{{ raise_exception('no, thanks') }}", 2048),
+    ]
+
+
+DEEP = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 10**7}}}
+NO_JSON = {"model": "fake-no-json"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code", "says"),
+    [
+        ({"max_output_tokens": 2048}, "max_output_tokens", "context_length_exceeded", None),
+        (
+            {"model": "fake-top-p", "max_output_tokens": 5},
+            "max_output_tokens",
+            "unsupported_parameter",
+            "does not take 'max_output_tokens'",
+        ),
+        ({"input": "word " * 20_000}, "input", "context_length_exceeded", None),
+        ({"model": "fake-refuses"}, "input", None, "no, thanks"),
+        (
+            {
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "a"},
+                            {"type": "input_file", "file_id": "f"},
+                        ],
+                    }
+                ]
+            },
+            "input[0].content[1].type",
+            None,
+            None,
+        ),
+        (
+            {
+                "input": [
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": [{"type": "x"}]},
+                ]
+            },
+            "input[1].output[0].type",
+            None,
+            "'x'",
+        ),
+        (
+            {"input": [{"role": "user", "content": "Hi"}, {"type": "function_call_output"}]},
+            "input[1].call_id",
+            None,
+            None,
+        ),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "deep", "schema": DEEP}}},
+            "text.format.schema.properties.a.maxLength",
+            "schema_too_large",
+            None,
+        ),
+        (
+            {**NO_JSON, "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
+            "text.format",
+            "unsupported_parameter",
+            None,
+        ),
+        ({**NO_JSON, "text": {"format": {"type": "json_object"}}}, "text.format", None, None),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "text": {"format": {"type": "json_object"}},
+            },
+            "text.format",
+            None,
+            "text.format cannot be combined",
+        ),
+        (
+            {"tools": [{**WEATHER, "name": "get weather"}]},
+            "tools[0].name",
+            "invalid_value",
+            "'get weather'",
+        ),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].name", None, "Two tools"),
+        (
+            {"tools": [WEATHER, {**WEATHER, "name": "other", "parameters": {"type": 5}}]},
+            "tools[1].parameters",
+            "invalid_json_schema",
+            None,
+        ),
+        (
+            {"tools": [{**WEATHER, "parameters": DEEP}]},
+            "tools[0].parameters.properties.a.maxLength",
+            "schema_too_large",
+            None,
+        ),
+        ({**NO_JSON, "tools": [{**WEATHER, "strict": True}]}, "tools[0].strict", None, None),
+        (
+            {
+                "tools": [
+                    {
+                        **WEATHER,
+                        "strict": True,
+                        "parameters": {
+                            "patternProperties": {"a": {}},
+                            "unevaluatedProperties": False,
+                        },
+                    }
+                ]
+            },
+            "tools[0].parameters",
+            "unsupported_parameter",
+            None,
+        ),
+        ({"tool_choice": "required"}, "tool_choice", None, "only allowed when tools"),
+        ({"model": "fake-plain", "tools": [WEATHER]}, "tools", "unsupported_parameter", None),
+        (
+            {**NO_JSON, "tools": [WEATHER], "tool_choice": "required"},
+            "tool_choice",
+            "unsupported_parameter",
+            None,
+        ),
+    ],
+)
+async def test_what_the_model_or_the_chat_path_refuses_names_the_responses_parameter(
+    http: httpx.AsyncClient,
+    fake: FakeBackend,
+    body: dict[str, Any],
+    param: str,
+    code: str | None,
+    says: str | None,
+) -> None:
+    _models(fake)
+    reply = await http.post("/v1/responses", json={"model": "fake-chat", "input": "Hi", **body})
+    error = assert_openai_error(reply, 400, param=param)
+    if code is not None:
+        assert error["code"] == code, error
+    if says is not None:
+        assert says in error["message"], error
+    for chat_name in ("max_completion_tokens", "response_format", "messages.[", "tool_call_id"):
+        assert chat_name not in error["message"], error
+    assert fake.calls == []
+
+
+async def test_a_function_call_output_answers_a_call_of_the_chain_or_of_the_input(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    first = await client.responses.create(model="fake-chat", input="Weather?", tools=[WEATHER])  # type: ignore[list-item]
+    (call,) = first.output
+    assert call.type == "function_call"
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    body = {"model": "fake-chat", "input": [answer]}
+    alone = await http.post("/v1/responses", json=body)
+    error = assert_openai_error(alone, 400, param="input[0].call_id")
+    assert call.call_id in error["message"]
+    chained = await http.post("/v1/responses", json={**body, "previous_response_id": first.id})
+    assert chained.status_code == 200, chained.text
+    made = {"type": "function_call", "call_id": call.call_id, "name": "get_weather"}
+    inline = await http.post("/v1/responses", json={**body, "input": [made, answer]})
+    assert inline.status_code == 200, inline.text
+    backwards = await http.post("/v1/responses", json={**body, "input": [answer, made]})
+    assert_openai_error(backwards, 400, param="input[0].call_id")
 
 
 async def test_unknown_previous_response_is_a_404(client: openai.AsyncOpenAI) -> None:

@@ -1,7 +1,13 @@
 """Conversion between the Responses API and the chat path: input items to chat messages
-(and to stored items), tools and ``text.format`` to their chat form, chat parameter names
-back to Responses ones, and generated output to output items, the response object and the
-record the store keeps."""
+(and to stored items), the request to the chat request it is served as (tools and
+``text.format`` in their chat form) with the Responses names of the chat parameters, and
+generated output to output items, the response object and the record the store keeps.
+
+What the chat path would refuse in what it is given is checked here first, on the
+Responses request, so each error names the Responses parameter where it is raised: an
+item's content parts, role and ``call_id``, a tool's type and name, the format's name.
+The checks that need the model (the context, tools, constraints, what it takes) are the
+chat path's, given the Responses names in :data:`RESPONSES_NAMES`."""
 
 from __future__ import annotations
 
@@ -11,12 +17,13 @@ from typing import Any
 from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving.chat import PreparedChat, logprob_items
-from gateway.serving.protocol import Usage
+from gateway.serving.protocol import FUNCTION_NAME, ChatCompletionRequest, ParamNames, Usage
 from gateway.serving.responses.protocol import (
     ContentPart,
     FunctionTool,
     InputItem,
     PreparedResponse,
+    ResponsesRequest,
     TextConfig,
     ToolChoiceFunction,
 )
@@ -33,25 +40,32 @@ def _text_of(parts: str | list[ContentPart] | None, param: str) -> str:
         if part.type == "refusal" and part.refusal is not None:
             texts.append(part.refusal)  # what the assistant said, as OpenAI gives it back
             continue
-        if part.type not in ("input_text", "output_text", "text") or part.text is None:
+        if part.type not in ("input_text", "output_text", "text"):
             raise InvalidRequestError(
                 f"Content parts of type '{part.type}' are not supported; send input_text.",
                 param=f"{param}[{index}].type",
+            )
+        if part.text is None:
+            raise InvalidRequestError(
+                f"A content part of type '{part.type}' needs its text.",
+                param=f"{param}[{index}].text",
             )
         texts.append(part.text)
     return "".join(texts)
 
 
 def input_messages(
-    items: str | list[InputItem],
+    items: str | list[InputItem], history: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The input as chat messages, and as stored input items (with ids)."""
+    """The input as chat messages, and as stored input items (with ids). ``history``: the
+    chat messages of the stored chain it continues, whose calls its outputs may answer."""
     if isinstance(items, str):
         only: dict[str, Any] = {"id": new_id("msg"), "type": "message", "role": "user"}
         only |= {"status": "completed", "content": [{"type": "input_text", "text": items}]}
         return [{"role": "user", "content": items}], [only]
     messages: list[dict[str, Any]] = []
     stored: list[dict[str, Any]] = []
+    calls = {call["id"] for message in history for call in message.get("tool_calls") or ()}
     for index, item in enumerate(items):
         param = f"input[{index}]"
         kind = item.type or ("message" if item.role else None)
@@ -77,6 +91,7 @@ def input_messages(
                 raise InvalidRequestError(
                     "A function_call item needs call_id and name.", param=param
                 )
+            calls.add(item.call_id)
             call = {
                 "id": item.call_id,
                 "type": "function",
@@ -101,6 +116,12 @@ def input_messages(
             if not item.call_id:
                 raise InvalidRequestError(
                     "A function_call_output item needs call_id.", param=f"{param}.call_id"
+                )
+            if item.call_id not in calls:
+                raise InvalidRequestError(
+                    f"call_id '{item.call_id}' matches no function_call before this output "
+                    "(in input, or in the response of previous_response_id and its chain).",
+                    param=f"{param}.call_id",
                 )
             output = _text_of(item.output, f"{param}.output")
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
@@ -134,6 +155,13 @@ def _chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None
             )
         if not tool.name:
             raise InvalidRequestError("A function tool needs a name.", param=f"tools[{index}].name")
+        if not re.fullmatch(FUNCTION_NAME, tool.name):
+            raise InvalidRequestError(
+                f"Invalid function name '{tool.name}': letters, digits, '_' and '-' only, "
+                "at most 64 characters.",
+                param=f"tools[{index}].name",
+                code="invalid_value",
+            )
         function: dict[str, Any] = {"name": tool.name, "description": tool.description}
         function |= {"parameters": tool.parameters, "strict": tool.strict}
         out.append({"type": "function", "function": function})
@@ -152,24 +180,41 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema | {"description": form.description}}
 
 
-#: Chat parameter names -> the Responses parameter they came from.
-_PARAMS = [
-    (re.compile(r"^messages\b.*"), "input"),
-    (re.compile(r"^logprobs"), "include"),
-    (re.compile(r"^response_format\.json_schema\.?"), "text.format."),
-    (re.compile(r"^response_format"), "text.format"),
-    (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
-    (re.compile(r"^tools\.\[(\d+)\]\.function\."), r"tools[\1]."),
-]
+#: The Responses parameters the chat request's are built from, for the chat path's errors.
+RESPONSES_NAMES = ParamNames(
+    max_tokens="max_output_tokens",
+    logprobs="include",
+    tool="tools[{}]",
+    response_format="text.format",
+    json_schema="text.format",
+    messages="input",
+)
 
 
-def _responses_param(param: str | None) -> str | None:
-    if param is None:
-        return None
-    for pattern, replacement in _PARAMS:
-        if pattern.match(param):
-            return pattern.sub(replacement, param, count=1).rstrip(".")
-    return param
+def chat_request(
+    request: ResponsesRequest, messages: list[dict[str, Any]]
+) -> ChatCompletionRequest:
+    """The chat request ``request`` is served as: ``instructions`` as the system message,
+    then ``messages`` (the stored chain and the new input). Its errors are the chat path's
+    (see :data:`RESPONSES_NAMES`): the Responses checks leave none for its schema."""
+    system = [{"role": "system", "content": request.instructions}]
+    tool_choice: Any = request.tool_choice
+    if isinstance(tool_choice, ToolChoiceFunction):
+        tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
+    body = {
+        "model": request.model,
+        "messages": (system if request.instructions else []) + messages,
+        "max_completion_tokens": request.max_output_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "tools": _chat_tools(request.tools),
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "response_format": _response_format(request.text),
+        "logprobs": request.wants_logprobs() or None,
+        "top_logprobs": request.top_logprobs,
+    }
+    return ChatCompletionRequest.model_validate(body)
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

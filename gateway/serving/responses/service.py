@@ -1,6 +1,6 @@
 """The Responses service: :class:`ResponsesService` prepares a request (the stored chain,
-the chat validation with errors renamed to Responses parameters, the store's size bound),
-generates it whole or as a stream of events, and stores the finished response."""
+the Responses checks, the chat validation naming Responses parameters, the store's size
+bound), generates it whole or as a stream of events, and stores the finished response."""
 
 from __future__ import annotations
 
@@ -8,28 +8,21 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from pydantic import ValidationError
-
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.chat import ChatService
-from gateway.serving.protocol import ChatCompletionRequest, Usage
+from gateway.serving.protocol import Usage
 from gateway.serving.responses.conversion import (
+    RESPONSES_NAMES,
     _call_item,
-    _chat_tools,
     _logprobs,
     _message_item,
     _record,
-    _response_format,
     _response_object,
-    _responses_param,
+    chat_request,
     input_messages,
 )
-from gateway.serving.responses.protocol import (
-    PreparedResponse,
-    ResponsesRequest,
-    ToolChoiceFunction,
-)
+from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
 from gateway.serving.responses.stream import _StreamWriter
 from gateway.serving.sse import failure
 from gateway.serving.tool_parsers import ParsedCall, assemble
@@ -52,37 +45,9 @@ class ResponsesService:
             previous = await self.store.get(owner, request.previous_response_id)
             history = previous.messages
             earlier = [*previous.input_items, *previous.response["output"]]
-        new, items = input_messages(request.input)
+        new, items = input_messages(request.input, history)
         messages = history + new
-        system = [{"role": "system", "content": request.instructions}]
-        tool_choice: Any = request.tool_choice
-        if isinstance(tool_choice, ToolChoiceFunction):
-            tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
-        body = {
-            "model": request.model,
-            "messages": (system if request.instructions else []) + messages,
-            "max_completion_tokens": request.max_output_tokens,
-            "temperature": request.temperature,
-            "top_p": request.top_p,
-            "tools": _chat_tools(request.tools),
-            "tool_choice": tool_choice,
-            "parallel_tool_calls": request.parallel_tool_calls,
-            "response_format": _response_format(request.text),
-            "logprobs": request.wants_logprobs() or None,
-            "top_logprobs": request.top_logprobs,
-        }
-        try:
-            chat_request = ChatCompletionRequest.model_validate(body)
-            chat = await self.chat.prepare(chat_request)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"])
-            raise InvalidRequestError(
-                first["msg"], param=_responses_param(param), code="invalid_value"
-            ) from None
-        except InvalidRequestError as exc:
-            exc.param = _responses_param(exc.param)
-            raise
+        chat = await self.chat.prepare(chat_request(request, messages), names=RESPONSES_NAMES)
         prepared = PreparedResponse(
             id=new_id("resp"),
             request=request,
