@@ -21,8 +21,6 @@ from pydantic import ValidationError
 from gateway.config import Settings
 from gateway.errors import GatewayError
 from gateway.stack.credentials import redis_password
-from gateway.stack.server import serve
-from gateway.stack.up import up
 from gateway.state.keys import ApiKey, KeyCreate, KeyStore
 from gateway.state.redis import connect, migrate
 
@@ -189,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "keys":
         return _run(lambda: _keys_command(args, redis_password(settings, make=False)))
+    # Imported here: the app and the stack take a second to import, which `keys` needs not.
     if args.command == "serve":
+        from gateway.stack.server import serve
+
         return serve(settings)
+    from gateway.stack.up import up
+
     return up(settings)
