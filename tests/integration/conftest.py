@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,3 +110,23 @@ def generated_tokens(stack: GatewayProcess, model: str) -> float:
     match = re.search(rf'^model_generated_tokens_total{{model="{model}"}} (\S+)$', text, re.M)
     assert match, f"no token metric for {model} in Triton's /metrics"
     return float(match.group(1))
+
+
+def generation_stops(
+    stack: GatewayProcess, model: str, still_s: float = 0.5, timeout_s: float = 10
+) -> float:
+    """Waits until ``model``'s generated-token counter has stood still for ``still_s``
+    (polled every 0.1 s) and returns it: the model stopped generating. Fails when it keeps
+    growing for ``timeout_s`` (a cancelled request the model went on with). The models slowed
+    for these tests make a token every 20-40 ms, so a running one never stands still that
+    long."""
+    deadline = time.monotonic() + timeout_s
+    last, since = generated_tokens(stack, model), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = generated_tokens(stack, model)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= still_s:
+            return now
+    raise AssertionError(f"{model} kept generating for {timeout_s} s (at {last} tokens)")

@@ -9,7 +9,6 @@ takes their chat template and token counts from a mounted tokenizer (conftest)."
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import LLAMA3_STYLE_TEMPLATE, generated_tokens
+from tests.integration.conftest import LLAMA3_STYLE_TEMPLATE, generated_tokens, generation_stops
 from tests.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -255,7 +254,4 @@ def test_leaving_a_stream_cancels_a_vllm_request(loaded: GatewayProcess) -> None
         for n, _ in enumerate(response.iter_lines()):
             if n >= 6:
                 break
-    time.sleep(0.5)
-    stopped = generated_tokens(loaded, "vllm_r25_11")
-    time.sleep(0.5)
-    assert generated_tokens(loaded, "vllm_r25_11") == stopped < before + 200
+    assert generation_stops(loaded, "vllm_r25_11") < before + 200
