@@ -4,27 +4,16 @@ in process: what it draws must follow the model's logits at every step."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.smollm2 import weights_path
 
 llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton_repo"))
 from llama_sampling import TokenSampler  # noqa: E402
 
 PROMPT = b"<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[Any]:
-    path = weights_path()
-    model = llama_cpp.Llama(model_path=path, n_ctx=512, verbose=False)
-    yield model
-    model.close()
 
 
 def decode(llm: Any, steps: int, **sampling: Any) -> list[int]:
@@ -47,13 +36,17 @@ def decode(llm: Any, steps: int, **sampling: Any) -> list[int]:
     return tokens
 
 
-def test_top_k_1_draws_the_greedy_tokens_at_every_step(llm: Any) -> None:
+@pytest.fixture(scope="module")
+def greedy(llm: Any) -> list[int]:
+    """The greedy decoding of the prompt, 24 tokens."""
+    return decode(llm, 24, temperature=0.0, top_k=0, top_p=1.0)
+
+
+def test_top_k_1_draws_the_greedy_tokens_at_every_step(llm: Any, greedy: list[int]) -> None:
     # top-k 1 leaves one candidate: a seeded draw at any temperature must pick the best
     # token, step after step, exactly as greedy decoding does.
-    greedy = decode(llm, 24, temperature=0.0, top_k=0, top_p=1.0)
     assert decode(llm, 24, temperature=0.9, top_k=1, top_p=1.0) == greedy
 
 
-def test_a_tiny_top_p_draws_the_greedy_tokens_at_every_step(llm: Any) -> None:
-    greedy = decode(llm, 24, temperature=0.0, top_k=0, top_p=1.0)
+def test_a_tiny_top_p_draws_the_greedy_tokens_at_every_step(llm: Any, greedy: list[int]) -> None:
     assert decode(llm, 24, temperature=0.9, top_k=0, top_p=1e-6) == greedy

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from tests.smollm2 import weights_path
-
 llama_cpp = pytest.importorskip("llama_cpp")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton_repo"))
 from llama_batching import BatchEngine, Sequence  # noqa: E402
@@ -54,14 +52,6 @@ class Reply:
 
     def fail(self, message: str) -> None:
         self.ended = message
-
-
-@pytest.fixture(scope="module")
-def llm() -> Iterator[Any]:
-    path = weights_path()
-    model = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, verbose=False)
-    yield model
-    model.close()
 
 
 @pytest.fixture(scope="module")
