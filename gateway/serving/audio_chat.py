@@ -301,9 +301,9 @@ class AudioChat:
                 "Streamed audio output cannot be combined with tools.", param="tools"
             )
         voice, output = await self.voice(request, key)
-        tally = await chat.tally(meter)
-        pieces = await generation.stream(self.backend, chat.model, tally)
-        events = self._events(chat, voice, output, pieces, tally, key.id, meter)
+        run = await chat.tally(meter)
+        pieces = await generation.stream(self.backend, chat.model, run)
+        events = self._events(chat, voice, output, pieces, run, key.id, meter)
         return with_done(events, "chat")
 
     async def _events(
@@ -312,7 +312,7 @@ class AudioChat:
         voice: Voice,
         output: AudioOutput,
         pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        run: generation.GenerationRun,
         owner: str,
         meter: Meter,
     ) -> AsyncGenerator[str, None]:
@@ -332,7 +332,7 @@ class AudioChat:
         expires_at = int(time.time()) + self.transcripts.ttl_s
         said: list[str] = []
         yield chunk({"role": "assistant", "content": None})
-        texts = generation.texts(pieces, tally)
+        texts = generation.texts(pieces, run)
         stream = spoken(self.backend, voice, texts, _encoding(output), meter)
         async with aclosing(stream):
             async for item in stream:
@@ -344,10 +344,10 @@ class AudioChat:
                     yield chunk({"audio": {"id": audio_id, "data": data}})
         text = "".join(said)
         await self.transcripts.save(owner, audio_id, text)
-        finish = tally.finish_reasons.get(0, "stop")
+        finish = run.finish_reasons.get(0, "stop")
         yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
         message = {"role": "assistant", "content": text}
-        await self.chat.remember(chat, message, tally.completion_tokens)
+        await self.chat.remember(chat, message, run.completion_tokens)
         if chat.include_usage:
-            usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
+            usage = {**head, "choices": [], "usage": run.usage().model_dump()}
             yield f"data: {json.dumps(usage)}\n\n"

@@ -86,7 +86,7 @@ class PreparedChat:
     """How many of its choices run at once."""
     started: float = field(default_factory=time.monotonic)
 
-    async def tally(self, meter: Meter | None) -> generation.Tally:
+    async def tally(self, meter: Meter | None) -> generation.GenerationRun:
         """One backend request per choice, their tokens reserved under the key's limits."""
         jobs = generation.jobs_for([self.prompt], self.options, self.n)
         return await generation.admit(meter or Meter(), jobs, self.flexible, self.in_flight)
@@ -460,7 +460,7 @@ class ChatService:
     async def strict_arguments(
         self,
         chat: PreparedChat,
-        tally: generation.Tally,
+        run: generation.GenerationRun,
         index: int,
         call: ParsedCall,
         text: str,
@@ -472,24 +472,24 @@ class ChatService:
         tokens keeps them (its finish reason, ``length``, says they were cut)."""
         assert chat.tools is not None
         problem = chat.tools.mismatch(call.name, call.arguments)
-        budget = tally.jobs[index].options.max_tokens
+        budget = run.jobs[index].options.max_tokens
         if problem is None or (budget is not None and used >= budget):
             return call.arguments
         logger.info("strict call to %s generated again: %s", call.name, problem)
         options = replace(
-            tally.jobs[index].options,
+            run.jobs[index].options,
             max_tokens=budget - used if budget is not None else None,
             logprobs=None,
             constraint={"json": chat.tools.strict[call.name]},
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.admit(
-            tally.meter, [generation.Job(chat.prompt + prefix, options)], flexible=True
+            run.meter, [generation.Job(chat.prompt + prefix, options)], flexible=True
         )
         [result] = await generation.collect(self.backend, chat.model, again)
-        tally.prompt_tokens += again.prompt_tokens
-        tally.completion_tokens += again.completion_tokens
-        tally.estimated = tally.estimated or again.estimated
+        run.prompt_tokens += again.prompt_tokens
+        run.completion_tokens += again.completion_tokens
+        run.estimated = run.estimated or again.estimated
         arguments = result.text.strip()
         problem = chat.tools.mismatch(call.name, arguments)
         if problem is not None and result.finish_reason != "length":
@@ -501,7 +501,11 @@ class ChatService:
         return arguments
 
     async def _choice(
-        self, chat: PreparedChat, tally: generation.Tally, index: int, result: generation.Generated
+        self,
+        chat: PreparedChat,
+        run: generation.GenerationRun,
+        index: int,
+        result: generation.Generated,
     ) -> ChatCompletionChoice:
         content: str | None = result.text
         calls: list[ToolCall] | None = None
@@ -513,7 +517,7 @@ class ChatService:
                 finish = "stop"  # the answer ends with its call; the rest was dropped
             for call in parsed:
                 call.arguments = await self.strict_arguments(
-                    chat, tally, index, call, result.text, result.completion_tokens
+                    chat, run, index, call, result.text, result.completion_tokens
                 )
             calls = _tool_calls(parsed) or None
         logprobs = None
@@ -527,9 +531,9 @@ class ChatService:
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        tally = await chat.tally(meter)
-        results = await generation.collect(self.backend, chat.model, tally)
-        choices = [await self._choice(chat, tally, i, r) for i, r in enumerate(results)]
+        run = await chat.tally(meter)
+        results = await generation.collect(self.backend, chat.model, run)
+        choices = [await self._choice(chat, run, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
         await self.remember(chat, message, results[0].completion_tokens)
         if chat.tools is not None and chat.tools.legacy:
@@ -539,15 +543,15 @@ class ChatService:
             created=chat.created,
             model=chat.model,
             choices=choices,
-            usage=tally.usage(),
+            usage=run.usage(),
         )
 
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before the first chunk of any choice."""
-        tally = await chat.tally(meter)
-        pieces = await generation.stream(self.backend, chat.model, tally)
-        return with_done(self._events(chat, pieces, tally), "chat")
+        run = await chat.tally(meter)
+        pieces = await generation.stream(self.backend, chat.model, run)
+        return with_done(self._events(chat, pieces, run), "chat")
 
     def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:
         if chat.logprobs is None or not state.logprobs:
@@ -560,7 +564,7 @@ class ChatService:
         self,
         chat: PreparedChat,
         pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         writer = _ChunkWriter(chat)
         timer = ChatTimer(self.metrics, chat.model, chat.started)
@@ -575,12 +579,12 @@ class ChatService:
                 state = states[index]
                 if chunk is None:
                     if not state.ended:
-                        for event in await self._close_choice(chat, writer, tally, index, state):
+                        for event in await self._close_choice(chat, writer, run, index, state):
                             yield event
                     continue
                 # Counted before the text is sent: what was generated counts even for a
                 # client that leaves mid-stream (the generator may never be resumed).
-                tally.add(index, chunk)
+                run.add(index, chunk)
                 state.completion_tokens += chunk.completion_tokens
                 state.finish = chunk.finish_reason or state.finish
                 state.logprobs.extend(chunk.logprobs)
@@ -597,7 +601,7 @@ class ChatService:
                 ):
                     yield event
                 if state.parser.closed:
-                    for event in await self._close_choice(chat, writer, tally, index, state):
+                    for event in await self._close_choice(chat, writer, run, index, state):
                         yield event
                     if all(s.ended for s in states):
                         break  # leaving closes the generations still running
@@ -610,7 +614,7 @@ class ChatService:
             message["tool_calls"] = [call.model_dump() for call in _tool_calls(first.calls)]
         await self.remember(chat, message, first.completion_tokens)
         if chat.include_usage:
-            yield writer.usage(tally.usage())
+            yield writer.usage(run.usage())
 
     def _parsed(
         self,
@@ -650,7 +654,7 @@ class ChatService:
         self,
         chat: PreparedChat,
         writer: _ChunkWriter,
-        tally: generation.Tally,
+        run: generation.GenerationRun,
         index: int,
         state: _ChoiceState,
     ) -> list[str]:
@@ -667,7 +671,7 @@ class ChatService:
                 if call.name not in chat.tools.strict:
                     continue
                 call.arguments = await self.strict_arguments(
-                    chat, tally, index, call, text, state.completion_tokens
+                    chat, run, index, call, text, state.completion_tokens
                 )
                 piece = ToolCallDelta(number, arguments=call.arguments)
                 events.append(writer.delta(index, _call_delta([piece], chat.tools.legacy)))

@@ -128,15 +128,17 @@ class CompletionService:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 
-    async def _tally(self, job: PreparedCompletion, meter: Meter | None) -> generation.Tally:
+    async def _tally(
+        self, job: PreparedCompletion, meter: Meter | None
+    ) -> generation.GenerationRun:
         jobs = generation.jobs_for(job.prompts, job.options, job.n)
         return await generation.admit(meter or Meter(), jobs, in_flight=self.in_flight)
 
     async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
-        tally = await self._tally(job, meter)
-        results = await generation.collect(self.backend, job.model, tally)
+        run = await self._tally(job, meter)
+        results = await generation.collect(self.backend, job.model, run)
         choices = []
-        for index, (spec, result) in enumerate(zip(tally.jobs, results, strict=True)):
+        for index, (spec, result) in enumerate(zip(run.jobs, results, strict=True)):
             echoed = spec.prompt if job.echo else ""
             logprobs = None
             if job.logprobs is not None:
@@ -154,7 +156,7 @@ class CompletionService:
             created=job.created,
             model=job.model,
             choices=choices,
-            usage=tally.usage(),
+            usage=run.usage(),
         )
 
     async def stream(
@@ -162,16 +164,16 @@ class CompletionService:
     ) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body (see the chat service for the
         contract)."""
-        tally = await self._tally(job, meter)
-        pieces = await generation.stream(self.backend, job.model, tally)
-        return with_done(self._events(job, tally.jobs, pieces, tally), "completions")
+        run = await self._tally(job, meter)
+        pieces = await generation.stream(self.backend, job.model, run)
+        return with_done(self._events(job, run.jobs, pieces, run), "completions")
 
     async def _events(
         self,
         job: PreparedCompletion,
         jobs: list[generation.Job],
         pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         head = {"id": job.id, "object": "text_completion", "created": job.created}
         head["model"] = job.model
@@ -195,7 +197,7 @@ class CompletionService:
                 if piece is None:
                     yield chunk(index, "", finishes[index] or "stop")
                     continue
-                tally.add(index, piece)
+                run.add(index, piece)
                 finishes[index] = piece.finish_reason or finishes[index]
                 if piece.text or piece.logprobs:
                     logprobs = None
@@ -203,5 +205,5 @@ class CompletionService:
                         logprobs = offsets[index].add(list(piece.logprobs)).model_dump()
                     yield chunk(index, piece.text, None, logprobs)
         if job.include_usage:
-            usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
+            usage = {**head, "choices": [], "usage": run.usage().model_dump()}
             yield f"data: {json.dumps(usage)}\n\n"

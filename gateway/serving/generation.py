@@ -7,8 +7,8 @@ come, each tagged with its choice index. Tokens go to the request's meter as the
 so what was generated counts even when the client leaves early.
 
 Every caller goes the same way: :func:`admit` reserves the jobs' tokens under the key's
-``tpm`` and returns the request's :class:`Tally`; :func:`collect` or :func:`stream` runs its
-jobs, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one
+``tpm`` and returns the request's :class:`GenerationRun`; :func:`collect` or :func:`stream`
+runs its jobs, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one
 request with many choices cannot flood Triton.
 """
 
@@ -58,9 +58,11 @@ class Generated:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-class Tally:
-    """A request's jobs, and its tokens counted into its meter as they arrive: the prompt
-    once per distinct prompt, every choice's completion tokens."""
+class GenerationRun:
+    """One request's generation: its jobs (one per choice), the gate that lets
+    ``in_flight`` of them run at once, and the tokens they generate, counted into the
+    request's meter as they arrive: the prompt once per distinct prompt, every choice's
+    completion tokens."""
 
     def __init__(self, meter: Meter, jobs: list[Job], in_flight: int = 16) -> None:
         self.meter = meter
@@ -100,7 +102,7 @@ class Tally:
 
 async def admit(
     meter: Meter, jobs: list[Job], flexible: bool = False, in_flight: int = 16
-) -> Tally:
+) -> GenerationRun:
     """Reserves the jobs' tokens under the key's ``tpm`` (429 when they do not fit, see
     :meth:`Meter.reserve`): the distinct prompts, estimated, and every job's
     ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the jobs may be given
@@ -111,22 +113,24 @@ async def admit(
     granted = await meter.reserve(prompt, per or 1, len(jobs), flexible and per is not None)
     if per is not None and granted < per:
         jobs = [Job(j.prompt, replace(j.options, max_tokens=granted)) for j in jobs]
-    return Tally(meter, jobs, in_flight)
+    return GenerationRun(meter, jobs, in_flight)
 
 
-async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
-    async with tally.gate:
-        return await _generated(backend, model, job, index, tally)
+async def _one(backend: Backend, model: str, job: Job, index: int, run: GenerationRun) -> Generated:
+    async with run.gate:
+        return await _generated(backend, model, job, index, run)
 
 
-async def _generated(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
+async def _generated(
+    backend: Backend, model: str, job: Job, index: int, run: GenerationRun
+) -> Generated:
     result = Generated()
     texts: list[str] = []
     finish = None
     chunks = backend.generate(model, job.prompt, job.options, stream=False)
     async with aclosing(chunks):
         async for chunk in chunks:
-            tally.add(index, chunk)
+            run.add(index, chunk)
             texts.append(chunk.text)
             result.logprobs.extend(chunk.logprobs)
             finish = chunk.finish_reason or finish
@@ -136,14 +140,14 @@ async def _generated(backend: Backend, model: str, job: Job, index: int, tally: 
     return result
 
 
-async def collect(backend: Backend, model: str, tally: Tally) -> list[Generated]:
-    """Runs every job to the end, concurrently (``tally.in_flight`` at a time); the first
+async def collect(backend: Backend, model: str, run: GenerationRun) -> list[Generated]:
+    """Runs every job to the end, concurrently (``run.in_flight`` at a time); the first
     failure cancels the others."""
-    jobs = tally.jobs
+    jobs = run.jobs
     if len(jobs) == 1:
-        return [await _generated(backend, model, jobs[0], 0, tally)]
+        return [await _generated(backend, model, jobs[0], 0, run)]
     async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_one(backend, model, j, i, tally)) for i, j in enumerate(jobs)]
+        tasks = [group.create_task(_one(backend, model, j, i, run)) for i, j in enumerate(jobs)]
     return [task.result() for task in tasks]
 
 
@@ -155,16 +159,16 @@ Piece = tuple[int, GenerationChunk | None]
 _LATER: Any = object()
 
 
-async def stream(backend: Backend, model: str, tally: Tally) -> AsyncGenerator[Piece, None]:
+async def stream(backend: Backend, model: str, run: GenerationRun) -> AsyncGenerator[Piece, None]:
     """Starts the jobs and awaits each one's first chunk (so a request that fails up front
     raises before the HTTP response starts), then yields the chunks of all of them as they
-    come. Jobs beyond ``tally.in_flight`` start as earlier ones end (their failures come
+    come. Jobs beyond ``run.in_flight`` start as earlier ones end (their failures come
     in the stream). Closing the generator cancels every job still running."""
-    jobs = tally.jobs
+    jobs = run.jobs
     streams = [backend.generate(model, j.prompt, j.options, stream=True) for j in jobs]
-    if len(streams) > tally.in_flight:
-        streams = [_gated(tally.gate, s) for s in streams]
-    started = streams[: tally.in_flight]
+    if len(streams) > run.in_flight:
+        streams = [_gated(run.gate, s) for s in streams]
+    started = streams[: run.in_flight]
     try:
         firsts = await asyncio.gather(*(first_or_close(s) for s in started))
     except BaseException:
@@ -184,14 +188,16 @@ async def _gated(
             yield chunk
 
 
-async def texts(pieces: AsyncGenerator[Piece, None], tally: Tally) -> AsyncGenerator[str, None]:
-    """The text of a one-choice stream, its tokens counted into ``tally`` (which also keeps
+async def texts(
+    pieces: AsyncGenerator[Piece, None], run: GenerationRun
+) -> AsyncGenerator[str, None]:
+    """The text of a one-choice stream, its tokens counted into ``run`` (which also keeps
     its finish reason)."""
     async with aclosing(pieces):
         async for _, chunk in pieces:
             if chunk is None:
                 continue
-            tally.add(0, chunk)
+            run.add(0, chunk)
             if chunk.text:
                 yield chunk.text
 

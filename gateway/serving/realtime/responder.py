@@ -65,7 +65,7 @@ class _Responder:
         self.audio_ms = 0.0
         self.status = "completed"
         self.details: dict[str, Any] | None = None
-        self.tally: generation.Tally | None = None
+        self.tally: generation.GenerationRun | None = None
         self.started = False
 
     def _json(self, status: str) -> dict[str, Any]:

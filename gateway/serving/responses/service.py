@@ -149,7 +149,7 @@ class ResponsesService:
         prepared: PreparedResponse,
         writer: _StreamWriter,
         pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        tally: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         """The events; a failure after the stream began ends it with ``error`` and
         ``response.failed`` (the HTTP status is already sent)."""
