@@ -311,7 +311,7 @@ class AudioChat:
         chat: PreparedChat,
         voice: Voice,
         output: AudioOutput,
-        pieces: AsyncGenerator[generation.Piece, None],
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
         owner: str,
         meter: Meter,

@@ -563,7 +563,7 @@ class ChatService:
     async def _events(
         self,
         chat: PreparedChat,
-        pieces: AsyncGenerator[generation.Piece, None],
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         writer = _ChunkWriter(chat)

@@ -172,7 +172,7 @@ class CompletionService:
         self,
         job: PreparedCompletion,
         jobs: list[generation.Job],
-        pieces: AsyncGenerator[generation.Piece, None],
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         head = {"id": job.id, "object": "text_completion", "created": job.created}

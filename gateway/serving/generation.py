@@ -152,14 +152,16 @@ async def collect(backend: Backend, model: str, run: GenerationRun) -> list[Gene
 
 
 #: What :func:`stream` yields: a choice index and its next chunk, or None when it ended.
-Piece = tuple[int, GenerationChunk | None]
+ChoiceChunk = tuple[int, GenerationChunk | None]
 
 
 #: A stream whose first chunk is not awaited before the response starts.
 _LATER: Any = object()
 
 
-async def stream(backend: Backend, model: str, run: GenerationRun) -> AsyncGenerator[Piece, None]:
+async def stream(
+    backend: Backend, model: str, run: GenerationRun
+) -> AsyncGenerator[ChoiceChunk, None]:
     """Starts the jobs and awaits each one's first chunk (so a request that fails up front
     raises before the HTTP response starts), then yields the chunks of all of them as they
     come. Jobs beyond ``run.in_flight`` start as earlier ones end (their failures come
@@ -189,7 +191,7 @@ async def _gated(
 
 
 async def texts(
-    pieces: AsyncGenerator[Piece, None], run: GenerationRun
+    pieces: AsyncGenerator[ChoiceChunk, None], run: GenerationRun
 ) -> AsyncGenerator[str, None]:
     """The text of a one-choice stream, its tokens counted into ``run`` (which also keeps
     its finish reason)."""
@@ -204,7 +206,7 @@ async def texts(
 
 async def _single(
     chunks: AsyncGenerator[GenerationChunk, None], first: GenerationChunk | None
-) -> AsyncGenerator[Piece, None]:
+) -> AsyncGenerator[ChoiceChunk, None]:
     """One choice: no task or queue on the hot path."""
     async with aclosing(chunks):
         chunk = first
@@ -216,8 +218,8 @@ async def _single(
 
 async def _merged(
     streams: list[AsyncGenerator[GenerationChunk, None]], firsts: list[GenerationChunk | None]
-) -> AsyncGenerator[Piece, None]:
-    queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
+) -> AsyncGenerator[ChoiceChunk, None]:
+    queue: asyncio.Queue[ChoiceChunk | BaseException] = asyncio.Queue()
 
     async def pump(index: int) -> None:
         chunks = streams[index]

@@ -148,7 +148,7 @@ class ResponsesService:
         self,
         prepared: PreparedResponse,
         writer: _StreamWriter,
-        pieces: AsyncGenerator[generation.Piece, None],
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
         tally: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         """The events; a failure after the stream began ends it with ``error`` and

@@ -194,7 +194,7 @@ class _StreamWriter:
         return events + await self._calls(delta)
 
     async def events(
-        self, pieces: AsyncGenerator[generation.Piece, None], tally: generation.GenerationRun
+        self, pieces: AsyncGenerator[generation.ChoiceChunk, None], tally: generation.GenerationRun
     ) -> AsyncGenerator[str, None]:
         prepared = self.prepared
         chat = prepared.chat
