@@ -88,8 +88,8 @@ class PreparedChat:
 
     async def tally(self, meter: Meter | None) -> generation.GenerationRun:
         """One backend request per choice, their tokens reserved under the key's limits."""
-        jobs = generation.jobs_for([self.prompt], self.options, self.n)
-        return await generation.admit(meter or Meter(), jobs, self.flexible, self.in_flight)
+        generations = generation.generations_for([self.prompt], self.options, self.n)
+        return await generation.admit(meter or Meter(), generations, self.flexible, self.in_flight)
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
@@ -472,19 +472,19 @@ class ChatService:
         tokens keeps them (its finish reason, ``length``, says they were cut)."""
         assert chat.tools is not None
         problem = chat.tools.mismatch(call.name, call.arguments)
-        budget = run.jobs[index].options.max_tokens
+        budget = run.generations[index].options.max_tokens
         if problem is None or (budget is not None and used >= budget):
             return call.arguments
         logger.info("strict call to %s generated again: %s", call.name, problem)
         options = replace(
-            run.jobs[index].options,
+            run.generations[index].options,
             max_tokens=budget - used if budget is not None else None,
             logprobs=None,
             constraint={"json": chat.tools.strict[call.name]},
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.admit(
-            run.meter, [generation.Job(chat.prompt + prefix, options)], flexible=True
+            run.meter, [generation.Generation(chat.prompt + prefix, options)], flexible=True
         )
         [result] = await generation.collect(self.backend, chat.model, again)
         run.prompt_tokens += again.prompt_tokens

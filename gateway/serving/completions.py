@@ -131,15 +131,15 @@ class CompletionService:
     async def _tally(
         self, job: PreparedCompletion, meter: Meter | None
     ) -> generation.GenerationRun:
-        jobs = generation.jobs_for(job.prompts, job.options, job.n)
-        return await generation.admit(meter or Meter(), jobs, in_flight=self.in_flight)
+        generations = generation.generations_for(job.prompts, job.options, job.n)
+        return await generation.admit(meter or Meter(), generations, in_flight=self.in_flight)
 
     async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
         run = await self._tally(job, meter)
         results = await generation.collect(self.backend, job.model, run)
         choices = []
-        for index, (spec, result) in enumerate(zip(run.jobs, results, strict=True)):
-            echoed = spec.prompt if job.echo else ""
+        for index, (g, result) in enumerate(zip(run.generations, results, strict=True)):
+            echoed = g.prompt if job.echo else ""
             logprobs = None
             if job.logprobs is not None:
                 logprobs = _Offsets(len(echoed), job.logprobs).add(result.logprobs)
@@ -166,12 +166,12 @@ class CompletionService:
         contract)."""
         run = await self._tally(job, meter)
         pieces = await generation.stream(self.backend, job.model, run)
-        return with_done(self._events(job, run.jobs, pieces, run), "completions")
+        return with_done(self._events(job, run.generations, pieces, run), "completions")
 
     async def _events(
         self,
         job: PreparedCompletion,
-        jobs: list[generation.Job],
+        generations: list[generation.Generation],
         pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
@@ -186,13 +186,13 @@ class CompletionService:
             return f"data: {json.dumps(body)}\n\n"
 
         offsets = [
-            _Offsets(len(spec.prompt) if job.echo else 0, job.logprobs or 0) for spec in jobs
+            _Offsets(len(g.prompt) if job.echo else 0, job.logprobs or 0) for g in generations
         ]
-        finishes: list[str | None] = [None] * len(jobs)
+        finishes: list[str | None] = [None] * len(generations)
         async with aclosing(pieces):
             if job.echo:
-                for index, spec in enumerate(jobs):
-                    yield chunk(index, spec.prompt, None)
+                for index, g in enumerate(generations):
+                    yield chunk(index, g.prompt, None)
             async for index, piece in pieces:
                 if piece is None:
                     yield chunk(index, "", finishes[index] or "stop")

@@ -6,10 +6,11 @@ together. :func:`collect` runs them to the end; :func:`stream` merges their chun
 come, each tagged with its choice index. Tokens go to the request's meter as they arrive,
 so what was generated counts even when the client leaves early.
 
-Every caller goes the same way: :func:`admit` reserves the jobs' tokens under the key's
-``tpm`` and returns the request's :class:`GenerationRun`; :func:`collect` or :func:`stream`
-runs its jobs, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one
-request with many choices cannot flood Triton.
+Every caller goes the same way: :func:`admit` reserves the generations' tokens under the
+key's ``tpm`` and returns the request's :class:`GenerationRun`; :func:`collect` or
+:func:`stream` runs its generations, at most ``in_flight`` at a time
+(``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one request with many choices cannot flood
+Triton.
 """
 
 from __future__ import annotations
@@ -28,24 +29,24 @@ from gateway.state.limits import Meter
 
 
 @dataclass(frozen=True)
-class Job:
-    """One backend request: a rendered prompt and its options."""
+class Generation:
+    """One choice to generate, one backend request: a rendered prompt and its options."""
 
     prompt: str
     options: SamplingOptions
 
 
-def jobs_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Job]:
-    """``n`` jobs per prompt, in choice order. With a seed, choice ``i`` of a prompt samples
-    with ``seed + i``: the choices differ, and the same request gives the same choices."""
-    jobs = []
+def generations_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Generation]:
+    """``n`` generations per prompt, in choice order. With a seed, choice ``i`` of a prompt
+    samples with ``seed + i``: the choices differ, and the same request gives the same choices."""
+    generations = []
     for prompt in prompts:
         for i in range(n):
             seeded = options
             if i and options.seed is not None:
                 seeded = replace(options, seed=options.seed + i)
-            jobs.append(Job(prompt, seeded))
-    return jobs
+            generations.append(Generation(prompt, seeded))
+    return generations
 
 
 @dataclass
@@ -59,16 +60,15 @@ class Generated:
 
 
 class GenerationRun:
-    """One request's generation: its jobs (one per choice), the gate that lets
-    ``in_flight`` of them run at once, and the tokens they generate, counted into the
-    request's meter as they arrive: the prompt once per distinct prompt, every choice's
-    completion tokens."""
+    """The run of one request's generations: the gate that lets ``in_flight`` of them run
+    at once, and the tokens they generate, counted into the request's meter as they arrive:
+    the prompt once per distinct prompt, every choice's completion tokens."""
 
-    def __init__(self, meter: Meter, jobs: list[Job], in_flight: int = 16) -> None:
+    def __init__(self, meter: Meter, generations: list[Generation], in_flight: int = 16) -> None:
         self.meter = meter
-        self.jobs = jobs
+        self.generations = generations
         self.in_flight = in_flight
-        """How many of the jobs may run at once."""
+        """How many of the generations may run at once."""
         self.gate = asyncio.Semaphore(in_flight)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -79,7 +79,7 @@ class GenerationRun:
         self._prompts_seen: set[str] = set()
 
     def add(self, index: int, chunk: GenerationChunk) -> None:
-        prompt = self.jobs[index].prompt
+        prompt = self.generations[index].prompt
         if chunk.prompt_tokens and prompt not in self._prompts_seen:
             self._prompts_seen.add(prompt)
             self.prompt_tokens += chunk.prompt_tokens
@@ -101,33 +101,37 @@ class GenerationRun:
 
 
 async def admit(
-    meter: Meter, jobs: list[Job], flexible: bool = False, in_flight: int = 16
+    meter: Meter, generations: list[Generation], flexible: bool = False, in_flight: int = 16
 ) -> GenerationRun:
-    """Reserves the jobs' tokens under the key's ``tpm`` (429 when they do not fit, see
-    :meth:`Meter.reserve`): the distinct prompts, estimated, and every job's
-    ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the jobs may be given
-    fewer tokens, as many as the key has left. A model that takes no ``max_tokens`` is
-    reserved one token per job and counted in full when it ends."""
-    per = jobs[0].options.max_tokens
-    prompt = sum(estimate_tokens(p) for p in {j.prompt for j in jobs})
-    granted = await meter.reserve(prompt, per or 1, len(jobs), flexible and per is not None)
+    """Reserves the generations' tokens under the key's ``tpm`` (429 when they do not fit,
+    see :meth:`Meter.reserve`): the distinct prompts, estimated, and every generation's
+    ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the generations may be
+    given fewer tokens, as many as the key has left. A model that takes no ``max_tokens`` is
+    reserved one token per generation and counted in full when it ends."""
+    per = generations[0].options.max_tokens
+    prompt = sum(estimate_tokens(p) for p in {g.prompt for g in generations})
+    granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
     if per is not None and granted < per:
-        jobs = [Job(j.prompt, replace(j.options, max_tokens=granted)) for j in jobs]
-    return GenerationRun(meter, jobs, in_flight)
+        generations = [
+            Generation(g.prompt, replace(g.options, max_tokens=granted)) for g in generations
+        ]
+    return GenerationRun(meter, generations, in_flight)
 
 
-async def _one(backend: Backend, model: str, job: Job, index: int, run: GenerationRun) -> Generated:
+async def _one(
+    backend: Backend, model: str, generation: Generation, index: int, run: GenerationRun
+) -> Generated:
     async with run.gate:
-        return await _generated(backend, model, job, index, run)
+        return await _generated(backend, model, generation, index, run)
 
 
 async def _generated(
-    backend: Backend, model: str, job: Job, index: int, run: GenerationRun
+    backend: Backend, model: str, generation: Generation, index: int, run: GenerationRun
 ) -> Generated:
     result = Generated()
     texts: list[str] = []
     finish = None
-    chunks = backend.generate(model, job.prompt, job.options, stream=False)
+    chunks = backend.generate(model, generation.prompt, generation.options, stream=False)
     async with aclosing(chunks):
         async for chunk in chunks:
             run.add(index, chunk)
@@ -141,13 +145,15 @@ async def _generated(
 
 
 async def collect(backend: Backend, model: str, run: GenerationRun) -> list[Generated]:
-    """Runs every job to the end, concurrently (``run.in_flight`` at a time); the first
-    failure cancels the others."""
-    jobs = run.jobs
-    if len(jobs) == 1:
-        return [await _generated(backend, model, jobs[0], 0, run)]
+    """Runs every generation to the end, concurrently (``run.in_flight`` at a time); the
+    first failure cancels the others."""
+    generations = run.generations
+    if len(generations) == 1:
+        return [await _generated(backend, model, generations[0], 0, run)]
     async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_one(backend, model, j, i, run)) for i, j in enumerate(jobs)]
+        tasks = [
+            group.create_task(_one(backend, model, g, i, run)) for i, g in enumerate(generations)
+        ]
     return [task.result() for task in tasks]
 
 
@@ -162,12 +168,13 @@ _LATER: Any = object()
 async def stream(
     backend: Backend, model: str, run: GenerationRun
 ) -> AsyncGenerator[ChoiceChunk, None]:
-    """Starts the jobs and awaits each one's first chunk (so a request that fails up front
-    raises before the HTTP response starts), then yields the chunks of all of them as they
-    come. Jobs beyond ``run.in_flight`` start as earlier ones end (their failures come
-    in the stream). Closing the generator cancels every job still running."""
-    jobs = run.jobs
-    streams = [backend.generate(model, j.prompt, j.options, stream=True) for j in jobs]
+    """Starts the generations and awaits each one's first chunk (so a request that fails up
+    front raises before the HTTP response starts), then yields the chunks of all of them as
+    they come. Generations beyond ``run.in_flight`` start as earlier ones end (their
+    failures come in the stream). Closing the generator cancels every generation still
+    running."""
+    generations = run.generations
+    streams = [backend.generate(model, g.prompt, g.options, stream=True) for g in generations]
     if len(streams) > run.in_flight:
         streams = [_gated(run.gate, s) for s in streams]
     started = streams[: run.in_flight]
