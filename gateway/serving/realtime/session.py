@@ -57,7 +57,7 @@ from gateway.serving.realtime.events import (
     _Use,
 )
 from gateway.serving.realtime.responder import Response, _Responder
-from gateway.serving.realtime.transcription import _Guess, _guessed, _Transcription
+from gateway.serving.realtime.transcription import _EarlyTranscription, _guessed, _Transcription
 from gateway.serving.speech import resolve_voice
 from gateway.serving.vad import (
     SpeechStarted,
@@ -262,7 +262,7 @@ class RealtimeSession:
         )
         self._speech_item: str | None = None  # the item id of the speech in progress
         self._speech_start_ms = 0
-        self._guess: _Guess | None = None
+        self._guess: _EarlyTranscription | None = None
         self._turn: _Transcription | None = None
         """The transcription request of the speech in progress (made by its first guess)."""
         self._transcriptions: set[_Transcription] = set()
@@ -588,7 +588,7 @@ class RealtimeSession:
         if self._turn is None:
             self._turn = self._new_transcription()
         task = asyncio.create_task(_guessed(self._turn, audio))
-        self._guess = _Guess(from_ms, detector.voiced_windows, task)
+        self._guess = _EarlyTranscription(from_ms, detector.voiced_windows, task)
 
     def _drop_guess(self) -> None:
         if self._guess is not None:
