@@ -45,6 +45,7 @@ from gateway.serving.audio import (
     UndecodableAudioError,
     decode_to_pcm,
 )
+from gateway.serving.catalog import DefaultModels
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import (
     AnswerAudio,
@@ -57,7 +58,7 @@ from gateway.serving.protocol import (
 from gateway.serving.speech import PreparedSpeech, SpeechService, resolve_voice
 from gateway.serving.sse import with_done
 from gateway.serving.transcription import transcript
-from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
+from gateway.serving.voice import TextDelta, Voice, spoken
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
 from gateway.state.transcripts import TranscriptStore
@@ -95,7 +96,7 @@ class AudioChat:
         backend: Backend,
         chat: ChatService,
         speech: SpeechService,
-        models: VoiceModels,
+        models: DefaultModels,
         transcripts: TranscriptStore,
         max_audio_seconds: float = 1500.0,
         max_audio_parts: int = MAX_AUDIO_PARTS,

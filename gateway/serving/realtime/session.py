@@ -18,7 +18,7 @@ from gateway.config import Settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.metrics import Metrics
 from gateway.serving.audio import STT_RATE
-from gateway.serving.catalog import ModelCatalog, model_takes
+from gateway.serving.catalog import DefaultModels, ModelCatalog, model_takes
 from gateway.serving.chat import ChatService
 from gateway.serving.realtime.buffer import (
     MIN_COMMIT_MS,
@@ -66,7 +66,6 @@ from gateway.serving.vad import (
     VadEvent,
     VadSettings,
 )
-from gateway.serving.voice import VoiceModels
 from gateway.state.keys import ApiKey, KeyStore
 from gateway.state.limits import Admission, RateLimiter
 
@@ -178,7 +177,7 @@ class RealtimeServices:
         backend: Backend,
         catalog: ModelCatalog,
         chat: ChatService,
-        models: VoiceModels,
+        models: DefaultModels,
         limiter: RateLimiter,
         keys: KeyStore,
         settings: Settings,
