@@ -25,13 +25,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +54,7 @@ from gateway.serving.protocol import (
     ContentPart,
 )
 from gateway.serving.speech import PreparedSpeech, SpeechService, resolve_voice
-from gateway.serving.sse import with_done
+from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.transcription import transcript
 from gateway.serving.voice import TextDelta, Voice, spoken
 from gateway.state.keys import ApiKey
@@ -317,38 +315,27 @@ class AudioChat:
         owner: str,
         meter: Meter,
     ) -> AsyncGenerator[str, None]:
-        head = {
-            "id": chat.id,
-            "object": "chat.completion.chunk",
-            "created": chat.created,
-            "model": chat.model,
-            "system_fingerprint": None,
-        }
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
-
+        # Its chunks carry no "usage": null before the last (chat's do, with include_usage).
+        writer = ChunkWriter.chat(chat.id, chat.created, chat.model, usage_null=False)
         audio_id = f"audio_{uuid.uuid4().hex}"
         expires_at = int(time.time()) + self.transcripts.ttl_s
         said: list[str] = []
-        yield chunk({"role": "assistant", "content": None})
+        yield writer.delta(0, {"role": "assistant", "content": None})
         texts = generation.texts(pieces, run)
         stream = spoken(self.backend, voice, texts, _encoding(output), meter)
         async with aclosing(stream):
             async for item in stream:
                 if isinstance(item, TextDelta):
                     said.append(item.text)
-                    yield chunk({"audio": {"id": audio_id, "transcript": item.text}})
+                    yield writer.delta(0, {"audio": {"id": audio_id, "transcript": item.text}})
                 elif item.data:
                     data = base64.b64encode(item.data).decode()
-                    yield chunk({"audio": {"id": audio_id, "data": data}})
+                    yield writer.delta(0, {"audio": {"id": audio_id, "data": data}})
         text = "".join(said)
         await self.transcripts.save(owner, audio_id, text)
         finish = run.finish_reasons.get(0, "stop")
-        yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
+        yield writer.delta(0, {"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
         message = {"role": "assistant", "content": text}
         await self.chat.remember(chat, message, run.completion_tokens)
         if chat.include_usage:
-            usage = {**head, "choices": [], "usage": run.usage().model_dump()}
-            yield f"data: {json.dumps(usage)}\n\n"
+            yield writer.usage(run.usage())

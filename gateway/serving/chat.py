@@ -20,7 +20,6 @@ the choice ends, and its arguments generated again under the schema when they do
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -46,9 +45,8 @@ from gateway.serving.protocol import (
     TokenLogprobItem,
     ToolCall,
     TopLogprobItem,
-    Usage,
 )
-from gateway.serving.sse import with_done
+from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.serving.templating import render_chat
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, ToolCallDelta, assemble
@@ -258,46 +256,6 @@ def _legacy(choice: ChatCompletionChoice) -> ChatCompletionChoice:
     if message.tool_calls:
         message.function_call, message.tool_calls = message.tool_calls[0].function, None
     return choice
-
-
-class _ChunkWriter:
-    """Serializes stream chunks. Only the choice and its delta change from chunk to chunk,
-    so the fixed parts are encoded once: this runs once per token on the hot path."""
-
-    def __init__(self, chat: PreparedChat) -> None:
-        head = {
-            "id": chat.id,
-            "object": "chat.completion.chunk",
-            "created": chat.created,
-            "model": chat.model,
-            "system_fingerprint": None,
-        }
-        self._prefix = "data: " + json.dumps(head)[:-1] + ',"choices":[{"index":'
-        self._suffix = "}]" + (',"usage":null' if chat.include_usage else "") + "}\n\n"
-        self._head = head
-
-    def delta(
-        self,
-        index: int,
-        delta: dict[str, Any],
-        finish_reason: str | None = None,
-        logprobs: str = "null",
-    ) -> str:
-        reason = json.dumps(finish_reason)
-        return (
-            f'{self._prefix}{index},"delta":{json.dumps(delta)},"logprobs":{logprobs},'
-            f'"finish_reason":{reason}{self._suffix}'
-        )
-
-    def content(self, index: int, text: str, logprobs: str = "null") -> str:
-        return (
-            f'{self._prefix}{index},"delta":{{"content":{json.dumps(text)}}},'
-            f'"logprobs":{logprobs},"finish_reason":null{self._suffix}'
-        )
-
-    def usage(self, usage: Usage) -> str:
-        chunk = {**self._head, "choices": [], "usage": usage.model_dump()}
-        return f"data: {json.dumps(chunk)}\n\n"
 
 
 def _call_delta(pieces: list[ToolCallDelta], legacy: bool) -> dict[str, Any]:
@@ -566,7 +524,7 @@ class ChatService:
         pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
-        writer = _ChunkWriter(chat)
+        writer = ChunkWriter.chat(chat.id, chat.created, chat.model, chat.include_usage)
         timer = ChatTimer(self.metrics, chat.model, chat.started)
         states = [
             _ChoiceState(chat.tools.new_parser() if chat.tools is not None else None)
@@ -619,7 +577,7 @@ class ChatService:
     def _parsed(
         self,
         chat: PreparedChat,
-        writer: _ChunkWriter,
+        writer: ChunkWriter,
         index: int,
         state: _ChoiceState,
         delta: ParserDelta,
@@ -653,7 +611,7 @@ class ChatService:
     async def _close_choice(
         self,
         chat: PreparedChat,
-        writer: _ChunkWriter,
+        writer: ChunkWriter,
         run: generation.GenerationRun,
         index: int,
         state: _ChoiceState,

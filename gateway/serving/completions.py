@@ -16,7 +16,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any
 
 from gateway.backend import Backend, SamplingOptions, TokenLogprob
 from gateway.errors import InvalidRequestError
@@ -36,7 +35,7 @@ from gateway.serving.protocol import (
     CompletionLogprobs,
     CompletionRequest,
 )
-from gateway.serving.sse import with_done
+from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.state.limits import Meter
 
@@ -175,16 +174,7 @@ class CompletionService:
         pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
-        head = {"id": job.id, "object": "text_completion", "created": job.created}
-        head["model"] = job.model
-
-        def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            body: dict[str, Any] = {**head, "choices": [choice]}
-            if job.include_usage:
-                body["usage"] = None
-            return f"data: {json.dumps(body)}\n\n"
-
+        writer = ChunkWriter.completion(job.id, job.created, job.model, job.include_usage)
         offsets = [
             _Offsets(len(g.prompt) if job.echo else 0, job.logprobs or 0) for g in generations
         ]
@@ -192,18 +182,18 @@ class CompletionService:
         async with aclosing(pieces):
             if job.echo:
                 for index, g in enumerate(generations):
-                    yield chunk(index, g.prompt, None)
+                    yield writer.text(index, g.prompt)
             async for index, piece in pieces:
                 if piece is None:
-                    yield chunk(index, "", finishes[index] or "stop")
+                    yield writer.text(index, "", finishes[index] or "stop")
                     continue
                 run.add(index, piece)
                 finishes[index] = piece.finish_reason or finishes[index]
                 if piece.text or piece.logprobs:
-                    logprobs = None
+                    logprobs = "null"
                     if job.logprobs is not None:
-                        logprobs = offsets[index].add(list(piece.logprobs)).model_dump()
-                    yield chunk(index, piece.text, None, logprobs)
+                        added = offsets[index].add(list(piece.logprobs))
+                        logprobs = json.dumps(added.model_dump())
+                    yield writer.text(index, piece.text, None, logprobs)
         if job.include_usage:
-            usage = {**head, "choices": [], "usage": run.usage().model_dump()}
-            yield f"data: {json.dumps(usage)}\n\n"
+            yield writer.usage(run.usage())
