@@ -300,8 +300,8 @@ class AudioChat:
                 "Streamed audio output cannot be combined with tools.", param="tools"
             )
         voice, output = await self.voice(request, key)
-        run = await chat.tally(meter)
-        pieces = await generation.stream(self.backend, chat.model, run)
+        run = await self.chat.admit(chat, meter)
+        pieces = await run.stream()
         events = self._events(chat, voice, output, pieces, run, key.id, meter)
         return with_done(events, "chat")
 

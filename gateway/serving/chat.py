@@ -80,14 +80,7 @@ class PreparedChat:
     """Set when the request continues a session: the reply is stored when it completes."""
     flexible: bool = False
     """The client set no ``max_tokens``: fewer may be granted under the key's ``tpm``."""
-    in_flight: int = 16
-    """How many of its choices run at once."""
     started: float = field(default_factory=time.monotonic)
-
-    async def tally(self, meter: Meter | None) -> generation.GenerationRun:
-        """One backend request per choice, their tokens reserved under the key's limits."""
-        generations = generation.generations_for([self.prompt], self.options, self.n)
-        return await generation.admit(meter or Meter(), generations, self.flexible, self.in_flight)
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
@@ -406,7 +399,20 @@ class ChatService:
             logprobs=top,
             session=session,
             flexible=max_tokens is None,
-            in_flight=self.in_flight,
+        )
+
+    async def admit(self, chat: PreparedChat, meter: Meter | None) -> generation.GenerationRun:
+        """The request's generations (one backend request per choice), their tokens
+        reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
+        return await generation.admit(
+            self.backend,
+            chat.model,
+            meter or Meter(),
+            [chat.prompt],
+            chat.options,
+            chat.n,
+            chat.flexible,
+            self.in_flight,
         )
 
     async def remember(
@@ -442,9 +448,9 @@ class ChatService:
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.admit(
-            run.meter, [generation.Generation(chat.prompt + prefix, options)], flexible=True
+            self.backend, chat.model, run.meter, [chat.prompt + prefix], options, flexible=True
         )
-        [result] = await generation.collect(self.backend, chat.model, again)
+        [result] = await again.collect()
         run.prompt_tokens += again.prompt_tokens
         run.completion_tokens += again.completion_tokens
         run.estimated = run.estimated or again.estimated
@@ -489,8 +495,8 @@ class ChatService:
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        run = await chat.tally(meter)
-        results = await generation.collect(self.backend, chat.model, run)
+        run = await self.admit(chat, meter)
+        results = await run.collect()
         choices = [await self._choice(chat, run, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
         await self.remember(chat, message, results[0].completion_tokens)
@@ -507,8 +513,8 @@ class ChatService:
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before the first chunk of any choice."""
-        run = await chat.tally(meter)
-        pieces = await generation.stream(self.backend, chat.model, run)
+        run = await self.admit(chat, meter)
+        pieces = await run.stream()
         return with_done(self._events(chat, pieces, run), "chat")
 
     def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:

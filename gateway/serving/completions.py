@@ -127,15 +127,22 @@ class CompletionService:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 
-    async def _tally(
-        self, job: PreparedCompletion, meter: Meter | None
-    ) -> generation.GenerationRun:
-        generations = generation.generations_for(job.prompts, job.options, job.n)
-        return await generation.admit(meter or Meter(), generations, in_flight=self.in_flight)
+    async def admit(self, job: PreparedCompletion, meter: Meter | None) -> generation.GenerationRun:
+        """The request's generations (one backend request per prompt and choice), their
+        tokens reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
+        return await generation.admit(
+            self.backend,
+            job.model,
+            meter or Meter(),
+            job.prompts,
+            job.options,
+            job.n,
+            in_flight=self.in_flight,
+        )
 
     async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
-        run = await self._tally(job, meter)
-        results = await generation.collect(self.backend, job.model, run)
+        run = await self.admit(job, meter)
+        results = await run.collect()
         choices = []
         for index, (g, result) in enumerate(zip(run.generations, results, strict=True)):
             echoed = g.prompt if job.echo else ""
@@ -163,8 +170,8 @@ class CompletionService:
     ) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body (see the chat service for the
         contract)."""
-        run = await self._tally(job, meter)
-        pieces = await generation.stream(self.backend, job.model, run)
+        run = await self.admit(job, meter)
+        pieces = await run.stream()
         return with_done(self._events(job, run.generations, pieces, run), "completions")
 
     async def _events(

@@ -2,15 +2,15 @@
 
 ``n`` choices (and, for completions, several prompts) are independent Triton requests run
 concurrently, so each gets the model's full sampling and a batching engine serves them
-together. :func:`collect` runs them to the end; :func:`stream` merges their chunks as they
-come, each tagged with its choice index. Tokens go to the request's meter as they arrive,
-so what was generated counts even when the client leaves early.
+together. :meth:`GenerationRun.collect` runs them to the end; :meth:`GenerationRun.stream`
+merges their chunks as they come, each tagged with its choice index. Tokens go to the
+request's meter as they arrive, so what was generated counts even when the client leaves
+early.
 
 Every caller goes the same way: :func:`admit` reserves the generations' tokens under the
-key's ``tpm`` and returns the request's :class:`GenerationRun`; :func:`collect` or
-:func:`stream` runs its generations, at most ``in_flight`` at a time
-(``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one request with many choices cannot flood
-Triton.
+key's ``tpm`` and returns the request's :class:`GenerationRun`; its ``collect`` or
+``stream`` runs them, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``),
+so one request with many choices cannot flood Triton.
 """
 
 from __future__ import annotations
@@ -59,12 +59,31 @@ class Generated:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-class GenerationRun:
-    """The run of one request's generations: the gate that lets ``in_flight`` of them run
-    at once, and the tokens they generate, counted into the request's meter as they arrive:
-    the prompt once per distinct prompt, every choice's completion tokens."""
+#: What :meth:`GenerationRun.stream` yields: a choice index and its next chunk, or None when
+#: it ended.
+ChoiceChunk = tuple[int, GenerationChunk | None]
 
-    def __init__(self, meter: Meter, generations: list[Generation], in_flight: int = 16) -> None:
+
+#: A stream whose first chunk is not awaited before the response starts.
+_LATER: Any = object()
+
+
+class GenerationRun:
+    """The run of one request's generations on ``model``: :meth:`collect` or :meth:`stream`
+    runs them, at most ``in_flight`` at a time, and the tokens they generate are counted
+    into the request's meter as they arrive: the prompt once per distinct prompt, every
+    choice's completion tokens. Made by :func:`admit`."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        model: str,
+        meter: Meter,
+        generations: list[Generation],
+        in_flight: int = 16,
+    ) -> None:
+        self.backend = backend
+        self.model = model
         self.meter = meter
         self.generations = generations
         self.in_flight = in_flight
@@ -99,93 +118,87 @@ class GenerationRun:
             estimated=self.estimated or None,
         )
 
+    async def collect(self) -> list[Generated]:
+        """Runs every generation to the end, concurrently (``in_flight`` at a time); the
+        first failure cancels the others."""
+        generations = self.generations
+        if len(generations) == 1:
+            return [await self._generated(generations[0], 0)]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._one(g, i)) for i, g in enumerate(generations)]
+        return [task.result() for task in tasks]
+
+    async def _one(self, generation: Generation, index: int) -> Generated:
+        async with self.gate:
+            return await self._generated(generation, index)
+
+    async def _generated(self, generation: Generation, index: int) -> Generated:
+        result = Generated()
+        texts: list[str] = []
+        finish = None
+        chunks = self.backend.generate(
+            self.model, generation.prompt, generation.options, stream=False
+        )
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                self.add(index, chunk)
+                texts.append(chunk.text)
+                result.logprobs.extend(chunk.logprobs)
+                finish = chunk.finish_reason or finish
+                result.completion_tokens += chunk.completion_tokens
+        result.text = "".join(texts)
+        result.finish_reason = finish or "stop"
+        return result
+
+    async def stream(self) -> AsyncGenerator[ChoiceChunk, None]:
+        """Starts the generations and awaits each one's first chunk (so a request that fails
+        up front raises before the HTTP response starts), then yields the chunks of all of
+        them as they come. Generations beyond ``in_flight`` start as earlier ones end (their
+        failures come in the stream). Closing the generator cancels every generation still
+        running."""
+        streams = [
+            self.backend.generate(self.model, g.prompt, g.options, stream=True)
+            for g in self.generations
+        ]
+        if len(streams) > self.in_flight:
+            streams = [_gated(self.gate, s) for s in streams]
+        started = streams[: self.in_flight]
+        try:
+            firsts = await asyncio.gather(*(first_or_close(s) for s in started))
+        except BaseException:
+            await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+            raise
+        if len(streams) == 1:
+            return _single(streams[0], firsts[0])
+        return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+
 
 async def admit(
-    meter: Meter, generations: list[Generation], flexible: bool = False, in_flight: int = 16
+    backend: Backend,
+    model: str,
+    meter: Meter,
+    prompts: list[str],
+    options: SamplingOptions,
+    n: int = 1,
+    flexible: bool = False,
+    in_flight: int = 16,
 ) -> GenerationRun:
-    """Reserves the generations' tokens under the key's ``tpm`` (429 when they do not fit,
-    see :meth:`Meter.reserve`): the distinct prompts, estimated, and every generation's
-    ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the generations may be
-    given fewer tokens, as many as the key has left. A model that takes no ``max_tokens`` is
-    reserved one token per generation and counted in full when it ends."""
-    per = generations[0].options.max_tokens
-    prompt = sum(estimate_tokens(p) for p in {g.prompt for g in generations})
+    """The run of ``n`` generations of each prompt on ``model``
+    (:func:`generations_for`), their tokens reserved under the key's ``tpm`` (429 when
+    they do not fit, see :meth:`Meter.reserve`): the distinct prompts, estimated, and every
+    generation's ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the
+    generations may be given fewer tokens, as many as the key has left. A model that takes
+    no ``max_tokens`` is reserved one token per generation and counted in full when it
+    ends."""
+    generations = generations_for(prompts, options, n)
+    per = options.max_tokens
+    prompt = sum(estimate_tokens(p) for p in set(prompts))
     granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
     if per is not None and granted < per:
         generations = [
             Generation(g.prompt, replace(g.options, max_tokens=granted)) for g in generations
         ]
-    return GenerationRun(meter, generations, in_flight)
-
-
-async def _one(
-    backend: Backend, model: str, generation: Generation, index: int, run: GenerationRun
-) -> Generated:
-    async with run.gate:
-        return await _generated(backend, model, generation, index, run)
-
-
-async def _generated(
-    backend: Backend, model: str, generation: Generation, index: int, run: GenerationRun
-) -> Generated:
-    result = Generated()
-    texts: list[str] = []
-    finish = None
-    chunks = backend.generate(model, generation.prompt, generation.options, stream=False)
-    async with aclosing(chunks):
-        async for chunk in chunks:
-            run.add(index, chunk)
-            texts.append(chunk.text)
-            result.logprobs.extend(chunk.logprobs)
-            finish = chunk.finish_reason or finish
-            result.completion_tokens += chunk.completion_tokens
-    result.text = "".join(texts)
-    result.finish_reason = finish or "stop"
-    return result
-
-
-async def collect(backend: Backend, model: str, run: GenerationRun) -> list[Generated]:
-    """Runs every generation to the end, concurrently (``run.in_flight`` at a time); the
-    first failure cancels the others."""
-    generations = run.generations
-    if len(generations) == 1:
-        return [await _generated(backend, model, generations[0], 0, run)]
-    async with asyncio.TaskGroup() as group:
-        tasks = [
-            group.create_task(_one(backend, model, g, i, run)) for i, g in enumerate(generations)
-        ]
-    return [task.result() for task in tasks]
-
-
-#: What :func:`stream` yields: a choice index and its next chunk, or None when it ended.
-ChoiceChunk = tuple[int, GenerationChunk | None]
-
-
-#: A stream whose first chunk is not awaited before the response starts.
-_LATER: Any = object()
-
-
-async def stream(
-    backend: Backend, model: str, run: GenerationRun
-) -> AsyncGenerator[ChoiceChunk, None]:
-    """Starts the generations and awaits each one's first chunk (so a request that fails up
-    front raises before the HTTP response starts), then yields the chunks of all of them as
-    they come. Generations beyond ``run.in_flight`` start as earlier ones end (their
-    failures come in the stream). Closing the generator cancels every generation still
-    running."""
-    generations = run.generations
-    streams = [backend.generate(model, g.prompt, g.options, stream=True) for g in generations]
-    if len(streams) > run.in_flight:
-        streams = [_gated(run.gate, s) for s in streams]
-    started = streams[: run.in_flight]
-    try:
-        firsts = await asyncio.gather(*(first_or_close(s) for s in started))
-    except BaseException:
-        await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
-        raise
-    if len(streams) == 1:
-        return _single(streams[0], firsts[0])
-    return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+    return GenerationRun(backend, model, meter, generations, in_flight)
 
 
 async def _gated(

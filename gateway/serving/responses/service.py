@@ -113,8 +113,8 @@ class ResponsesService:
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
         chat = prepared.chat
-        tally = await chat.tally(meter)
-        (result,) = await generation.collect(self.chat.backend, chat.model, tally)
+        tally = await self.chat.admit(chat, meter)
+        (result,) = await tally.collect()
         content: str | None = result.text
         calls: list[ParsedCall] = []
         if chat.tools is not None:
@@ -140,8 +140,8 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        tally = await chat.tally(meter)
-        pieces = await generation.stream(self.chat.backend, chat.model, tally)
+        tally = await self.chat.admit(chat, meter)
+        pieces = await tally.stream()
         return self._guarded(prepared, _StreamWriter(prepared, self), pieces, tally)
 
     async def _guarded(
