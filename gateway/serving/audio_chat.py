@@ -315,8 +315,7 @@ class AudioChat:
         owner: str,
         meter: Meter,
     ) -> AsyncGenerator[str, None]:
-        # Its chunks carry no "usage": null before the last (chat's do, with include_usage).
-        writer = ChunkWriter.chat(chat.id, chat.created, chat.model, usage_null=False)
+        writer = ChunkWriter.chat(chat.id, chat.created, chat.model, chat.include_usage)
         audio_id = f"audio_{uuid.uuid4().hex}"
         expires_at = int(time.time()) + self.transcripts.ttl_s
         said: list[str] = []
