@@ -32,7 +32,7 @@ from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
 from gateway.serving.audio_chat import AudioChat
-from gateway.serving.catalog import ModelCatalog
+from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
 from gateway.serving.embeddings import EmbeddingService
@@ -40,7 +40,6 @@ from gateway.serving.realtime import RealtimeServices
 from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
-from gateway.serving.voice import VoiceModels
 from gateway.state.keys import KeyStore
 from gateway.state.limits import RateLimiter
 from gateway.state.redis import LAYOUT, Headroom, connect, migrate
@@ -148,7 +147,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         app.state.embeddings = EmbeddingService(active, catalog, settings.max_inflight_per_request)
         app.state.speech = SpeechService(active, catalog)
         app.state.transcription = TranscriptionService(active, catalog, settings.max_audio_seconds)
-        app.state.voice_models = VoiceModels(catalog, settings)
+        app.state.voice_models = DefaultModels(catalog, settings)
         app.state.audio_chat = AudioChat(
             active,
             app.state.chat,

@@ -25,13 +25,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +43,7 @@ from gateway.serving.audio import (
     UndecodableAudioError,
     decode_to_pcm,
 )
+from gateway.serving.catalog import DefaultModels
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import (
     AnswerAudio,
@@ -55,9 +54,9 @@ from gateway.serving.protocol import (
     ContentPart,
 )
 from gateway.serving.speech import PreparedSpeech, SpeechService, resolve_voice
-from gateway.serving.sse import with_done
+from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.transcription import transcript
-from gateway.serving.voice import TextDelta, Voice, VoiceModels, spoken
+from gateway.serving.voice import TextDelta, Voice, spoken
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
 from gateway.state.transcripts import TranscriptStore
@@ -95,7 +94,7 @@ class AudioChat:
         backend: Backend,
         chat: ChatService,
         speech: SpeechService,
-        models: VoiceModels,
+        models: DefaultModels,
         transcripts: TranscriptStore,
         max_audio_seconds: float = 1500.0,
         max_audio_parts: int = MAX_AUDIO_PARTS,
@@ -301,9 +300,9 @@ class AudioChat:
                 "Streamed audio output cannot be combined with tools.", param="tools"
             )
         voice, output = await self.voice(request, key)
-        tally = await chat.tally(meter)
-        pieces = await generation.stream(self.backend, chat.model, tally)
-        events = self._events(chat, voice, output, pieces, tally, key.id, meter)
+        run = await self.chat.admit(chat, meter)
+        pieces = await run.stream()
+        events = self._events(chat, voice, output, pieces, run, key.id, meter)
         return with_done(events, "chat")
 
     async def _events(
@@ -311,43 +310,31 @@ class AudioChat:
         chat: PreparedChat,
         voice: Voice,
         output: AudioOutput,
-        pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
+        run: generation.GenerationRun,
         owner: str,
         meter: Meter,
     ) -> AsyncGenerator[str, None]:
-        head = {
-            "id": chat.id,
-            "object": "chat.completion.chunk",
-            "created": chat.created,
-            "model": chat.model,
-            "system_fingerprint": None,
-        }
-
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
-
+        writer = ChunkWriter.chat(chat.id, chat.created, chat.model, chat.include_usage)
         audio_id = f"audio_{uuid.uuid4().hex}"
         expires_at = int(time.time()) + self.transcripts.ttl_s
         said: list[str] = []
-        yield chunk({"role": "assistant", "content": None})
-        texts = generation.texts(pieces, tally)
+        yield writer.delta(0, {"role": "assistant", "content": None})
+        texts = generation.texts(pieces, run)
         stream = spoken(self.backend, voice, texts, _encoding(output), meter)
         async with aclosing(stream):
             async for item in stream:
                 if isinstance(item, TextDelta):
                     said.append(item.text)
-                    yield chunk({"audio": {"id": audio_id, "transcript": item.text}})
+                    yield writer.delta(0, {"audio": {"id": audio_id, "transcript": item.text}})
                 elif item.data:
                     data = base64.b64encode(item.data).decode()
-                    yield chunk({"audio": {"id": audio_id, "data": data}})
+                    yield writer.delta(0, {"audio": {"id": audio_id, "data": data}})
         text = "".join(said)
         await self.transcripts.save(owner, audio_id, text)
-        finish = tally.finish_reasons.get(0, "stop")
-        yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
+        finish = run.finish_reasons.get(0, "stop")
+        yield writer.delta(0, {"audio": {"id": audio_id, "expires_at": expires_at}}, finish)
         message = {"role": "assistant", "content": text}
-        await self.chat.remember(chat, message, tally.completion_tokens)
+        await self.chat.remember(chat, message, run.completion_tokens)
         if chat.include_usage:
-            usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
-            yield f"data: {json.dumps(usage)}\n\n"
+            yield writer.usage(run.usage())

@@ -5,6 +5,8 @@ added to the repository (and loaded) appears without code changes. Inference loo
 cached copy (``model_cache_ttl_s``); a name that is not in it forces one fresh read, so a
 model loaded a moment ago is found at once while a stream of requests costs no extra round
 trip. ``/v1/models`` and the admin API read it fresh (:meth:`ModelCatalog.refresh`).
+:class:`DefaultModels` picks the model of a task where a request names none (audio, the
+Realtime API).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import asyncio
 import time
 
 from gateway.backend import Backend, ModelInfo
-from gateway.errors import InvalidRequestError, ModelNotFoundError
+from gateway.config import Settings
+from gateway.errors import BackendUnavailableError, InvalidRequestError, ModelNotFoundError
 
 
 def model_takes(model: ModelInfo, name: str, param: str | None = None) -> bool:
@@ -87,3 +90,38 @@ class ModelCatalog:
                 code="model_not_supported",
             )
         return model
+
+
+class DefaultModels:
+    """The model of each task that the gateway picks where a request names none (the
+    transcription and speech models of audio in chat, the Realtime API's models): the
+    configured one (``GATEWAY_VOICE_*_MODEL``), else the first loaded model of that task in
+    ``GATEWAY_MODELS`` order, else in the repository's order."""
+
+    def __init__(self, catalog: ModelCatalog, settings: Settings) -> None:
+        self.catalog = catalog
+        self.configured = {
+            "chat": settings.voice_chat_model,
+            "transcription": settings.voice_transcription_model,
+            "speech": settings.voice_speech_model,
+        }
+        self.order = {name: i for i, name in enumerate(settings.models)}
+
+    async def info(self, task: str) -> ModelInfo:
+        """The model of :meth:`pick`, loaded and serving ``task`` (404 or 400 if not)."""
+        return await self.catalog.get(await self.pick(task), task)
+
+    async def pick(self, task: str) -> str:
+        """The name of the model for ``task``; 503 ``model_not_loaded`` when none is."""
+        configured = self.configured[task]
+        if configured:
+            return configured
+        models = await self.catalog.cached()
+        ready = [m.name for m in models.values() if m.task == task and m.ready]
+        if not ready:
+            raise BackendUnavailableError(
+                f"No {task} model is loaded, and audio needs one: load one with the admin "
+                f"API or set GATEWAY_VOICE_{task.upper()}_MODEL.",
+                code="model_not_loaded",
+            )
+        return min(ready, key=lambda name: self.order.get(name, len(self.order)))

@@ -20,7 +20,6 @@ the choice ends, and its arguments generated again under the schema when they do
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -47,9 +46,8 @@ from gateway.serving.protocol import (
     TokenLogprobItem,
     ToolCall,
     TopLogprobItem,
-    Usage,
 )
-from gateway.serving.sse import with_done
+from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.serving.templating import render_chat
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, ToolCallDelta, assemble
@@ -83,14 +81,7 @@ class PreparedChat:
     """Set when the request continues a session: the reply is stored when it completes."""
     flexible: bool = False
     """The client set no ``max_tokens``: fewer may be granted under the key's ``tpm``."""
-    in_flight: int = 16
-    """How many of its choices run at once."""
     started: float = field(default_factory=time.monotonic)
-
-    async def tally(self, meter: Meter | None) -> generation.Tally:
-        """One backend request per choice, their tokens reserved under the key's limits."""
-        jobs = generation.jobs_for([self.prompt], self.options, self.n)
-        return await generation.admit(meter or Meter(), jobs, self.flexible, self.in_flight)
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
@@ -261,46 +252,6 @@ def _legacy(choice: ChatCompletionChoice) -> ChatCompletionChoice:
     return choice
 
 
-class _ChunkWriter:
-    """Serializes stream chunks. Only the choice and its delta change from chunk to chunk,
-    so the fixed parts are encoded once: this runs once per token on the hot path."""
-
-    def __init__(self, chat: PreparedChat) -> None:
-        head = {
-            "id": chat.id,
-            "object": "chat.completion.chunk",
-            "created": chat.created,
-            "model": chat.model,
-            "system_fingerprint": None,
-        }
-        self._prefix = "data: " + json.dumps(head)[:-1] + ',"choices":[{"index":'
-        self._suffix = "}]" + (',"usage":null' if chat.include_usage else "") + "}\n\n"
-        self._head = head
-
-    def delta(
-        self,
-        index: int,
-        delta: dict[str, Any],
-        finish_reason: str | None = None,
-        logprobs: str = "null",
-    ) -> str:
-        reason = json.dumps(finish_reason)
-        return (
-            f'{self._prefix}{index},"delta":{json.dumps(delta)},"logprobs":{logprobs},'
-            f'"finish_reason":{reason}{self._suffix}'
-        )
-
-    def content(self, index: int, text: str, logprobs: str = "null") -> str:
-        return (
-            f'{self._prefix}{index},"delta":{{"content":{json.dumps(text)}}},'
-            f'"logprobs":{logprobs},"finish_reason":null{self._suffix}'
-        )
-
-    def usage(self, usage: Usage) -> str:
-        chunk = {**self._head, "choices": [], "usage": usage.model_dump()}
-        return f"data: {json.dumps(chunk)}\n\n"
-
-
 def _call_delta(pieces: list[ToolCallDelta], legacy: bool) -> dict[str, Any]:
     """The ``delta`` that sends ``pieces`` of calls: ``tool_calls``, or for legacy
     ``functions`` the one call's ``function_call``."""
@@ -454,7 +405,20 @@ class ChatService:
             logprobs=top,
             session=session,
             flexible=max_tokens is None,
-            in_flight=self.in_flight,
+        )
+
+    async def admit(self, chat: PreparedChat, meter: Meter | None) -> generation.GenerationRun:
+        """The request's generations (one backend request per choice), their tokens
+        reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
+        return await generation.admit(
+            self.backend,
+            chat.model,
+            meter or Meter(),
+            [chat.prompt],
+            chat.options,
+            chat.n,
+            chat.flexible,
+            self.in_flight,
         )
 
     async def remember(
@@ -466,7 +430,7 @@ class ChatService:
     async def strict_arguments(
         self,
         chat: PreparedChat,
-        tally: generation.Tally,
+        run: generation.GenerationRun,
         index: int,
         call: ParsedCall,
         text: str,
@@ -478,24 +442,24 @@ class ChatService:
         tokens keeps them (its finish reason, ``length``, says they were cut)."""
         assert chat.tools is not None
         problem = chat.tools.mismatch(call.name, call.arguments)
-        budget = tally.jobs[index].options.max_tokens
+        budget = run.generations[index].options.max_tokens
         if problem is None or (budget is not None and used >= budget):
             return call.arguments
         logger.info("strict call to %s generated again: %s", call.name, problem)
         options = replace(
-            tally.jobs[index].options,
+            run.generations[index].options,
             max_tokens=budget - used if budget is not None else None,
             logprobs=None,
             constraint={"json": chat.tools.strict[call.name]},
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.admit(
-            tally.meter, [generation.Job(chat.prompt + prefix, options)], flexible=True
+            self.backend, chat.model, run.meter, [chat.prompt + prefix], options, flexible=True
         )
-        [result] = await generation.collect(self.backend, chat.model, again)
-        tally.prompt_tokens += again.prompt_tokens
-        tally.completion_tokens += again.completion_tokens
-        tally.estimated = tally.estimated or again.estimated
+        [result] = await again.collect()
+        run.prompt_tokens += again.prompt_tokens
+        run.completion_tokens += again.completion_tokens
+        run.estimated = run.estimated or again.estimated
         arguments = result.text.strip()
         problem = chat.tools.mismatch(call.name, arguments)
         if problem is not None and result.finish_reason != "length":
@@ -507,7 +471,11 @@ class ChatService:
         return arguments
 
     async def _choice(
-        self, chat: PreparedChat, tally: generation.Tally, index: int, result: generation.Generated
+        self,
+        chat: PreparedChat,
+        run: generation.GenerationRun,
+        index: int,
+        result: generation.Generated,
     ) -> ChatCompletionChoice:
         content: str | None = result.text
         calls: list[ToolCall] | None = None
@@ -519,7 +487,7 @@ class ChatService:
                 finish = "stop"  # the answer ends with its call; the rest was dropped
             for call in parsed:
                 call.arguments = await self.strict_arguments(
-                    chat, tally, index, call, result.text, result.completion_tokens
+                    chat, run, index, call, result.text, result.completion_tokens
                 )
             calls = _tool_calls(parsed) or None
         logprobs = None
@@ -533,9 +501,9 @@ class ChatService:
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        tally = await chat.tally(meter)
-        results = await generation.collect(self.backend, chat.model, tally)
-        choices = [await self._choice(chat, tally, i, r) for i, r in enumerate(results)]
+        run = await self.admit(chat, meter)
+        results = await run.collect()
+        choices = [await self._choice(chat, run, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
         await self.remember(chat, message, results[0].completion_tokens)
         if chat.tools is not None and chat.tools.legacy:
@@ -545,15 +513,15 @@ class ChatService:
             created=chat.created,
             model=chat.model,
             choices=choices,
-            usage=tally.usage(),
+            usage=run.usage(),
         )
 
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before the first chunk of any choice."""
-        tally = await chat.tally(meter)
-        pieces = await generation.stream(self.backend, chat.model, tally)
-        return with_done(self._events(chat, pieces, tally), "chat")
+        run = await self.admit(chat, meter)
+        pieces = await run.stream()
+        return with_done(self._events(chat, pieces, run), "chat")
 
     def _logprobs_json(self, chat: PreparedChat, state: _ChoiceState) -> str:
         if chat.logprobs is None or not state.logprobs:
@@ -565,10 +533,10 @@ class ChatService:
     async def _events(
         self,
         chat: PreparedChat,
-        pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
+        run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
-        writer = _ChunkWriter(chat)
+        writer = ChunkWriter.chat(chat.id, chat.created, chat.model, chat.include_usage)
         timer = ChatTimer(self.metrics, chat.model, chat.started)
         states = [
             _ChoiceState(chat.tools.new_parser() if chat.tools is not None else None)
@@ -581,12 +549,12 @@ class ChatService:
                 state = states[index]
                 if chunk is None:
                     if not state.ended:
-                        for event in await self._close_choice(chat, writer, tally, index, state):
+                        for event in await self._close_choice(chat, writer, run, index, state):
                             yield event
                     continue
                 # Counted before the text is sent: what was generated counts even for a
                 # client that leaves mid-stream (the generator may never be resumed).
-                tally.add(index, chunk)
+                run.add(index, chunk)
                 state.completion_tokens += chunk.completion_tokens
                 state.finish = chunk.finish_reason or state.finish
                 state.logprobs.extend(chunk.logprobs)
@@ -603,7 +571,7 @@ class ChatService:
                 ):
                     yield event
                 if state.parser.closed:
-                    for event in await self._close_choice(chat, writer, tally, index, state):
+                    for event in await self._close_choice(chat, writer, run, index, state):
                         yield event
                     if all(s.ended for s in states):
                         break  # leaving closes the generations still running
@@ -616,12 +584,12 @@ class ChatService:
             message["tool_calls"] = [call.model_dump() for call in _tool_calls(first.calls)]
         await self.remember(chat, message, first.completion_tokens)
         if chat.include_usage:
-            yield writer.usage(tally.usage())
+            yield writer.usage(run.usage())
 
     def _parsed(
         self,
         chat: PreparedChat,
-        writer: _ChunkWriter,
+        writer: ChunkWriter,
         index: int,
         state: _ChoiceState,
         delta: ParserDelta,
@@ -655,8 +623,8 @@ class ChatService:
     async def _close_choice(
         self,
         chat: PreparedChat,
-        writer: _ChunkWriter,
-        tally: generation.Tally,
+        writer: ChunkWriter,
+        run: generation.GenerationRun,
         index: int,
         state: _ChoiceState,
     ) -> list[str]:
@@ -673,7 +641,7 @@ class ChatService:
                 if call.name not in chat.tools.strict:
                     continue
                 call.arguments = await self.strict_arguments(
-                    chat, tally, index, call, text, state.completion_tokens
+                    chat, run, index, call, text, state.completion_tokens
                 )
                 piece = ToolCallDelta(number, arguments=call.arguments)
                 events.append(writer.delta(index, _call_delta([piece], chat.tools.legacy)))

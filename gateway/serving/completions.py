@@ -16,7 +16,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any
 
 from gateway.backend import Backend, SamplingOptions, TokenLogprob
 from gateway.errors import InvalidRequestError
@@ -36,7 +35,7 @@ from gateway.serving.protocol import (
     CompletionLogprobs,
     CompletionRequest,
 )
-from gateway.serving.sse import with_done
+from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.state.limits import Meter
 
@@ -128,16 +127,25 @@ class CompletionService:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 
-    async def _tally(self, job: PreparedCompletion, meter: Meter | None) -> generation.Tally:
-        jobs = generation.jobs_for(job.prompts, job.options, job.n)
-        return await generation.admit(meter or Meter(), jobs, in_flight=self.in_flight)
+    async def admit(self, job: PreparedCompletion, meter: Meter | None) -> generation.GenerationRun:
+        """The request's generations (one backend request per prompt and choice), their
+        tokens reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
+        return await generation.admit(
+            self.backend,
+            job.model,
+            meter or Meter(),
+            job.prompts,
+            job.options,
+            job.n,
+            in_flight=self.in_flight,
+        )
 
     async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
-        tally = await self._tally(job, meter)
-        results = await generation.collect(self.backend, job.model, tally)
+        run = await self.admit(job, meter)
+        results = await run.collect()
         choices = []
-        for index, (spec, result) in enumerate(zip(tally.jobs, results, strict=True)):
-            echoed = spec.prompt if job.echo else ""
+        for index, (g, result) in enumerate(zip(run.generations, results, strict=True)):
+            echoed = g.prompt if job.echo else ""
             logprobs = None
             if job.logprobs is not None:
                 logprobs = _Offsets(len(echoed), job.logprobs).add(result.logprobs)
@@ -154,7 +162,7 @@ class CompletionService:
             created=job.created,
             model=job.model,
             choices=choices,
-            usage=tally.usage(),
+            usage=run.usage(),
         )
 
     async def stream(
@@ -162,46 +170,37 @@ class CompletionService:
     ) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body (see the chat service for the
         contract)."""
-        tally = await self._tally(job, meter)
-        pieces = await generation.stream(self.backend, job.model, tally)
-        return with_done(self._events(job, tally.jobs, pieces, tally), "completions")
+        run = await self.admit(job, meter)
+        pieces = await run.stream()
+        return with_done(self._events(job, run.generations, pieces, run), "completions")
 
     async def _events(
         self,
         job: PreparedCompletion,
-        jobs: list[generation.Job],
-        pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        generations: list[generation.Generation],
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
+        run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
-        head = {"id": job.id, "object": "text_completion", "created": job.created}
-        head["model"] = job.model
-
-        def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            body: dict[str, Any] = {**head, "choices": [choice]}
-            if job.include_usage:
-                body["usage"] = None
-            return f"data: {json.dumps(body)}\n\n"
-
+        writer = ChunkWriter.completion(job.id, job.created, job.model, job.include_usage)
         offsets = [
-            _Offsets(len(spec.prompt) if job.echo else 0, job.logprobs or 0) for spec in jobs
+            _Offsets(len(g.prompt) if job.echo else 0, job.logprobs or 0) for g in generations
         ]
-        finishes: list[str | None] = [None] * len(jobs)
+        finishes: list[str | None] = [None] * len(generations)
         async with aclosing(pieces):
             if job.echo:
-                for index, spec in enumerate(jobs):
-                    yield chunk(index, spec.prompt, None)
+                for index, g in enumerate(generations):
+                    yield writer.text(index, g.prompt)
             async for index, piece in pieces:
                 if piece is None:
-                    yield chunk(index, "", finishes[index] or "stop")
+                    yield writer.text(index, "", finishes[index] or "stop")
                     continue
-                tally.add(index, piece)
+                run.add(index, piece)
                 finishes[index] = piece.finish_reason or finishes[index]
                 if piece.text or piece.logprobs:
-                    logprobs = None
+                    logprobs = "null"
                     if job.logprobs is not None:
-                        logprobs = offsets[index].add(list(piece.logprobs)).model_dump()
-                    yield chunk(index, piece.text, None, logprobs)
+                        added = offsets[index].add(list(piece.logprobs))
+                        logprobs = json.dumps(added.model_dump())
+                    yield writer.text(index, piece.text, None, logprobs)
         if job.include_usage:
-            usage = {**head, "choices": [], "usage": tally.usage().model_dump()}
-            yield f"data: {json.dumps(usage)}\n\n"
+            yield writer.usage(run.usage())

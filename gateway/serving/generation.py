@@ -2,14 +2,15 @@
 
 ``n`` choices (and, for completions, several prompts) are independent Triton requests run
 concurrently, so each gets the model's full sampling and a batching engine serves them
-together. :func:`collect` runs them to the end; :func:`stream` merges their chunks as they
-come, each tagged with its choice index. Tokens go to the request's meter as they arrive,
-so what was generated counts even when the client leaves early.
+together. :meth:`GenerationRun.collect` runs them to the end; :meth:`GenerationRun.stream`
+merges their chunks as they come, each tagged with its choice index. Tokens go to the
+request's meter as they arrive, so what was generated counts even when the client leaves
+early.
 
-Every caller goes the same way: :func:`admit` reserves the jobs' tokens under the key's
-``tpm`` and returns the request's :class:`Tally`; :func:`collect` or :func:`stream` runs its
-jobs, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``), so one
-request with many choices cannot flood Triton.
+Every caller goes the same way: :func:`admit` reserves the generations' tokens under the
+key's ``tpm`` and returns the request's :class:`GenerationRun`; its ``collect`` or
+``stream`` runs them, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``),
+so one request with many choices cannot flood Triton.
 """
 
 from __future__ import annotations
@@ -28,24 +29,24 @@ from gateway.state.limits import Meter
 
 
 @dataclass(frozen=True)
-class Job:
-    """One backend request: a rendered prompt and its options."""
+class Generation:
+    """One choice to generate, one backend request: a rendered prompt and its options."""
 
     prompt: str
     options: SamplingOptions
 
 
-def jobs_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Job]:
-    """``n`` jobs per prompt, in choice order. With a seed, choice ``i`` of a prompt samples
-    with ``seed + i``: the choices differ, and the same request gives the same choices."""
-    jobs = []
+def generations_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Generation]:
+    """``n`` generations per prompt, in choice order. With a seed, choice ``i`` of a prompt
+    samples with ``seed + i``: the choices differ, and the same request gives the same choices."""
+    generations = []
     for prompt in prompts:
         for i in range(n):
             seeded = options
             if i and options.seed is not None:
                 seeded = replace(options, seed=options.seed + i)
-            jobs.append(Job(prompt, seeded))
-    return jobs
+            generations.append(Generation(prompt, seeded))
+    return generations
 
 
 @dataclass
@@ -58,15 +59,35 @@ class Generated:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-class Tally:
-    """A request's jobs, and its tokens counted into its meter as they arrive: the prompt
-    once per distinct prompt, every choice's completion tokens."""
+#: What :meth:`GenerationRun.stream` yields: a choice index and its next chunk, or None when
+#: it ended.
+ChoiceChunk = tuple[int, GenerationChunk | None]
 
-    def __init__(self, meter: Meter, jobs: list[Job], in_flight: int = 16) -> None:
+
+#: A stream whose first chunk is not awaited before the response starts.
+_LATER: Any = object()
+
+
+class GenerationRun:
+    """The run of one request's generations on ``model``: :meth:`collect` or :meth:`stream`
+    runs them, at most ``in_flight`` at a time, and the tokens they generate are counted
+    into the request's meter as they arrive: the prompt once per distinct prompt, every
+    choice's completion tokens. Made by :func:`admit`."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        model: str,
+        meter: Meter,
+        generations: list[Generation],
+        in_flight: int = 16,
+    ) -> None:
+        self.backend = backend
+        self.model = model
         self.meter = meter
-        self.jobs = jobs
+        self.generations = generations
         self.in_flight = in_flight
-        """How many of the jobs may run at once."""
+        """How many of the generations may run at once."""
         self.gate = asyncio.Semaphore(in_flight)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -77,7 +98,7 @@ class Tally:
         self._prompts_seen: set[str] = set()
 
     def add(self, index: int, chunk: GenerationChunk) -> None:
-        prompt = self.jobs[index].prompt
+        prompt = self.generations[index].prompt
         if chunk.prompt_tokens and prompt not in self._prompts_seen:
             self._prompts_seen.add(prompt)
             self.prompt_tokens += chunk.prompt_tokens
@@ -97,82 +118,87 @@ class Tally:
             estimated=self.estimated or None,
         )
 
+    async def collect(self) -> list[Generated]:
+        """Runs every generation to the end, concurrently (``in_flight`` at a time); the
+        first failure cancels the others."""
+        generations = self.generations
+        if len(generations) == 1:
+            return [await self._generated(generations[0], 0)]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._one(g, i)) for i, g in enumerate(generations)]
+        return [task.result() for task in tasks]
+
+    async def _one(self, generation: Generation, index: int) -> Generated:
+        async with self.gate:
+            return await self._generated(generation, index)
+
+    async def _generated(self, generation: Generation, index: int) -> Generated:
+        result = Generated()
+        texts: list[str] = []
+        finish = None
+        chunks = self.backend.generate(
+            self.model, generation.prompt, generation.options, stream=False
+        )
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                self.add(index, chunk)
+                texts.append(chunk.text)
+                result.logprobs.extend(chunk.logprobs)
+                finish = chunk.finish_reason or finish
+                result.completion_tokens += chunk.completion_tokens
+        result.text = "".join(texts)
+        result.finish_reason = finish or "stop"
+        return result
+
+    async def stream(self) -> AsyncGenerator[ChoiceChunk, None]:
+        """Starts the generations and awaits each one's first chunk (so a request that fails
+        up front raises before the HTTP response starts), then yields the chunks of all of
+        them as they come. Generations beyond ``in_flight`` start as earlier ones end (their
+        failures come in the stream). Closing the generator cancels every generation still
+        running."""
+        streams = [
+            self.backend.generate(self.model, g.prompt, g.options, stream=True)
+            for g in self.generations
+        ]
+        if len(streams) > self.in_flight:
+            streams = [_gated(self.gate, s) for s in streams]
+        started = streams[: self.in_flight]
+        try:
+            firsts = await asyncio.gather(*(first_or_close(s) for s in started))
+        except BaseException:
+            await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+            raise
+        if len(streams) == 1:
+            return _single(streams[0], firsts[0])
+        return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+
 
 async def admit(
-    meter: Meter, jobs: list[Job], flexible: bool = False, in_flight: int = 16
-) -> Tally:
-    """Reserves the jobs' tokens under the key's ``tpm`` (429 when they do not fit, see
-    :meth:`Meter.reserve`): the distinct prompts, estimated, and every job's
-    ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the jobs may be given
-    fewer tokens, as many as the key has left. A model that takes no ``max_tokens`` is
-    reserved one token per job and counted in full when it ends."""
-    per = jobs[0].options.max_tokens
-    prompt = sum(estimate_tokens(p) for p in {j.prompt for j in jobs})
-    granted = await meter.reserve(prompt, per or 1, len(jobs), flexible and per is not None)
+    backend: Backend,
+    model: str,
+    meter: Meter,
+    prompts: list[str],
+    options: SamplingOptions,
+    n: int = 1,
+    flexible: bool = False,
+    in_flight: int = 16,
+) -> GenerationRun:
+    """The run of ``n`` generations of each prompt on ``model``
+    (:func:`generations_for`), their tokens reserved under the key's ``tpm`` (429 when
+    they do not fit, see :meth:`Meter.reserve`): the distinct prompts, estimated, and every
+    generation's ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the
+    generations may be given fewer tokens, as many as the key has left. A model that takes
+    no ``max_tokens`` is reserved one token per generation and counted in full when it
+    ends."""
+    generations = generations_for(prompts, options, n)
+    per = options.max_tokens
+    prompt = sum(estimate_tokens(p) for p in set(prompts))
+    granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
     if per is not None and granted < per:
-        jobs = [Job(j.prompt, replace(j.options, max_tokens=granted)) for j in jobs]
-    return Tally(meter, jobs, in_flight)
-
-
-async def _one(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
-    async with tally.gate:
-        return await _generated(backend, model, job, index, tally)
-
-
-async def _generated(backend: Backend, model: str, job: Job, index: int, tally: Tally) -> Generated:
-    result = Generated()
-    texts: list[str] = []
-    finish = None
-    chunks = backend.generate(model, job.prompt, job.options, stream=False)
-    async with aclosing(chunks):
-        async for chunk in chunks:
-            tally.add(index, chunk)
-            texts.append(chunk.text)
-            result.logprobs.extend(chunk.logprobs)
-            finish = chunk.finish_reason or finish
-            result.completion_tokens += chunk.completion_tokens
-    result.text = "".join(texts)
-    result.finish_reason = finish or "stop"
-    return result
-
-
-async def collect(backend: Backend, model: str, tally: Tally) -> list[Generated]:
-    """Runs every job to the end, concurrently (``tally.in_flight`` at a time); the first
-    failure cancels the others."""
-    jobs = tally.jobs
-    if len(jobs) == 1:
-        return [await _generated(backend, model, jobs[0], 0, tally)]
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_one(backend, model, j, i, tally)) for i, j in enumerate(jobs)]
-    return [task.result() for task in tasks]
-
-
-#: What :func:`stream` yields: a choice index and its next chunk, or None when it ended.
-Piece = tuple[int, GenerationChunk | None]
-
-
-#: A stream whose first chunk is not awaited before the response starts.
-_LATER: Any = object()
-
-
-async def stream(backend: Backend, model: str, tally: Tally) -> AsyncGenerator[Piece, None]:
-    """Starts the jobs and awaits each one's first chunk (so a request that fails up front
-    raises before the HTTP response starts), then yields the chunks of all of them as they
-    come. Jobs beyond ``tally.in_flight`` start as earlier ones end (their failures come
-    in the stream). Closing the generator cancels every job still running."""
-    jobs = tally.jobs
-    streams = [backend.generate(model, j.prompt, j.options, stream=True) for j in jobs]
-    if len(streams) > tally.in_flight:
-        streams = [_gated(tally.gate, s) for s in streams]
-    started = streams[: tally.in_flight]
-    try:
-        firsts = await asyncio.gather(*(first_or_close(s) for s in started))
-    except BaseException:
-        await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
-        raise
-    if len(streams) == 1:
-        return _single(streams[0], firsts[0])
-    return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+        generations = [
+            Generation(g.prompt, replace(g.options, max_tokens=granted)) for g in generations
+        ]
+    return GenerationRun(backend, model, meter, generations, in_flight)
 
 
 async def _gated(
@@ -184,21 +210,23 @@ async def _gated(
             yield chunk
 
 
-async def texts(pieces: AsyncGenerator[Piece, None], tally: Tally) -> AsyncGenerator[str, None]:
-    """The text of a one-choice stream, its tokens counted into ``tally`` (which also keeps
+async def texts(
+    pieces: AsyncGenerator[ChoiceChunk, None], run: GenerationRun
+) -> AsyncGenerator[str, None]:
+    """The text of a one-choice stream, its tokens counted into ``run`` (which also keeps
     its finish reason)."""
     async with aclosing(pieces):
         async for _, chunk in pieces:
             if chunk is None:
                 continue
-            tally.add(0, chunk)
+            run.add(0, chunk)
             if chunk.text:
                 yield chunk.text
 
 
 async def _single(
     chunks: AsyncGenerator[GenerationChunk, None], first: GenerationChunk | None
-) -> AsyncGenerator[Piece, None]:
+) -> AsyncGenerator[ChoiceChunk, None]:
     """One choice: no task or queue on the hot path."""
     async with aclosing(chunks):
         chunk = first
@@ -210,8 +238,8 @@ async def _single(
 
 async def _merged(
     streams: list[AsyncGenerator[GenerationChunk, None]], firsts: list[GenerationChunk | None]
-) -> AsyncGenerator[Piece, None]:
-    queue: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
+) -> AsyncGenerator[ChoiceChunk, None]:
+    queue: asyncio.Queue[ChoiceChunk | BaseException] = asyncio.Queue()
 
     async def pump(index: int) -> None:
         chunks = streams[index]

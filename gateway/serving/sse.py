@@ -1,4 +1,5 @@
-"""Streamed responses: SSE formatting, the start of a stream, and one place that turns a
+"""Streamed responses: SSE formatting, the chunks of streamed chat completions and
+completions (:class:`ChunkWriter`), the start of a stream, and one place that turns a
 failure after the stream began (the HTTP status is already sent) into an SSE ``error``
 event."""
 
@@ -11,6 +12,7 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 from gateway.errors import GatewayError, error_body
+from gateway.serving.protocol import Usage
 
 logger = logging.getLogger("gateway.serving.sse")
 
@@ -34,6 +36,76 @@ async def first_or_close(items: AsyncGenerator[T, None]) -> T | None:
 
 def event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
+
+
+class ChunkWriter:
+    """The ``data:`` events of a streamed chat completion (``chat.completion.chunk``: each
+    choice a ``delta``) or legacy completion (``text_completion``: each choice a
+    ``text``). Only the choice changes from chunk to chunk, so the fixed parts are encoded
+    once: this runs once per token on the hot path. ``logprobs`` arguments are JSON
+    already."""
+
+    def __init__(self, head: dict[str, Any], usage_null: bool) -> None:
+        """``head``: the fields every chunk starts with; ``usage_null``: every chunk but
+        the last carries ``"usage": null`` (``stream_options.include_usage``)."""
+        self._prefix = "data: " + json.dumps(head)[:-1] + ',"choices":[{"index":'
+        self._suffix = "}]" + (',"usage":null' if usage_null else "") + "}\n\n"
+        self._head = head
+
+    @classmethod
+    def chat(cls, id: str, created: int, model: str, usage_null: bool) -> ChunkWriter:
+        head = {
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
+        return cls(head, usage_null)
+
+    @classmethod
+    def completion(cls, id: str, created: int, model: str, usage_null: bool) -> ChunkWriter:
+        head = {"id": id, "object": "text_completion", "created": created, "model": model}
+        return cls(head, usage_null)
+
+    def delta(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: str = "null",
+    ) -> str:
+        """A chat chunk: choice ``index``'s ``delta``."""
+        reason = json.dumps(finish_reason)
+        return (
+            f'{self._prefix}{index},"delta":{json.dumps(delta)},"logprobs":{logprobs},'
+            f'"finish_reason":{reason}{self._suffix}'
+        )
+
+    def content(self, index: int, text: str, logprobs: str = "null") -> str:
+        """A chat chunk whose delta is ``text`` as content (:meth:`delta`, faster)."""
+        return (
+            f'{self._prefix}{index},"delta":{{"content":{json.dumps(text)}}},'
+            f'"logprobs":{logprobs},"finish_reason":null{self._suffix}'
+        )
+
+    def text(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: str = "null",
+    ) -> str:
+        """A completion chunk: choice ``index``'s next ``text``."""
+        reason = json.dumps(finish_reason)
+        return (
+            f'{self._prefix}{index},"text":{json.dumps(text)},"logprobs":{logprobs},'
+            f'"finish_reason":{reason}{self._suffix}'
+        )
+
+    def usage(self, usage: Usage) -> str:
+        """The last chunk, with ``stream_options.include_usage``: no choices, the usage."""
+        return event({**self._head, "choices": [], "usage": usage.model_dump()})
 
 
 async def with_error_event(

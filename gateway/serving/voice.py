@@ -19,11 +19,8 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from gateway.backend import Backend, ModelInfo
-from gateway.config import Settings
-from gateway.errors import BackendUnavailableError
+from gateway.backend import Backend
 from gateway.serving.audio import StreamEncoder
-from gateway.serving.catalog import ModelCatalog
 from gateway.state.limits import Meter
 
 # A sentence ends at . ! ? … (and closing quotes or brackets) followed by white space, or
@@ -152,35 +149,3 @@ async def spoken(
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
-
-
-class VoiceModels:
-    """Which models serve audio: the configured one for each task, else the first loaded
-    model of that task in ``GATEWAY_MODELS`` order, else in the repository's order."""
-
-    def __init__(self, catalog: ModelCatalog, settings: Settings) -> None:
-        self.catalog = catalog
-        self.configured = {
-            "chat": settings.voice_chat_model,
-            "transcription": settings.voice_transcription_model,
-            "speech": settings.voice_speech_model,
-        }
-        self.order = {name: i for i, name in enumerate(settings.models)}
-
-    async def info(self, task: str) -> ModelInfo:
-        """The model of :meth:`pick`, loaded and serving ``task`` (404 or 400 if not)."""
-        return await self.catalog.get(await self.pick(task), task)
-
-    async def pick(self, task: str) -> str:
-        configured = self.configured[task]
-        if configured:
-            return configured
-        models = await self.catalog.cached()
-        ready = [m.name for m in models.values() if m.task == task and m.ready]
-        if not ready:
-            raise BackendUnavailableError(
-                f"No {task} model is loaded, and audio needs one: load one with the admin "
-                f"API or set GATEWAY_VOICE_{task.upper()}_MODEL.",
-                code="model_not_loaded",
-            )
-        return min(ready, key=lambda name: self.order.get(name, len(self.order)))

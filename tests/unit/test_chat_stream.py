@@ -10,7 +10,15 @@ import openai
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import REPLY, USER_HI, chat_body, sse_events, sse_json
+from tests.unit.conftest import (
+    REPLY,
+    USER_HI,
+    chat_body,
+    make_settings,
+    serve,
+    sse_events,
+    sse_json,
+)
 
 
 async def test_sdk_stream_chunks(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:
@@ -87,6 +95,27 @@ async def test_raw_sse_framing_and_headers(http: httpx.AsyncClient) -> None:
         choice = event["choices"][0]
         assert choice["index"] == 0
         assert "logprobs" in choice and choice["logprobs"] is None
+
+
+async def test_a_streamed_spoken_answer_carries_usage_null_like_every_chat_chunk() -> None:
+    settings = make_settings(models=["fake-chat", "fake-tts", "fake-stt"])
+    async with serve(settings) as (_, http, _sdk):
+        response = await http.post(
+            "/v1/chat/completions",
+            json=chat_body(
+                stream=True,
+                modalities=["text", "audio"],
+                audio={"voice": "alloy", "format": "pcm16"},
+                stream_options={"include_usage": True},
+            ),
+        )
+    assert response.status_code == 200, response.text
+    events = sse_json(response.text)
+    assert all("usage" in e and e["usage"] is None for e in events[:-1])
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] > 0
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert "".join(d.get("audio", {}).get("transcript", "") for d in deltas) == REPLY
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_raw_sse_without_usage_has_no_usage_chunk(http: httpx.AsyncClient) -> None:

@@ -65,7 +65,7 @@ class _Responder:
         self.audio_ms = 0.0
         self.status = "completed"
         self.details: dict[str, Any] | None = None
-        self.tally: generation.Tally | None = None
+        self.tally: generation.GenerationRun | None = None
         self.started = False
 
     def _json(self, status: str) -> dict[str, Any]:
@@ -162,8 +162,8 @@ class _Responder:
             }
         )
         chat = await session.services.chat.prepare(request)
-        self.tally = await chat.tally(admission.meter)
-        pieces = await generation.stream(session.services.backend, chat.model, self.tally)
+        self.tally = await session.services.chat.admit(chat, admission.meter)
+        pieces = await self.tally.stream()
         self.started = True
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
         self.item.content = [

@@ -18,7 +18,7 @@ from gateway.config import Settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.metrics import Metrics
 from gateway.serving.audio import STT_RATE
-from gateway.serving.catalog import ModelCatalog, model_takes
+from gateway.serving.catalog import DefaultModels, ModelCatalog, model_takes
 from gateway.serving.chat import ChatService
 from gateway.serving.realtime.buffer import (
     MIN_COMMIT_MS,
@@ -57,7 +57,7 @@ from gateway.serving.realtime.events import (
     _Use,
 )
 from gateway.serving.realtime.responder import Response, _Responder
-from gateway.serving.realtime.transcription import _Guess, _guessed, _Transcription
+from gateway.serving.realtime.transcription import _EarlyTranscription, _guessed, _Transcription
 from gateway.serving.speech import resolve_voice
 from gateway.serving.vad import (
     SpeechStarted,
@@ -66,7 +66,6 @@ from gateway.serving.vad import (
     VadEvent,
     VadSettings,
 )
-from gateway.serving.voice import VoiceModels
 from gateway.state.keys import ApiKey, KeyStore
 from gateway.state.limits import Admission, RateLimiter
 
@@ -178,7 +177,7 @@ class RealtimeServices:
         backend: Backend,
         catalog: ModelCatalog,
         chat: ChatService,
-        models: VoiceModels,
+        models: DefaultModels,
         limiter: RateLimiter,
         keys: KeyStore,
         settings: Settings,
@@ -262,7 +261,7 @@ class RealtimeSession:
         )
         self._speech_item: str | None = None  # the item id of the speech in progress
         self._speech_start_ms = 0
-        self._guess: _Guess | None = None
+        self._guess: _EarlyTranscription | None = None
         self._turn: _Transcription | None = None
         """The transcription request of the speech in progress (made by its first guess)."""
         self._transcriptions: set[_Transcription] = set()
@@ -588,7 +587,7 @@ class RealtimeSession:
         if self._turn is None:
             self._turn = self._new_transcription()
         task = asyncio.create_task(_guessed(self._turn, audio))
-        self._guess = _Guess(from_ms, detector.voiced_windows, task)
+        self._guess = _EarlyTranscription(from_ms, detector.voiced_windows, task)
 
     def _drop_guess(self) -> None:
         if self._guess is not None:

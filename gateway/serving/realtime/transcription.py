@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Guess:
-    """A transcription started when the user fell silent, before the turn was committed."""
+class _EarlyTranscription:
+    """A transcription started when the user fell silent, before the turn was committed
+    (a guess): it is the turn's transcript if the turn ends on the audio it was made from."""
 
     from_ms: int
     voiced_windows: int  # the detector's mark when it was made

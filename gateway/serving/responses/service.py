@@ -78,8 +78,8 @@ class ResponsesService:
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
         chat = prepared.chat
-        tally = await chat.tally(meter)
-        (result,) = await generation.collect(self.chat.backend, chat.model, tally)
+        tally = await self.chat.admit(chat, meter)
+        (result,) = await tally.collect()
         content: str | None = result.text
         calls: list[ParsedCall] = []
         if chat.tools is not None:
@@ -105,16 +105,16 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        tally = await chat.tally(meter)
-        pieces = await generation.stream(self.chat.backend, chat.model, tally)
+        tally = await self.chat.admit(chat, meter)
+        pieces = await tally.stream()
         return self._guarded(prepared, _StreamWriter(prepared, self), pieces, tally)
 
     async def _guarded(
         self,
         prepared: PreparedResponse,
         writer: _StreamWriter,
-        pieces: AsyncGenerator[generation.Piece, None],
-        tally: generation.Tally,
+        pieces: AsyncGenerator[generation.ChoiceChunk, None],
+        tally: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         """The events; a failure after the stream began ends it with ``error`` and
         ``response.failed`` (the HTTP status is already sent)."""

@@ -43,7 +43,7 @@ class _StreamWriter:
         """Everything generated so far (a strict call's arguments continue it)."""
         self.call_at: int | None = None
         """Where the open call's arguments start in :attr:`text`."""
-        self.tally: generation.Tally | None = None
+        self.tally: generation.GenerationRun | None = None
 
     def event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -194,7 +194,7 @@ class _StreamWriter:
         return events + await self._calls(delta)
 
     async def events(
-        self, pieces: AsyncGenerator[generation.Piece, None], tally: generation.Tally
+        self, pieces: AsyncGenerator[generation.ChoiceChunk, None], tally: generation.GenerationRun
     ) -> AsyncGenerator[str, None]:
         prepared = self.prepared
         chat = prepared.chat
