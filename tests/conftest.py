@@ -22,6 +22,13 @@ def _group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    seen: set[str] = set()
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
+        if item.nodeid in seen:
+            # schemathesis gives each API operation's test the same node id (the operation
+            # is only in the name); xdist schedules by node id and would run one of them.
+            item._nodeid = f"{item.nodeid.split('::')[0]}::{item.name}"  # type: ignore[attr-defined]
+        seen.add(item.nodeid)

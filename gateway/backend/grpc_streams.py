@@ -174,6 +174,13 @@ class StreamPool:
         try:
             while True:
                 response = await call.read()
+                if response is grpc.aio.EOF and reused:
+                    # A kept call the server had ended (its end not seen when it was taken):
+                    # the request was never read, so it goes on a new call, once.
+                    call.cancel()
+                    call, reused = self._stub.ModelStreamInfer(), False
+                    await call.write(message)
+                    continue
                 if response is grpc.aio.EOF:
                     raise grpc.aio.AioRpcError(
                         grpc.StatusCode.UNAVAILABLE,
@@ -183,6 +190,7 @@ class StreamPool:
                     )
                 if response.error_message:
                     raise ModelError(response.error_message)
+                reused = False  # answered on this call: an end from now on is a failure
                 outputs = Outputs(response.infer_response)
                 finished = outputs.final
                 yield outputs
