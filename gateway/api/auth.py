@@ -20,20 +20,20 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
 from gateway.errors import PermissionDeniedError
-from gateway.state.keys import ApiKey, KeyStore
-from gateway.state.limits import Admission, RateLimiter
+from gateway.state.keys import ApiKey
+from gateway.state.limits import Admission
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer sk-gw-...`")
 
 
 async def _caller(
-    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    services: ServicesDep,
 ) -> ApiKey:
-    keys: KeyStore = request.app.state.keys
-    return await keys.authenticate(credentials.credentials if credentials else None)
+    return await services.keys.authenticate(credentials.credentials if credentials else None)
 
 
 CallerDep = Annotated[ApiKey, Depends(_caller)]
@@ -47,22 +47,22 @@ async def require_admin(caller: CallerDep) -> ApiKey:
 
 
 async def metrics_access(
-    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    services: ServicesDep,
 ) -> None:
     """``/metrics`` is open unless ``GATEWAY_METRICS_REQUIRE_KEY`` asks for an admin key."""
-    if request.app.state.settings.metrics_require_key:
-        await require_admin(await _caller(request, credentials))
+    if services.settings.metrics_require_key:
+        await require_admin(await _caller(credentials, services))
 
 
 async def _admitted(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    services: ServicesDep,
 ) -> Admission:
     """The key check and the admission in one Redis round trip."""
-    limiter: RateLimiter = request.app.state.limiter
-    admission = await limiter.admit(
-        request.app.state.keys, credentials.credentials if credentials else None
+    admission = await services.limiter.admit(
+        services.keys, credentials.credentials if credentials else None
     )
     setattr(request.state, ADMISSION, admission)
     return admission

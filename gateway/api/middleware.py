@@ -37,10 +37,10 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api.dependencies import services_of
 from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
-from gateway.state.keys import KeyStore
-from gateway.state.limits import Admission, RateLimiter
+from gateway.state.limits import Admission
 
 #: Where the admission dependency leaves the request's admission (``request.state``).
 ADMISSION = "admission"
@@ -159,7 +159,7 @@ class GatewayMiddleware:
             in_flight.dec()
             admission = state.get(ADMISSION)
             if admission is not None:
-                limiter: RateLimiter = scope["app"].state.limiter
+                limiter = services_of(scope).limiter
                 # Shielded: a cancelled request still releases its slot and counts its usage.
                 await asyncio.shield(limiter.finish(admission))
             route = getattr(scope.get("route"), "path", None) or "unmatched"
@@ -179,7 +179,7 @@ class GatewayMiddleware:
             return None
         authorization = Headers(scope=scope).get("authorization", "")
         scheme, _, presented = authorization.partition(" ")
-        keys: KeyStore = scope["app"].state.keys
+        keys = services_of(scope).keys
         try:
             await keys.authenticate(presented.strip() if scheme.lower() == "bearer" else None)
         except GatewayError as exc:

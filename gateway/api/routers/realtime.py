@@ -21,11 +21,9 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
+from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import DRAINING_ERROR
 from gateway.errors import GatewayError
-from gateway.metrics import Metrics
-from gateway.serving.realtime import RealtimeServices
-from gateway.state.limits import RateLimiter
 
 router = APIRouter(tags=["realtime"])
 logger = logging.getLogger("gateway.realtime")
@@ -56,16 +54,14 @@ async def _deny(websocket: WebSocket, status: int, body: dict[str, Any], headers
 
 
 @router.websocket(ROUTE)
-async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+async def realtime(websocket: WebSocket, services: ServicesDep, model: str | None = None) -> None:
     """A Realtime session (``client.realtime.connect(model=...)``)."""
-    app = websocket.app
-    metrics: Metrics = app.state.metrics
-    if app.state.drain.draining:
+    metrics = services.metrics
+    if websocket.app.state.drain.draining:
         await _deny(websocket, 503, DRAINING_ERROR, {"Retry-After": "1"})
         metrics.requests.labels(ROUTE, "", "503").inc()
         return
-    limiter: RateLimiter = app.state.limiter
-    services: RealtimeServices = app.state.realtime
+    limiter = services.limiter
     key = presented_key(websocket)
     lock = asyncio.Lock()
     open_ = True
@@ -82,8 +78,8 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
 
     admission = None
     try:
-        admission = await limiter.admit(app.state.keys, key)
-        session = await services.open(model, admission.key, key or "", send)
+        admission = await limiter.admit(services.keys, key)
+        session = await services.realtime.open(model, admission.key, key or "", send)
     except GatewayError as exc:
         if admission is not None:  # admitted, then refused: its slot is given back
             await limiter.finish(admission)
