@@ -27,8 +27,9 @@ from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.serving.voice import VoiceModels
+from gateway.state.admission import Gatekeeper
 from gateway.state.keys import KeyStore
-from gateway.state.limits import RateLimiter
+from gateway.state.limits import Limits
 from gateway.state.redis import Headroom
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
@@ -45,7 +46,8 @@ class Services:
     redis: Redis
     catalog: ModelCatalog
     keys: KeyStore
-    limiter: RateLimiter
+    gatekeeper: Gatekeeper
+    limits: Limits
     sessions: SessionStore
     chat: ChatService
     completions: CompletionService
@@ -60,7 +62,7 @@ class Services:
     async def close(self) -> None:
         """Stops what the services run in the background (not the backend nor Redis: the
         lifespan that opened them closes them)."""
-        await self.limiter.close()
+        await self.gatekeeper.close()
 
 
 def build_services(
@@ -68,8 +70,9 @@ def build_services(
 ) -> Services:
     """The services of one process, over ``backend`` and ``redis``."""
     catalog = ModelCatalog(backend, settings.model_cache_ttl_s)
-    keys = KeyStore(redis, settings.admin_key)
-    limiter = RateLimiter(redis, settings.concurrency_lease_s)
+    keys = KeyStore(redis)
+    limits = Limits(redis)
+    gatekeeper = Gatekeeper(redis, limits, settings.concurrency_lease_s, settings.admin_key)
     headroom = Headroom(redis)
     sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb, headroom)
     chat = ChatService(
@@ -92,7 +95,8 @@ def build_services(
         redis=redis,
         catalog=catalog,
         keys=keys,
-        limiter=limiter,
+        gatekeeper=gatekeeper,
+        limits=limits,
         sessions=sessions,
         chat=chat,
         completions=CompletionService(
@@ -119,7 +123,7 @@ def build_services(
             settings.max_audio_seconds,
         ),
         realtime=RealtimeServices(
-            backend, catalog, chat, voice_models, limiter, keys, settings, metrics
+            backend, catalog, chat, voice_models, gatekeeper, settings, metrics
         ),
-        admin=AdminService(backend, catalog, keys, limiter),
+        admin=AdminService(backend, catalog, keys, limits),
     )

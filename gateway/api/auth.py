@@ -5,7 +5,7 @@
 - :func:`require_admin`: the same, 403 unless the key has the admin role.
 - :data:`AdmissionDep`: for inference routes: admits the request under the key's rate
   limits (429 over them); the route names its model with
-  :meth:`~gateway.state.limits.Admission.use_model` (403 if the key may not use it) and hands
+  :meth:`~gateway.state.admission.Admission.use_model` (403 if the key may not use it) and hands
   the returned meter to its service.
 
 An admitted request's lease, tokens and usage are settled by ``GatewayMiddleware``
@@ -23,8 +23,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
 from gateway.errors import PermissionDeniedError
+from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
-from gateway.state.limits import Admission
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer sk-gw-...`")
 
@@ -33,7 +33,7 @@ async def _caller(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     services: ServicesDep,
 ) -> ApiKey:
-    return await services.keys.authenticate(credentials.credentials if credentials else None)
+    return await services.gatekeeper.check(credentials.credentials if credentials else None)
 
 
 CallerDep = Annotated[ApiKey, Depends(_caller)]
@@ -61,9 +61,7 @@ async def _admitted(
     services: ServicesDep,
 ) -> Admission:
     """The key check and the admission in one Redis round trip."""
-    admission = await services.limiter.admit(
-        services.keys, credentials.credentials if credentials else None
-    )
+    admission = await services.gatekeeper.admit(credentials.credentials if credentials else None)
     setattr(request.state, ADMISSION, admission)
     return admission
 

@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.api.dependencies import services_of
 from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
-from gateway.state.limits import Admission
+from gateway.state.admission import Admission
 
 #: Where the admission dependency leaves the request's admission (``request.state``).
 ADMISSION = "admission"
@@ -159,9 +159,9 @@ class GatewayMiddleware:
             in_flight.dec()
             admission = state.get(ADMISSION)
             if admission is not None:
-                limiter = services_of(scope).limiter
+                gatekeeper = services_of(scope).gatekeeper
                 # Shielded: a cancelled request still releases its slot and counts its usage.
-                await asyncio.shield(limiter.finish(admission))
+                await asyncio.shield(gatekeeper.finish(admission))
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             if route != "/metrics":
                 self.metrics.record_request(route, admission, status, time.monotonic() - started)
@@ -179,9 +179,9 @@ class GatewayMiddleware:
             return None
         authorization = Headers(scope=scope).get("authorization", "")
         scheme, _, presented = authorization.partition(" ")
-        keys = services_of(scope).keys
+        gatekeeper = services_of(scope).gatekeeper
         try:
-            await keys.authenticate(presented.strip() if scheme.lower() == "bearer" else None)
+            await gatekeeper.check(presented.strip() if scheme.lower() == "bearer" else None)
         except GatewayError as exc:
             return exc
         return None

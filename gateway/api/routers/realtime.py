@@ -61,7 +61,7 @@ async def realtime(websocket: WebSocket, services: ServicesDep, model: str | Non
         await _deny(websocket, 503, DRAINING_ERROR, {"Retry-After": "1"})
         metrics.requests.labels(ROUTE, "", "503").inc()
         return
-    limiter = services.limiter
+    gatekeeper = services.gatekeeper
     key = presented_key(websocket)
     lock = asyncio.Lock()
     open_ = True
@@ -78,11 +78,11 @@ async def realtime(websocket: WebSocket, services: ServicesDep, model: str | Non
 
     admission = None
     try:
-        admission = await limiter.admit(services.keys, key)
+        admission = await gatekeeper.admit(key)
         session = await services.realtime.open(model, admission.key, key or "", send)
     except GatewayError as exc:
         if admission is not None:  # admitted, then refused: its slot is given back
-            await limiter.finish(admission)
+            await gatekeeper.finish(admission)
         await _deny(websocket, exc.status_code, exc.body(), exc.headers)
         metrics.requests.labels(ROUTE, model or "", str(exc.status_code)).inc()
         return
@@ -102,7 +102,7 @@ async def realtime(websocket: WebSocket, services: ServicesDep, model: str | Non
     finally:
         open_ = False
         await session.close()
-        await asyncio.shield(limiter.finish(admission))
+        await asyncio.shield(gatekeeper.finish(admission))
         metrics.realtime_sessions.dec()
         metrics.record_request(ROUTE, admission, 101, time.monotonic() - started)
         if websocket.client_state == WebSocketState.CONNECTED:

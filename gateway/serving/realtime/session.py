@@ -67,8 +67,8 @@ from gateway.serving.vad import (
     VadSettings,
 )
 from gateway.serving.voice import VoiceModels
-from gateway.state.keys import ApiKey, KeyStore
-from gateway.state.limits import Admission, RateLimiter
+from gateway.state.admission import Admission, Gatekeeper
+from gateway.state.keys import ApiKey
 
 logger = logging.getLogger("gateway.realtime")
 
@@ -179,8 +179,7 @@ class RealtimeServices:
         catalog: ModelCatalog,
         chat: ChatService,
         models: VoiceModels,
-        limiter: RateLimiter,
-        keys: KeyStore,
+        gatekeeper: Gatekeeper,
         settings: Settings,
         metrics: Metrics | None = None,
     ) -> None:
@@ -190,8 +189,7 @@ class RealtimeServices:
         self.catalog = catalog
         self.chat = chat
         self.models = models
-        self.limiter = limiter
-        self.keys = keys
+        self.gatekeeper = gatekeeper
         self.metrics = metrics
 
     async def model_for(self, task: str, requested: str | None, param: str) -> str:
@@ -228,7 +226,7 @@ class RealtimeServices:
 
     async def settle(self, admission: Admission) -> None:
         """Records what a session's request used (never raises)."""
-        await self.limiter.finish(admission)
+        await self.gatekeeper.finish(admission)
         if self.metrics is not None:
             self.metrics.record_usage(admission)
 
@@ -334,13 +332,11 @@ class RealtimeSession:
         holds one), its models checked against the key; the first one names it in usage
         and metrics. A 429 or 403 raises here."""
         services = self.services
-        admission = await services.limiter.admit(
-            services.keys, self.presented_key, hold_lease=False
-        )
+        admission = await services.gatekeeper.admit(self.presented_key, hold_lease=False)
         try:
             _require(admission.key, uses)
         except GatewayError:
-            await services.limiter.finish(admission)
+            await services.gatekeeper.finish(admission)
             raise
         admission.model = uses[0][0]
         return admission
