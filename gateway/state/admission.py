@@ -3,14 +3,16 @@ the key's limits, in one place.
 
 - :func:`key_id_of` reads the public id out of ``sk-gw-<id>-<secret>``: it names the key's
   record and its rate-limit windows.
-- :meth:`Gatekeeper.check`: the key alone (the admin API, ``/metrics`` when it asks for a
-  key, the middleware before it reads a large body): 401 for a missing, unknown, revoked or
-  expired key.
-- :meth:`Gatekeeper.admit`: the key check and the admission in one Redis round trip (one
-  run of the Lua script :data:`_ADMIT`): the request counted under ``rpm``, refused while the
-  key's token window is full, and a concurrency lease taken; 429 with ``Retry-After`` over a
-  limit. It returns the :class:`Admission`, which :meth:`Gatekeeper.finish` settles once
-  the response has been sent.
+- One Lua script, :data:`_ADMIT`, reads the key's record and compares the presented key's
+  hash with it, refuses a revoked or expired key and, asked to admit, lets the request in
+  under the key's limits, all in one Redis round trip.
+- :meth:`Gatekeeper.check` runs it to check the key alone (the admin API, ``/metrics``
+  when it asks for a key, the middleware before it reads a large body): 401 for a
+  missing, unknown, revoked or expired key.
+- :meth:`Gatekeeper.admit` runs it to admit (every ``/v1`` request): the request counted
+  under ``rpm``, refused while the key's token window is full, and a concurrency lease
+  taken; 429 with ``Retry-After`` over a limit. It returns the :class:`Admission`, which
+  :meth:`Gatekeeper.finish` settles once the response has been sent.
 - The leases this process holds are renewed by one task (:data:`_RENEW`), so a request
   keeps its slot however long it runs, and a gateway that dies frees them when they expire.
 
@@ -36,37 +38,32 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import AuthenticationError, RateLimitError
-from gateway.state.keys import (
-    KEY_PREFIX,
-    ApiKey,
-    hash_key,
-    public_record,
-    record_key,
-    stored_record,
-)
+from gateway.state.keys import KEY_PREFIX, ApiKey, hash_key, public_record, record_key
 from gateway.state.limits import Limits, Meter, duration, limit_keys, refusal
 from gateway.state.redis import is_cluster, needs_store
 
 logger = logging.getLogger("gateway.state.admission")
 
-# The key check and the admission in one round trip.
+# The key check, and the admission, in one round trip.
 # KEYS: key record, request buckets, token buckets, leases. ARGV: the presented key's hash,
-# lease id ('' to take none), lease seconds. Returns {record or '', refusal of the key (''
-# when valid)} when the key is refused or has no limits; else {record, '', admitted (1/0),
-# limit hit, seconds until it frees, requests in the window (this one included), tokens in
-# the window, seconds until the windows are empty again}; numbers as strings (Lua numbers
-# reach Redis as integers). The hashes are compared in Lua: they are hashes of 256-bit
-# secrets, so how long a comparison takes tells an attacker nothing usable.
+# mode ('check': the key only; 'admit': its request too), lease id ('' to take none), lease
+# seconds. Returns {record or '', refusal of the key ('' when valid)} when the key is
+# refused, only checked or has no limits; else {record, '', admitted (1/0), limit hit,
+# seconds until it frees, requests in the window (this one included), tokens in the
+# window, seconds until the windows are empty again}; numbers as strings (Lua numbers reach
+# Redis as integers). The hashes are compared in Lua: they are hashes of 256-bit secrets,
+# so how long a comparison takes tells an attacker nothing usable.
 _ADMIT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local sec = tonumber(t[1])
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {'', 'unknown'} end
 local key = cjson.decode(raw)
 if key.secret_hash ~= ARGV[1] then return {'', 'unknown'} end
 if key.revoked_at ~= cjson.null then return {raw, 'revoked'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local sec = tonumber(t[1])
 if key.expires_at ~= cjson.null and sec >= key.expires_at then return {raw, 'expired'} end
+if ARGV[2] == 'check' then return {raw, ''} end
 local function limit(value)
   if value == nil or value == cjson.null then return 0 end
   return value
@@ -96,11 +93,11 @@ local function no(limit, wait)
 end
 if rpm > 0 and requests >= rpm then return no('requests', req_frees) end
 if tpm > 0 and tokens >= tpm then return no('tokens', tok_frees) end
-if conc > 0 and ARGV[2] ~= '' then
+if conc > 0 and ARGV[3] ~= '' then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   if redis.call('ZCARD', KEYS[4]) >= conc then return no('concurrency', 1) end
-  local ttl = tonumber(ARGV[3])
-  redis.call('ZADD', KEYS[4], now + ttl, ARGV[2])
+  local ttl = tonumber(ARGV[4])
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[3])
   redis.call('EXPIRE', KEYS[4], math.ceil(ttl) + 1)
 end
 redis.call('HINCRBY', KEYS[2], sec, 1)
@@ -144,19 +141,6 @@ INCORRECT = "Incorrect API key provided."
 REVOKED = "This API key has been revoked."
 EXPIRED = "This API key has expired."
 _KEY_REFUSALS = {"unknown": INCORRECT, "revoked": REVOKED, "expired": EXPIRED}
-
-
-def checked(key: str, raw: str | None) -> ApiKey:
-    """The key's metadata from its stored record; 401 for an unknown, wrong, revoked or
-    expired key."""
-    stored = stored_record(raw) if raw else None
-    if stored is None or not hmac.compare_digest(hash_key(key), stored.secret_hash):
-        raise AuthenticationError(INCORRECT)
-    if stored.revoked:
-        raise AuthenticationError(REVOKED)
-    if stored.expired():
-        raise AuthenticationError(EXPIRED)
-    return public_record(raw)
 
 
 #: The principal of ``GATEWAY_ADMIN_KEY``: no limits, usage recorded under ``admin``.
@@ -216,29 +200,25 @@ class Gatekeeper:
         self._held: dict[str, str] = {}  # lease id -> its lease set, while the request runs
         self._renewer: asyncio.Task[None] | None = None
 
-    def bootstrap(self, key: str) -> ApiKey | None:
-        """The principal of ``GATEWAY_ADMIN_KEY`` when ``key`` is it (no Redis needed)."""
-        if self._admin_hash is not None and hmac.compare_digest(hash_key(key), self._admin_hash):
+    def _bootstrap(self, presented: str) -> ApiKey | None:
+        """The principal of ``GATEWAY_ADMIN_KEY`` when it was presented (no Redis needed)."""
+        if self._admin_hash is not None and hmac.compare_digest(
+            hash_key(presented), self._admin_hash
+        ):
             return BOOTSTRAP_ADMIN
         return None
 
-    async def check(self, key: str | None) -> ApiKey:
-        """The key's metadata; 401 for a missing, unknown, revoked or expired key."""
-        if not key:
+    async def check(self, presented: str | None) -> ApiKey:
+        """The key's metadata, in one Redis round trip (none for the bootstrap admin key);
+        401 for a missing, unknown, revoked or expired key."""
+        if not presented:
             raise no_key()
-        admin = self.bootstrap(key)
+        admin = self._bootstrap(presented)
         if admin is not None:
             return admin
-        key_id = key_id_of(key)
-        raw = await self._raw(key_id) if key_id else None
-        return checked(key, raw)
+        key, _ = await self._run(presented, "check")
+        return key
 
-    @needs_store
-    async def _raw(self, key_id: str) -> str | None:
-        raw = await self.redis.get(record_key(key_id))
-        return str(raw) if raw is not None else None
-
-    @needs_store
     async def admit(self, presented: str | None, hold_lease: bool = True) -> Admission:
         """Checks the presented key and lets its request in, in one Redis round trip: 401
         for a missing, unknown, revoked or expired key, 429 with ``Retry-After`` over a
@@ -246,25 +226,13 @@ class Gatekeeper:
         Realtime session, whose connection already holds one)."""
         if not presented:
             raise no_key()
-        admin = self.bootstrap(presented)
+        admin = self._bootstrap(presented)
         if admin is not None:
             return Admission(key=admin, headers={})
-        key_id = key_id_of(presented)
-        if key_id is None:
-            raise AuthenticationError(INCORRECT)
         lease = f"{self._lease_prefix}{next(self._lease_numbers)}" if hold_lease else ""
-        requests, tokens, leases = limit_keys(key_id)
-        result = await self._admit(
-            keys=[record_key(key_id), requests, tokens, leases],
-            args=[hash_key(presented), lease, self.lease_s],
-        )
-        refused = result[1]
-        if refused:
-            raise AuthenticationError(_KEY_REFUSALS[refused])
-        key = checked(presented, result[0])
-        if len(result) == 2:
+        key, counts = await self._run(presented, "admit", lease)
+        if not counts:
             return Admission(key=key, headers={})  # nothing to count before it runs
-        counts = result[2:]
         headers = _headers(key, counts)
         if int(counts[0]) != 1:
             limit, wait = str(counts[1]), float(counts[2])
@@ -272,10 +240,25 @@ class Gatekeeper:
         meter = Meter(reserver=partial(self.limits.reserve, key) if key.tpm else None)
         if not key.max_concurrency or not lease:
             return Admission(key=key, headers=headers, meter=meter)
-        self._held[lease] = leases
+        self._held[lease] = limit_keys(key.id)[2]
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._keep())
         return Admission(key=key, headers=headers, meter=meter, lease=lease)
+
+    @needs_store
+    async def _run(self, presented: str, mode: str, lease: str = "") -> tuple[ApiKey, list[str]]:
+        """One run of :data:`_ADMIT`: the key's metadata and the script's counts (none when
+        it only checked the key, or the key has no limits); 401 for a refused key."""
+        key_id = key_id_of(presented)
+        if key_id is None:
+            raise AuthenticationError(INCORRECT)
+        result = await self._admit(
+            keys=[record_key(key_id), *limit_keys(key_id)],
+            args=[hash_key(presented), mode, lease, self.lease_s],
+        )
+        if result[1]:
+            raise AuthenticationError(_KEY_REFUSALS[result[1]])
+        return public_record(result[0]), result[2:]
 
     async def finish(self, admission: Admission) -> None:
         """Releases the lease, counts the tokens in the window and records usage. Never

@@ -195,15 +195,9 @@ class KeyStore:
 # replica); only the parsing of a record already seen is remembered. The parsed keys are
 # shared between requests and never modified.
 @functools.lru_cache(maxsize=4096)
-def stored_record(raw: str) -> _StoredKey:
-    """A key's record as stored (its hash included)."""
-    return _StoredKey.model_validate_json(raw)
-
-
-@functools.lru_cache(maxsize=4096)
 def public_record(raw: str) -> ApiKey:
-    """A key's metadata from its stored record."""
-    return _public(stored_record(raw))
+    """A key's metadata from its stored record (read to check a presented key)."""
+    return _public(_StoredKey.model_validate_json(raw))
 
 
 def _public(stored: _StoredKey) -> ApiKey:

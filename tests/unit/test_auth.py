@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
+from fastapi import FastAPI
 
 from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
@@ -212,3 +214,29 @@ async def test_a_key_revoked_on_one_replica_is_refused_on_the_other_at_once() ->
         with pytest.raises(openai.AuthenticationError) as caught:
             await user.chat.completions.create(**chat_body())
         assert "revoked" in caught.value.message
+
+
+async def test_a_key_is_checked_or_admitted_in_one_redis_round_trip(
+    app: FastAPI, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One Lua script reads the key's record, checks it and (on /v1) admits the request.
+    admin = (await new_key(http, role="admin"))["key"]
+    user = (await new_key(http, rpm=100))["key"]
+    redis = app.state.services.redis
+    commands: list[str] = []
+    send = redis.execute_command
+
+    async def counted(*args: Any, **options: Any) -> Any:
+        commands.append(str(args[0]))
+        return await send(*args, **options)
+
+    monkeypatch.setattr(redis, "execute_command", counted)
+    for _ in range(2):  # the first run of a script on a server may load it first
+        commands.clear()
+        assert (await http.get("/admin/models", headers=bearer(admin))).status_code == 200
+    assert commands == ["EVALSHA"]
+    for _ in range(2):
+        commands.clear()
+        served = await http.post(CHAT, json=chat_body(), headers=bearer(user))
+        assert served.status_code == 200
+    assert commands == ["EVALSHA", "EVALSHA"]  # admitted; settled once the answer was sent
