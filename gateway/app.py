@@ -9,9 +9,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from redis.asyncio import Redis
 
+from gateway.api.auth import admit, require_admin
 from gateway.api.middleware import Drain, GatewayMiddleware
 from gateway.api.routers import (
     admin,
@@ -125,15 +126,16 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
     )
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(responses.router)
-    app.include_router(embeddings.router)
-    app.include_router(audio.router)
+    # Who may call what, stated once for every route: each /v1 request is admitted under its
+    # key's limits (rpm and concurrency count every request, as OpenAI's do, GETs included);
+    # the /admin routes take the key check alone and the admin role; the rest is open.
+    # The Realtime WebSocket admits its connection itself, before the upgrade.
+    v1 = APIRouter(dependencies=[Depends(admit)])
+    for routes in (chat, completions, responses, embeddings, audio, models, sessions):
+        v1.include_router(routes.router)
+    app.include_router(v1)
     app.include_router(realtime.router)
-    app.include_router(models.router)
-    app.include_router(sessions.router)
-    app.include_router(admin.router)
+    app.include_router(admin.router, dependencies=[Depends(require_admin)])
     app.include_router(health.router)
     app.include_router(metrics_router.router)
     app.include_router(playground.router)

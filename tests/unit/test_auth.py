@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from typing import Any
@@ -240,3 +241,49 @@ async def test_a_key_is_checked_or_admitted_in_one_redis_round_trip(
         served = await http.post(CHAT, json=chat_body(), headers=bearer(user))
         assert served.status_code == 200
     assert commands == ["EVALSHA", "EVALSHA"]  # admitted; settled once the answer was sent
+    commands.clear()
+    assert (await http.get("/v1/models", headers=bearer(user))).status_code == 200
+    assert commands == ["EVALSHA", "EVALSHA"]
+
+
+def _operations(app: FastAPI, prefix: str) -> list[tuple[str, str]]:
+    """Every HTTP operation under ``prefix``, with ``x`` for each path parameter."""
+    paths = app.openapi()["paths"]
+    return [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, operations in paths.items()
+        if path.startswith(prefix)
+        for method in operations
+    ]
+
+
+async def test_every_v1_route_is_admitted_so_a_key_over_its_rpm_gets_429_on_each(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    # OpenAI counts every request against the limits, reads included.
+    key = (await new_key(http, rpm=1))["key"]
+    assert (await http.get("/v1/models", headers=bearer(key))).status_code == 200
+    refused = await http.get("/v1/models", headers=bearer(key))
+    assert_openai_error(refused, 429, code="rate_limit_exceeded", type="requests")
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    operations = _operations(app, "/v1/")
+    assert len(operations) >= 15
+    for method, path in operations:
+        response = await http.request(method, path, headers=bearer(key))
+        assert_openai_error(response, 429, code="rate_limit_exceeded")
+    assert (await http.get(f"/admin/keys/{key.split('-')[2]}/usage")).json()["requests"] == 1
+
+
+async def test_admin_routes_check_the_key_without_admitting_it(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    user = (await new_key(http))["key"]
+    for method, path in _operations(app, "/admin/"):
+        response = await http.request(method, path, headers=bearer(user))
+        assert_openai_error(response, 403, code="permission_denied")
+    operator = (await new_key(http, role="admin", rpm=1))["key"]
+    for _ in range(3):  # an operator's calls do not count against the key's limits
+        assert (await http.get("/admin/models", headers=bearer(operator))).status_code == 200
+    assert (await http.get("/v1/models", headers=bearer(operator))).status_code == 200
+    assert (await http.get("/v1/models", headers=bearer(operator))).status_code == 429

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
-from gateway.api.auth import AdmissionDep, CallerDep
+from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.errors import NotSupportedError, PayloadTooLargeError
@@ -70,7 +70,7 @@ async def create_transcription(
 
 
 @router.post("/translations")
-async def create_translation(_: CallerDep) -> Response:
+async def create_translation() -> Response:
     raise NotSupportedError(
         "Translation is not supported: no model here translates audio. "
         "Use /v1/audio/transcriptions.",
