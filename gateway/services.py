@@ -123,7 +123,7 @@ def build_services(
             settings.max_audio_seconds,
         ),
         realtime=RealtimeServices(
-            backend, catalog, chat, voice_models, gatekeeper, settings, metrics
+            backend, catalog, chat, voice_models, gatekeeper.finish, settings, metrics
         ),
         admin=AdminService(backend, catalog, keys, limits),
     )

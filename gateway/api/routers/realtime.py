@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -79,7 +80,8 @@ async def realtime(websocket: WebSocket, services: ServicesDep, model: str | Non
     admission = None
     try:
         admission = await gatekeeper.admit(key)
-        session = await services.realtime.open(model, admission.key, key or "", send)
+        admit = partial(gatekeeper.admit, key, hold_lease=False)
+        session = await services.realtime.open(model, admission.key, admit, send)
     except GatewayError as exc:
         if admission is not None:  # admitted, then refused: its slot is given back
             await gatekeeper.finish(admission)

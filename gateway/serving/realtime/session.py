@@ -67,7 +67,7 @@ from gateway.serving.vad import (
     VadSettings,
 )
 from gateway.serving.voice import VoiceModels
-from gateway.state.admission import Admission, Gatekeeper
+from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
 
 logger = logging.getLogger("gateway.realtime")
@@ -163,6 +163,15 @@ def _uses(config: SessionConfig, speech_model: str) -> list[_Use]:
     return uses
 
 
+#: Admits one more request of a session's caller under the key's limits as they are now,
+#: without a concurrency slot of its own (the connection holds one): a 401 or 429 raises.
+#: The API layer makes it from the key the connection presented, which the session never
+#: sees.
+Admit = Callable[[], Awaitable[Admission]]
+#: Settles an admission once its request has ended: its tokens and usage (never raises).
+Settle = Callable[[Admission], Awaitable[None]]
+
+
 def _require(key: ApiKey, uses: list[_Use]) -> None:
     """403 unless ``key`` may use every model of ``uses``: the models a session uses
     without naming them are checked like the one it names."""
@@ -179,7 +188,7 @@ class RealtimeServices:
         catalog: ModelCatalog,
         chat: ChatService,
         models: VoiceModels,
-        gatekeeper: Gatekeeper,
+        finish: Settle,
         settings: Settings,
         metrics: Metrics | None = None,
     ) -> None:
@@ -189,7 +198,7 @@ class RealtimeServices:
         self.catalog = catalog
         self.chat = chat
         self.models = models
-        self.gatekeeper = gatekeeper
+        self.finish = finish
         self.metrics = metrics
 
     async def model_for(self, task: str, requested: str | None, param: str) -> str:
@@ -209,9 +218,10 @@ class RealtimeServices:
         return await self.models.pick(task)
 
     async def open(
-        self, requested_model: str | None, key: ApiKey, presented_key: str, send: Send
+        self, requested_model: str | None, key: ApiKey, admit: Admit, send: Send
     ) -> RealtimeSession:
-        """A session of ``key`` (403 unless it may use the models the session will)."""
+        """A session of ``key`` (403 unless it may use the models the session will), whose
+        requests ``admit`` lets in."""
         model = await self.model_for("chat", requested_model, "model")
         info = await self.models.info("speech")
         config = SessionConfig(
@@ -222,11 +232,11 @@ class RealtimeServices:
             temperature=self.settings.realtime_temperature,
         )
         _require(key, _uses(config, info.name))
-        return RealtimeSession(self, config, info.name, key, presented_key, send)
+        return RealtimeSession(self, config, info.name, key, admit, send)
 
     async def settle(self, admission: Admission) -> None:
         """Records what a session's request used (never raises)."""
-        await self.gatekeeper.finish(admission)
+        await self.finish(admission)
         if self.metrics is not None:
             self.metrics.record_usage(admission)
 
@@ -241,7 +251,7 @@ class RealtimeSession:
         config: SessionConfig,
         speech_model: str,
         key: ApiKey,
-        presented_key: str,
+        admit: Admit,
         send: Send,
     ) -> None:
         self.services = services
@@ -250,7 +260,7 @@ class RealtimeSession:
         self.key = key
         """The key the session was opened with: ``session.update`` checks models against
         it. Each request is admitted with the key as it is then (:meth:`_admit`)."""
-        self.presented_key = presented_key
+        self._admit_request = admit
         self._send = send
         self.id = _id("sess")
         self.items: list[Item] = []
@@ -332,11 +342,11 @@ class RealtimeSession:
         holds one), its models checked against the key; the first one names it in usage
         and metrics. A 429 or 403 raises here."""
         services = self.services
-        admission = await services.gatekeeper.admit(self.presented_key, hold_lease=False)
+        admission = await self._admit_request()
         try:
             _require(admission.key, uses)
         except GatewayError:
-            await services.gatekeeper.finish(admission)
+            await services.finish(admission)
             raise
         admission.model = uses[0][0]
         return admission
