@@ -127,14 +127,13 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         max_body_mb=settings.max_request_mb,
     )
     # Who may call what, stated once for every route: each /v1 request is admitted under its
-    # key's limits (rpm and concurrency count every request, as OpenAI's do, GETs included);
-    # the /admin routes take the key check alone and the admin role; the rest is open.
-    # The Realtime WebSocket admits its connection itself, before the upgrade.
+    # key's limits (rpm and concurrency count every request, as OpenAI's do, GETs and the
+    # Realtime WebSocket included); the /admin routes take the key check alone and the admin
+    # role; the rest is open.
     v1 = APIRouter(dependencies=[Depends(admit)])
-    for routes in (chat, completions, responses, embeddings, audio, models, sessions):
+    for routes in (chat, completions, responses, embeddings, audio, realtime, models, sessions):
         v1.include_router(routes.router)
     app.include_router(v1)
-    app.include_router(realtime.router)
     app.include_router(admin.router, dependencies=[Depends(require_admin)])
     app.include_router(health.router)
     app.include_router(metrics_router.router)

@@ -3,12 +3,18 @@ the routers are included: each ``/v1`` route is admitted (:func:`admit`), each `
 route takes the key check alone and the admin role (:func:`require_admin`); the others
 (``/health``, ``/metrics``, the playground page) are open.
 
-- :func:`admit`: the key (``Authorization: Bearer <key>``) checked and the request admitted
-  under the key's rate limits, in one Redis round trip (401 without a valid key, 429 over
-  a limit): every request counts against ``rpm`` and concurrency, as OpenAI counts them.
+- :func:`admit`: the key (``Authorization: Bearer <key>``; on a WebSocket also the
+  subprotocol ``openai-insecure-api-key.<key>``, all a browser can send) checked and the
+  request admitted under the key's rate limits, in one Redis round trip (401 without a
+  valid key, 429 over a limit): every request counts against ``rpm`` and concurrency, as
+  OpenAI counts them. A WebSocket is admitted once, before the upgrade, and holds its
+  concurrency slot while it is open.
 - :data:`AdmissionDep`: that admission, for a route that uses a model: it names it with
   :meth:`~gateway.state.admission.Admission.use_model` (403 if the key may not use it) and
   hands the returned meter to its service. :data:`CallerDep`: the admitted key's metadata.
+- :data:`ReadmitDep`: admits further requests of the same caller, each under the key's
+  limits as they are then, without a concurrency slot of their own: a Realtime session's
+  responses and transcriptions (the session never sees the key).
 - :func:`require_admin`: the key checked, not admitted (an operator's calls do not count),
   403 unless it has the admin role.
 
@@ -19,6 +25,7 @@ headers are added to its response there (:mod:`gateway.api.middleware`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import Depends
@@ -28,6 +35,7 @@ from starlette.requests import HTTPConnection
 from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
 from gateway.errors import PermissionDeniedError
+from gateway.serving.realtime import Admit
 from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
 
@@ -36,21 +44,46 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
+#: The subprotocol a browser's WebSocket carries the key in (OpenAI's name).
+_KEY_PROTOCOL = "openai-insecure-api-key."
+
+
 def _presented(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials else None
 
 
+async def _key(connection: HTTPConnection, credentials: Credentials) -> str | None:
+    """The key the caller presented, if any."""
+    if credentials:
+        return credentials.credentials
+    protocols: list[str] = connection.scope.get("subprotocols", [])  # WebSockets only
+    for protocol in protocols:
+        if protocol.startswith(_KEY_PROTOCOL):
+            return protocol.removeprefix(_KEY_PROTOCOL)
+    return None
+
+
+PresentedKey = Annotated[str | None, Depends(_key)]
+
+
 async def admit(
-    connection: HTTPConnection, credentials: Credentials, services: ServicesDep
+    connection: HTTPConnection, presented: PresentedKey, services: ServicesDep
 ) -> Admission:
     """The key check and the admission in one Redis round trip; the middleware settles the
-    admission when the response has been sent."""
-    admission = await services.gatekeeper.admit(_presented(credentials))
+    admission when the response has been sent (a WebSocket's when it closes)."""
+    admission = await services.gatekeeper.admit(presented)
     setattr(connection.state, ADMISSION, admission)
     return admission
 
 
 AdmissionDep = Annotated[Admission, Depends(admit)]
+
+
+async def _readmit(presented: PresentedKey, services: ServicesDep) -> Admit:
+    return partial(services.gatekeeper.admit, presented, hold_lease=False)
+
+
+ReadmitDep = Annotated[Admit, Depends(_readmit)]
 
 
 async def _caller(admission: AdmissionDep) -> ApiKey:

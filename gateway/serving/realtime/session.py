@@ -297,12 +297,19 @@ class RealtimeSession:
     # --- life ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """The connection is open: the session starts (and counts in the metrics)."""
         self._worker = asyncio.create_task(self._work())
+        if self.services.metrics is not None:
+            self.services.metrics.realtime_sessions.inc()
         await self.emit("session.created", session=self.config.to_json(self.id))
 
     async def close(self) -> None:
         """The connection is gone: stops the work in progress (and its Triton requests)
         and records the transcription requests not yet recorded."""
+        if self.closed:
+            return
+        if self._worker is not None and self.services.metrics is not None:
+            self.services.metrics.realtime_sessions.dec()
         self.closed = True
         for response in self.responses.values():
             if response.task is not None:
