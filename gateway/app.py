@@ -1,5 +1,6 @@
-"""The FastAPI application: ``create_app(settings)`` wires routers, error handlers and the
-lifespan that owns the backend client."""
+"""The FastAPI application: ``create_app(settings)`` wires the middleware, the routers and
+the error handlers, and the lifespan that opens the backend client and Redis and builds the
+services over them (:func:`gateway.services.build_services`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from redis.asyncio import Redis
 
+from gateway.api.auth import admit, require_admin
 from gateway.api.middleware import Drain, GatewayMiddleware
 from gateway.api.routers import (
     admin,
@@ -30,22 +32,8 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
-from gateway.serving.admin import AdminService
-from gateway.serving.audio_chat import AudioChat
-from gateway.serving.catalog import DefaultModels, ModelCatalog
-from gateway.serving.chat import ChatService
-from gateway.serving.completions import CompletionService
-from gateway.serving.embeddings import EmbeddingService
-from gateway.serving.realtime import RealtimeServices
-from gateway.serving.responses import ResponsesService
-from gateway.serving.speech import SpeechService
-from gateway.serving.transcription import TranscriptionService
-from gateway.state.keys import KeyStore
-from gateway.state.limits import RateLimiter
-from gateway.state.redis import LAYOUT, Headroom, connect, migrate
-from gateway.state.responses import ResponseStore
-from gateway.state.sessions import SessionStore
-from gateway.state.transcripts import TranscriptStore
+from gateway.services import build_services
+from gateway.state.redis import LAYOUT, connect, migrate
 
 logger = logging.getLogger("gateway")
 
@@ -111,68 +99,14 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             active = _triton(settings, metrics)
         redis = connect(settings.redis_url, settings.redis_timeout_s)
         migration = await _migrate(redis)
-        catalog = ModelCatalog(active, settings.model_cache_ttl_s)
-        app.state.backend = active
-        app.state.redis = redis
-        app.state.catalog = catalog
-        app.state.keys = KeyStore(redis, settings.admin_key)
-        app.state.limiter = RateLimiter(redis, settings.concurrency_lease_s)
-        headroom = Headroom(redis)
-        app.state.sessions = SessionStore(
-            redis, settings.session_ttl_s, settings.max_stored_kb, headroom
-        )
-        app.state.chat = ChatService(
-            active,
-            catalog,
-            settings.default_chat_template,
-            app.state.sessions,
-            metrics,
-            default_max_tokens=settings.default_max_tokens,
-            in_flight=settings.max_inflight_per_request,
-            max_choices=settings.max_choices,
-            max_schema_kb=settings.max_schema_kb,
-        )
-        app.state.completions = CompletionService(
-            active,
-            catalog,
-            max_prompts=settings.max_prompts,
-            max_choices=settings.max_choices,
-            in_flight=settings.max_inflight_per_request,
-            max_schema_kb=settings.max_schema_kb,
-        )
-        app.state.responses = ResponsesService(
-            app.state.chat,
-            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, headroom),
-        )
-        app.state.embeddings = EmbeddingService(active, catalog, settings.max_inflight_per_request)
-        app.state.speech = SpeechService(active, catalog)
-        app.state.transcription = TranscriptionService(active, catalog, settings.max_audio_seconds)
-        app.state.voice_models = DefaultModels(catalog, settings)
-        app.state.audio_chat = AudioChat(
-            active,
-            app.state.chat,
-            app.state.speech,
-            app.state.voice_models,
-            TranscriptStore(redis, settings.audio_ttl_s),
-            settings.max_audio_seconds,
-        )
-        app.state.realtime = RealtimeServices(
-            active,
-            catalog,
-            app.state.chat,
-            app.state.voice_models,
-            app.state.limiter,
-            app.state.keys,
-            settings,
-            metrics,
-        )
-        app.state.admin = AdminService(active, catalog, app.state.keys, app.state.limiter)
+        services = build_services(settings, active, redis, metrics)
+        app.state.services = services  # read through api.dependencies.ServicesDep
         try:
             yield
         finally:
             if migration is not None:
                 migration.cancel()
-            await app.state.limiter.close()
+            await services.close()
             await redis.aclose()
             if backend is None:  # we created it, we close it
                 await active.close()
@@ -183,8 +117,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         summary="OpenAI-compatible API in front of NVIDIA Triton Inference Server",
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.metrics = metrics
+    app.state.metrics = metrics  # the error handlers count 429s here
     app.state.drain = Drain()
     install_handlers(app)
     app.add_middleware(
@@ -193,15 +126,15 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
     )
-    app.include_router(chat.router)
-    app.include_router(completions.router)
-    app.include_router(responses.router)
-    app.include_router(embeddings.router)
-    app.include_router(audio.router)
-    app.include_router(realtime.router)
-    app.include_router(models.router)
-    app.include_router(sessions.router)
-    app.include_router(admin.router)
+    # Who may call what, stated once for every route: each /v1 request is admitted under its
+    # key's limits (rpm and concurrency count every request, as OpenAI's do, GETs and the
+    # Realtime WebSocket included); the /admin routes take the key check alone and the admin
+    # role; the rest is open.
+    v1 = APIRouter(dependencies=[Depends(admit)])
+    for routes in (chat, completions, responses, embeddings, audio, realtime, models, sessions):
+        v1.include_router(routes.router)
+    app.include_router(v1)
+    app.include_router(admin.router, dependencies=[Depends(require_admin)])
     app.include_router(health.router)
     app.include_router(metrics_router.router)
     app.include_router(playground.router)

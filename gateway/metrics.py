@@ -39,7 +39,7 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
-    from gateway.state.limits import Admission
+    from gateway.state.admission import Admission
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

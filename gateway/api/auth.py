@@ -1,12 +1,22 @@
-"""Who is calling, and may they: the dependencies every ``/v1`` and ``/admin`` route uses.
+"""Who is calling, and may they. ``app.py`` states the rule for every route at once, where
+the routers are included: each ``/v1`` route is admitted (:func:`admit`), each ``/admin``
+route takes the key check alone and the admin role (:func:`require_admin`); the others
+(``/health``, ``/metrics``, the playground page) are open.
 
-- :data:`CallerDep`: the key's metadata from ``Authorization: Bearer <key>`` (401 without a
-  valid key).
-- :func:`require_admin`: the same, 403 unless the key has the admin role.
-- :data:`AdmissionDep`: for inference routes: admits the request under the key's rate
-  limits (429 over them); the route names its model with
-  :meth:`~gateway.state.limits.Admission.use_model` (403 if the key may not use it) and hands
-  the returned meter to its service.
+- :func:`admit`: the key (``Authorization: Bearer <key>``; on a WebSocket also the
+  subprotocol ``openai-insecure-api-key.<key>``, all a browser can send) checked and the
+  request admitted under the key's rate limits, in one Redis round trip (401 without a
+  valid key, 429 over a limit): every request counts against ``rpm`` and concurrency, as
+  OpenAI counts them. A WebSocket is admitted once, before the upgrade, and holds its
+  concurrency slot while it is open.
+- :data:`AdmissionDep`: that admission, for a route that uses a model: it names it with
+  :meth:`~gateway.state.admission.Admission.use_model` (403 if the key may not use it) and
+  hands the returned meter to its service. :data:`CallerDep`: the admitted key's metadata.
+- :data:`ReadmitDep`: admits further requests of the same caller, each under the key's
+  limits as they are then, without a concurrency slot of their own: a Realtime session's
+  responses and transcriptions (the session never sees the key).
+- :func:`require_admin`: the key checked, not admitted (an operator's calls do not count),
+  403 unless it has the admin role.
 
 An admitted request's lease, tokens and usage are settled by ``GatewayMiddleware``
 once the response has been sent, streamed bodies included, and the ``x-ratelimit-*``
@@ -15,57 +25,87 @@ headers are added to its response there (:mod:`gateway.api.middleware`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
+from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
 from gateway.errors import PermissionDeniedError
-from gateway.state.keys import ApiKey, KeyStore
-from gateway.state.limits import Admission, RateLimiter
+from gateway.serving.realtime import Admit
+from gateway.state.admission import Admission
+from gateway.state.keys import ApiKey
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer sk-gw-...`")
 
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
-async def _caller(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> ApiKey:
-    keys: KeyStore = request.app.state.keys
-    return await keys.authenticate(credentials.credentials if credentials else None)
+
+#: The subprotocol a browser's WebSocket carries the key in (OpenAI's name).
+_KEY_PROTOCOL = "openai-insecure-api-key."
+
+
+def _presented(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials else None
+
+
+async def _key(connection: HTTPConnection, credentials: Credentials) -> str | None:
+    """The key the caller presented, if any."""
+    if credentials:
+        return credentials.credentials
+    protocols: list[str] = connection.scope.get("subprotocols", [])  # WebSockets only
+    for protocol in protocols:
+        if protocol.startswith(_KEY_PROTOCOL):
+            return protocol.removeprefix(_KEY_PROTOCOL)
+    return None
+
+
+PresentedKey = Annotated[str | None, Depends(_key)]
+
+
+async def admit(
+    connection: HTTPConnection, presented: PresentedKey, services: ServicesDep
+) -> Admission:
+    """The key check and the admission in one Redis round trip; the middleware settles the
+    admission when the response has been sent (a WebSocket's when it closes)."""
+    admission = await services.gatekeeper.admit(presented)
+    setattr(connection.state, ADMISSION, admission)
+    return admission
+
+
+AdmissionDep = Annotated[Admission, Depends(admit)]
+
+
+async def _readmit(presented: PresentedKey, services: ServicesDep) -> Admit:
+    return partial(services.gatekeeper.admit, presented, hold_lease=False)
+
+
+ReadmitDep = Annotated[Admit, Depends(_readmit)]
+
+
+async def _caller(admission: AdmissionDep) -> ApiKey:
+    return admission.key
 
 
 CallerDep = Annotated[ApiKey, Depends(_caller)]
 
 
-async def require_admin(caller: CallerDep) -> ApiKey:
+async def _checked(credentials: Credentials, services: ServicesDep) -> ApiKey:
+    """The key checked, not admitted: 401 without a valid key."""
+    return await services.gatekeeper.check(_presented(credentials))
+
+
+async def require_admin(caller: Annotated[ApiKey, Depends(_checked)]) -> ApiKey:
     """403 unless the key has the admin role."""
     if not caller.is_admin:
         raise PermissionDeniedError("This endpoint needs an API key with the admin role.")
     return caller
 
 
-async def metrics_access(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
+async def metrics_access(credentials: Credentials, services: ServicesDep) -> None:
     """``/metrics`` is open unless ``GATEWAY_METRICS_REQUIRE_KEY`` asks for an admin key."""
-    if request.app.state.settings.metrics_require_key:
-        await require_admin(await _caller(request, credentials))
-
-
-async def _admitted(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Admission:
-    """The key check and the admission in one Redis round trip."""
-    limiter: RateLimiter = request.app.state.limiter
-    admission = await limiter.admit(
-        request.app.state.keys, credentials.credentials if credentials else None
-    )
-    setattr(request.state, ADMISSION, admission)
-    return admission
-
-
-AdmissionDep = Annotated[Admission, Depends(_admitted)]
+    if services.settings.metrics_require_key:
+        await require_admin(await _checked(credentials, services))

@@ -24,6 +24,13 @@ While the process drains before it stops (:class:`Drain`, started by SIGTERM), r
 already running go on to their end and every new one but the liveness probe and
 ``/metrics`` gets a 503 with ``Retry-After`` (the OpenAI SDKs retry it, and a load balancer
 or Kubernetes, seeing ``/health/ready`` fail, sends the retry elsewhere).
+
+A WebSocket (the Realtime API) is covered the same way: refused while draining, counted in
+the metrics (status 101 once upgraded, else its refusal's) to its end, and its admission
+(the connection's concurrency slot) settled when it closes. A refusal before the upgrade
+is an HTTP response (the WebSocket denial response); under a server without that
+extension, a close with code 1008 and the error's message. Open WebSockets do not hold
+up the drain: a session lasts as long as its user talks, so the stop closes it.
 """
 
 from __future__ import annotations
@@ -37,10 +44,10 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api.dependencies import services_of
 from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
-from gateway.state.keys import KeyStore
-from gateway.state.limits import Admission, RateLimiter
+from gateway.state.admission import Admission
 
 #: Where the admission dependency leaves the request's admission (``request.state``).
 ADMISSION = "admission"
@@ -114,6 +121,9 @@ class GatewayMiddleware:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, _denials(scope, send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -157,14 +167,44 @@ class GatewayMiddleware:
         finally:
             self.drain.busy -= 1
             in_flight.dec()
-            admission = state.get(ADMISSION)
-            if admission is not None:
-                limiter: RateLimiter = scope["app"].state.limiter
-                # Shielded: a cancelled request still releases its slot and counts its usage.
-                await asyncio.shield(limiter.finish(admission))
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            if route != "/metrics":
-                self.metrics.record_request(route, admission, status, time.monotonic() - started)
+            await self._settle(scope, status, started)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.drain.draining:
+            await self._refuse(scope, send)
+            return
+        started = time.monotonic()
+        scope.setdefault("state", {})
+        status = 500
+
+        async def send_wrapped(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "websocket.accept":
+                status = 101
+            elif message["type"] == "websocket.http.response.start":
+                status = message["status"]
+            elif message["type"] == "websocket.close" and status != 101:
+                status = 403  # closed before the upgrade: the client sees a 403
+            await send(message)
+
+        in_flight = self.metrics.in_flight.labels(_route_of(scope))
+        in_flight.inc()
+        try:
+            await self.app(scope, receive, send_wrapped)
+        finally:
+            in_flight.dec()
+            await self._settle(scope, status, started)
+
+    async def _settle(self, scope: Scope, status: int, started: float) -> None:
+        """Counts the request and settles its admission, if it was admitted."""
+        admission: Admission | None = scope["state"].get(ADMISSION)
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        if route != "/metrics":
+            self.metrics.record_request(route, admission, status, time.monotonic() - started)
+        if admission is not None:
+            gatekeeper = services_of(scope).gatekeeper
+            # Shielded: a cancelled request still releases its slot and counts its usage.
+            await asyncio.shield(gatekeeper.finish(admission))
 
     async def _live(self, scope: Scope, send: Send) -> None:
         started = time.monotonic()
@@ -179,9 +219,9 @@ class GatewayMiddleware:
             return None
         authorization = Headers(scope=scope).get("authorization", "")
         scheme, _, presented = authorization.partition(" ")
-        keys: KeyStore = scope["app"].state.keys
+        gatekeeper = services_of(scope).gatekeeper
         try:
-            await keys.authenticate(presented.strip() if scheme.lower() == "bearer" else None)
+            await gatekeeper.check(presented.strip() if scheme.lower() == "bearer" else None)
         except GatewayError as exc:
             return exc
         return None
@@ -234,6 +274,7 @@ _INFERENCE_ROUTES = frozenset(
         "/v1/embeddings",
         "/v1/audio/speech",
         "/v1/audio/transcriptions",
+        "/v1/realtime",
     }
 )
 _GROUPS = frozenset({"v1", "admin", "health", "metrics"})
@@ -248,3 +289,33 @@ def _route_of(scope: Scope) -> str:
         return path
     group = path.strip("/").split("/", 1)[0]
     return f"/{group}" if group in _GROUPS else "other"
+
+
+#: Characters of an error's message a close frame carries (its reason: 123 bytes at most).
+_CLOSE_REASON = 120
+
+
+def _denials(scope: Scope, send: Send) -> Send:
+    """``send`` for a WebSocket: an HTTP response before the upgrade (a refusal: the
+    middleware's own, or an error handler's) goes out as the denial response; a server
+    without that extension gets a close with code 1008 and the error's message instead."""
+    denials = "websocket.http.response" in scope.get("extensions", {})
+
+    async def sent(message: Message) -> None:
+        kind = message["type"].removeprefix("websocket.")
+        if not kind.startswith("http.response."):
+            await send(message)
+        elif denials:
+            await send({**message, "type": f"websocket.{kind}"})
+        elif kind == "http.response.body":
+            await send({"type": "websocket.close", "code": 1008, "reason": _reason(message)})
+
+    return sent
+
+
+def _reason(message: Message) -> str:
+    try:
+        error = json.loads(message.get("body", b""))["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return "refused"
+    return str(error)[:_CLOSE_REASON]

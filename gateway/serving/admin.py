@@ -7,17 +7,17 @@ from typing import Any
 from gateway.backend import Backend, RepositoryModel
 from gateway.serving.catalog import ModelCatalog
 from gateway.state.keys import KeyStore
-from gateway.state.limits import RateLimiter
+from gateway.state.limits import Limits
 
 
 class AdminService:
     def __init__(
-        self, backend: Backend, catalog: ModelCatalog, keys: KeyStore, limiter: RateLimiter
+        self, backend: Backend, catalog: ModelCatalog, keys: KeyStore, limits: Limits
     ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.keys = keys
-        self.limiter = limiter
+        self.limits = limits
 
     async def repository(self) -> list[dict[str, Any]]:
         """Every model of the repository: its state, and the OpenAI task of a loaded one."""
@@ -41,7 +41,7 @@ class AdminService:
 
     async def usage(self, key_id: str) -> dict[str, Any]:
         key = await self.keys.get(key_id)  # 404 for an unknown key
-        return {"object": "usage", "key_id": key.id, **await self.limiter.usage(key.id)}
+        return {"object": "usage", "key_id": key.id, **await self.limits.usage(key.id)}
 
 
 def _entry(model: RepositoryModel, task: str | None) -> dict[str, Any]:

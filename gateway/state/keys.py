@@ -1,28 +1,25 @@
-"""API keys: created at random, shown once, stored in Redis only as a SHA-256 hash with
-their metadata, compared in constant time.
+"""API keys' records: created at random, shown once, stored in Redis only as a SHA-256 hash
+with their metadata; listed, read and revoked by the admin API.
 
 A key reads ``sk-gw-<id>-<secret>``. The public ``id`` (12 hex digits) names the record
-(``gw:key:{<id>}``) so a lookup is one ``GET``; the whole key's hash is then compared with
-:func:`hmac.compare_digest`. Keys carry 256 random bits, so a fast hash is the right one (a
-slow password hash protects guessable secrets, which these are not).
-
-``GATEWAY_ADMIN_KEY`` is a bootstrap admin key checked without Redis, so an operator can
-still see and load models while Redis is down.
+(``gw:key:{<id>}``), so the check of a presented key reads one record
+(:mod:`gateway.state.admission`, which checks and admits keys). Keys carry 256 random bits,
+so a fast hash is the right one (a slow password hash protects guessable secrets, which
+these are not).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import secrets
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.asyncio import Redis
 
-from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from gateway.errors import NotFoundError, PermissionDeniedError
 from gateway.state.redis import PREFIX, needs_store
 
 KEY_PREFIX = "sk-gw-"
@@ -126,16 +123,9 @@ class CreatedKey(ApiKey):
     key: str
 
 
-#: The principal of ``GATEWAY_ADMIN_KEY``: no limits, usage recorded under ``admin``.
-BOOTSTRAP_ADMIN = ApiKey(
-    id="admin", name="GATEWAY_ADMIN_KEY", role="admin", created_at=0, redacted_value="(env)"
-)
-
-
 class KeyStore:
-    def __init__(self, redis: Redis, admin_key: SecretStr | None = None) -> None:
+    def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._admin_hash = hash_key(admin_key.get_secret_value()) if admin_key else None
 
     @needs_store
     async def create(self, spec: KeyCreate, now: float | None = None) -> CreatedKey:
@@ -171,12 +161,6 @@ class KeyStore:
         raw = await self.redis.get(record_key(key_id))
         return _StoredKey.model_validate_json(raw) if raw else None
 
-    def bootstrap(self, key: str) -> ApiKey | None:
-        """The principal of ``GATEWAY_ADMIN_KEY`` when ``key`` is it (no Redis needed)."""
-        if self._admin_hash is not None and hmac.compare_digest(hash_key(key), self._admin_hash):
-            return BOOTSTRAP_ADMIN
-        return None
-
     async def _existing(self, key_id: str) -> _StoredKey:
         stored = await self._load(key_id)
         if stored is None:
@@ -206,68 +190,14 @@ class KeyStore:
             await self.redis.set(record_key(key_id), stored.model_dump_json())
         return _public(stored)
 
-    async def authenticate(self, key: str | None) -> ApiKey:
-        """The key's metadata; 401 for a missing, unknown, revoked or expired key."""
-        if not key:
-            raise no_key()
-        admin = self.bootstrap(key)
-        if admin is not None:
-            return admin
-        key_id = key_id_of(key)
-        raw = await self._raw(key_id) if key_id else None
-        return checked(key, raw)
-
-    @needs_store
-    async def _raw(self, key_id: str) -> str | None:
-        raw = await self.redis.get(record_key(key_id))
-        return str(raw) if raw is not None else None
-
-
-def no_key() -> AuthenticationError:
-    return AuthenticationError(
-        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
-    )
-
-
-INCORRECT = "Incorrect API key provided."
-REVOKED = "This API key has been revoked."
-EXPIRED = "This API key has expired."
-
-
-def checked(key: str, raw: str | None) -> ApiKey:
-    """The key's metadata from its stored record; 401 for an unknown, wrong, revoked or
-    expired key."""
-    stored = _parse(raw) if raw else None
-    if stored is None or not hmac.compare_digest(hash_key(key), stored.secret_hash):
-        raise AuthenticationError(INCORRECT)
-    if stored.revoked:
-        raise AuthenticationError(REVOKED)
-    if stored.expired():
-        raise AuthenticationError(EXPIRED)
-    return _public_of(raw)
-
 
 # A record is read from Redis on every request (a revocation takes effect at once on every
 # replica); only the parsing of a record already seen is remembered. The parsed keys are
 # shared between requests and never modified.
 @functools.lru_cache(maxsize=4096)
-def _parse(raw: str) -> _StoredKey:
-    return _StoredKey.model_validate_json(raw)
-
-
-@functools.lru_cache(maxsize=4096)
-def _public_of(raw: str) -> ApiKey:
-    return _public(_parse(raw))
-
-
-def key_id_of(key: str) -> str | None:
-    """The public id in ``sk-gw-<id>-<secret>``, or ``None`` when ``key`` is not shaped so."""
-    if not key.startswith(KEY_PREFIX):
-        return None
-    key_id, _, secret = key.removeprefix(KEY_PREFIX).partition("-")
-    if len(key_id) != 12 or not secret or any(c not in "0123456789abcdef" for c in key_id):
-        return None
-    return key_id
+def public_record(raw: str) -> ApiKey:
+    """A key's metadata from its stored record (read to check a presented key)."""
+    return _public(_StoredKey.model_validate_json(raw))
 
 
 def _public(stored: _StoredKey) -> ApiKey:

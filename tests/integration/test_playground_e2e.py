@@ -223,12 +223,13 @@ def test_admin_console_loads_models_and_manages_keys(
         expect(row).to_contain_text("7 rpm")
         key_id = row.get_attribute("data-key")
 
-        # The secret shown is the real key: it works, sees only its model, and is counted.
+        # The secret shown is the real key: it works, sees only its model, and is counted
+        # (the list of models and the chat: two requests).
         made = stack.client(secret.inner_text())
         assert [m.id for m in made.models.list()] == ["mock_chat"]
         assert made.chat.completions.create(model="mock_chat", messages=HI).choices
         page.get_by_test_id("admin-refresh").click()
-        expect(page.get_by_test_id(f"admin-requests-{key_id}")).to_have_text("1")
+        expect(page.get_by_test_id(f"admin-requests-{key_id}")).to_have_text("2")
         expect(page.get_by_test_id("admin-new-key")).to_be_hidden()  # shown once only
 
         page.get_by_test_id(f"admin-revoke-{key_id}").click()
@@ -245,8 +246,9 @@ def test_a_wrong_key_and_a_refused_request_show_the_api_error(
         expect(page.get_by_test_id("tab-admin")).to_be_hidden()
         console.expect("status of 401")
 
-    # A user key: no admin tab; over its rate limit, the chat shows the 429's message.
-    key = stack.create_key("playground-user", rpm=1, models=["mock_chat"])["key"]
+    # A user key: no admin tab; over its rate limit, the chat shows the 429's message. The
+    # page's first reads (/v1/me, /v1/models) and the first chat spend its rpm.
+    key = stack.create_key("playground-user", rpm=3, models=["mock_chat"])["key"]
     with playground(browser, stack.base_url, key) as (page, console):
         expect(page.get_by_test_id("whoami")).to_have_text("playground-user (user)")
         expect(page.get_by_test_id("tab-admin")).to_be_hidden()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
+from fastapi import FastAPI
 
 from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
@@ -212,3 +215,75 @@ async def test_a_key_revoked_on_one_replica_is_refused_on_the_other_at_once() ->
         with pytest.raises(openai.AuthenticationError) as caught:
             await user.chat.completions.create(**chat_body())
         assert "revoked" in caught.value.message
+
+
+async def test_a_key_is_checked_or_admitted_in_one_redis_round_trip(
+    app: FastAPI, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One Lua script reads the key's record, checks it and (on /v1) admits the request.
+    admin = (await new_key(http, role="admin"))["key"]
+    user = (await new_key(http, rpm=100))["key"]
+    redis = app.state.services.redis
+    commands: list[str] = []
+    send = redis.execute_command
+
+    async def counted(*args: Any, **options: Any) -> Any:
+        commands.append(str(args[0]))
+        return await send(*args, **options)
+
+    monkeypatch.setattr(redis, "execute_command", counted)
+    for _ in range(2):  # the first run of a script on a server may load it first
+        commands.clear()
+        assert (await http.get("/admin/models", headers=bearer(admin))).status_code == 200
+    assert commands == ["EVALSHA"]
+    for _ in range(2):
+        commands.clear()
+        served = await http.post(CHAT, json=chat_body(), headers=bearer(user))
+        assert served.status_code == 200
+    assert commands == ["EVALSHA", "EVALSHA"]  # admitted; settled once the answer was sent
+    commands.clear()
+    assert (await http.get("/v1/models", headers=bearer(user))).status_code == 200
+    assert commands == ["EVALSHA", "EVALSHA"]
+
+
+def _operations(app: FastAPI, prefix: str) -> list[tuple[str, str]]:
+    """Every HTTP operation under ``prefix``, with ``x`` for each path parameter."""
+    paths = app.openapi()["paths"]
+    return [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, operations in paths.items()
+        if path.startswith(prefix)
+        for method in operations
+    ]
+
+
+async def test_every_v1_route_is_admitted_so_a_key_over_its_rpm_gets_429_on_each(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    # OpenAI counts every request against the limits, reads included.
+    key = (await new_key(http, rpm=1))["key"]
+    assert (await http.get("/v1/models", headers=bearer(key))).status_code == 200
+    refused = await http.get("/v1/models", headers=bearer(key))
+    assert_openai_error(refused, 429, code="rate_limit_exceeded", type="requests")
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    operations = _operations(app, "/v1/")
+    assert len(operations) >= 15
+    for method, path in operations:
+        response = await http.request(method, path, headers=bearer(key))
+        assert_openai_error(response, 429, code="rate_limit_exceeded")
+    assert (await http.get(f"/admin/keys/{key.split('-')[2]}/usage")).json()["requests"] == 1
+
+
+async def test_admin_routes_check_the_key_without_admitting_it(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    user = (await new_key(http))["key"]
+    for method, path in _operations(app, "/admin/"):
+        response = await http.request(method, path, headers=bearer(user))
+        assert_openai_error(response, 403, code="permission_denied")
+    operator = (await new_key(http, role="admin", rpm=1))["key"]
+    for _ in range(3):  # an operator's calls do not count against the key's limits
+        assert (await http.get("/admin/models", headers=bearer(operator))).status_code == 200
+    assert (await http.get("/v1/models", headers=bearer(operator))).status_code == 200
+    assert (await http.get("/v1/models", headers=bearer(operator))).status_code == 429

@@ -13,8 +13,9 @@ import pytest
 from gateway.backend.fake import FakeBackend
 from gateway.errors import RateLimitError
 from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.admission import Gatekeeper
 from gateway.state.keys import KeyCreate, KeyStore
-from gateway.state.limits import RateLimiter, duration
+from gateway.state.limits import Limits, duration
 from gateway.state.redis import connect
 from tests.redis_server import redis_server
 from tests.unit.conftest import (
@@ -243,16 +244,15 @@ async def test_a_long_request_keeps_its_concurrency_slot(redis_server: EmbeddedR
     # Leases of 0.6 s, renewed every 0.2 s: the request outlives several of them, and the
     # lease set itself (which expires a second after a lease) must outlive them too.
     redis = connect(redis_server.url, 1.0)
-    limiter = RateLimiter(redis, lease_s=0.6)
-    keys = KeyStore(redis)
-    key = (await keys.create(KeyCreate(name="long", max_concurrency=1))).key
+    gatekeeper = Gatekeeper(redis, Limits(redis), lease_s=0.6)
+    key = (await KeyStore(redis).create(KeyCreate(name="long", max_concurrency=1))).key
     try:
-        running = await limiter.admit(keys, key)
+        running = await gatekeeper.admit(key)
         await asyncio.sleep(2.5)
         with pytest.raises(RateLimitError):
-            await limiter.admit(keys, key)
-        await limiter.finish(running)
-        await limiter.finish(await limiter.admit(keys, key))
+            await gatekeeper.admit(key)
+        await gatekeeper.finish(running)
+        await gatekeeper.finish(await gatekeeper.admit(key))
     finally:
         await redis.aclose()
 
@@ -262,18 +262,17 @@ async def test_two_reservations_of_one_request_settle_to_exactly_what_it_used(
 ) -> None:
     # A strict tool call generated again reserves a second time, maybe in another second.
     redis = connect(redis_server.url, 1.0)
-    limiter = RateLimiter(redis, lease_s=60)
-    keys = KeyStore(redis)
-    key = (await keys.create(KeyCreate(name="twice", tpm=1000))).key
+    gatekeeper = Gatekeeper(redis, Limits(redis), lease_s=60)
+    key = (await KeyStore(redis).create(KeyCreate(name="twice", tpm=1000))).key
     try:
-        other = await limiter.admit(keys, key)
+        other = await gatekeeper.admit(key)
         assert await other.meter.reserve(10, 90, 1, False) == 90  # another request: 100
-        admission = await limiter.admit(keys, key)
+        admission = await gatekeeper.admit(key)
         await admission.meter.reserve(20, 200, 1, False)  # 220
         await asyncio.sleep(1.1)
         await admission.meter.reserve(30, 100, 1, True)  # 130, a second later
         admission.meter.add_tokens(20, 55)  # used 75 of the 350 reserved
-        await limiter.finish(admission)
+        await gatekeeper.finish(admission)
         buckets = await redis.hgetall(f"gw:rl:{{{admission.key.id}}}:tokens")
         # The other request's reservation is untouched; this one's counts what it used.
         assert sum(int(v) for v in buckets.values()) == 100 + 75

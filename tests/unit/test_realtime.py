@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from fastapi import FastAPI
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
@@ -285,6 +287,89 @@ def test_a_transcription_is_a_request_under_the_keys_rpm(realtime: TestClient) -
         failed = until(socket, "conversation.item.done")[-2]
         assert failed["type"] == "conversation.item.input_audio_transcription.failed"
         assert failed["error"]["code"] == "rate_limit_exceeded"
+
+
+# --- the connection: admitted, counted and settled like any /v1 request -------------------
+
+
+def recorded(client: TestClient, key_id: str, requests: int) -> bool:
+    """Whether the key's usage comes to ``requests`` within a few seconds (a connection is
+    settled just after it closes)."""
+    deadline = time.monotonic() + 5
+    while True:
+        usage = client.get(f"/admin/keys/{key_id}/usage", headers=AUTH).json()
+        if usage["requests"] >= requests or time.monotonic() > deadline:
+            return bool(usage["requests"] == requests)
+        time.sleep(0.02)
+
+
+def test_a_session_holds_its_keys_concurrency_slot_until_it_closes() -> None:
+    app = create_app(make_settings(models=VOICE_MODELS), backend=FakeBackend())
+    with TestClient(app) as client:
+        created = new_key(client, max_concurrency=1)
+        with client.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
+            until(socket, "session.created")
+            with (
+                pytest.raises(WebSocketDenialResponse) as refused,
+                client.websocket_connect("/v1/realtime", headers=bearer(created["key"])),
+            ):
+                pass
+            assert refused.value.status_code == 429
+            assert refused.value.headers["retry-after"] == "1"
+            assert refused.value.json()["error"]["code"] == "rate_limit_exceeded"
+        # Closed: it was one request in the key's usage, and its slot is free again.
+        assert recorded(client, created["id"], 1)
+        with client.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
+            until(socket, "session.created")
+        assert recorded(client, created["id"], 2)
+        text = client.get("/metrics").text
+    assert 'model="fake-chat",route="/v1/realtime",status="101"} 2.0' in text
+    assert 'model="",route="/v1/realtime",status="429"} 1.0' in text
+    assert 'gateway_rate_limited_total{limit="concurrency"} 1.0' in text
+    assert "gateway_realtime_sessions 0.0" in text
+
+
+def test_a_draining_gateway_refuses_new_sessions() -> None:
+    app = create_app(make_settings(models=VOICE_MODELS), backend=FakeBackend())
+    with TestClient(app) as client:
+        app.state.drain.draining = True
+        with (
+            pytest.raises(WebSocketDenialResponse) as refused,
+            client.websocket_connect("/v1/realtime", headers=AUTH),
+        ):
+            pass
+    assert refused.value.status_code == 503
+    assert refused.value.headers["retry-after"] == "1"
+    assert refused.value.json()["error"]["code"] == "shutting_down"
+
+
+async def test_a_refusal_is_a_close_under_a_server_without_denial_responses(app: FastAPI) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "scheme": "ws",
+        "path": "/v1/realtime",
+        "raw_path": b"/v1/realtime",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+        "subprotocols": ["realtime"],
+        "extensions": {},  # no websocket.http.response
+    }
+    await app(scope, receive, send)
+    assert [m["type"] for m in sent] == ["websocket.close"]
+    assert sent[0]["code"] == 1008
+    assert sent[0]["reason"].startswith("You didn't provide an API key.")
 
 
 # --- bounds -----------------------------------------------------------------------------

@@ -4,56 +4,55 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
-from gateway.api.auth import require_admin
-from gateway.api.dependencies import AdminDep
+from gateway.api.dependencies import ServicesDep
 from gateway.state.keys import ApiKey, CreatedKey, KeyCreate
 
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/admin", tags=["admin"])
 
 
 @router.get("/models")
-async def repository(admin: AdminDep) -> dict[str, Any]:
+async def repository(services: ServicesDep) -> dict[str, Any]:
     """Every model in Triton's repository with its state (``READY``, ``UNAVAILABLE``...)."""
-    return {"object": "list", "data": await admin.repository()}
+    return {"object": "list", "data": await services.admin.repository()}
 
 
 @router.post("/models/{name}/load")
-async def load_model(name: str, admin: AdminDep) -> dict[str, Any]:
+async def load_model(name: str, services: ServicesDep) -> dict[str, Any]:
     """Loads (or reloads) a model; it appears in ``/v1/models`` when this returns."""
-    return await admin.load(name)
+    return await services.admin.load(name)
 
 
 @router.post("/models/{name}/unload")
-async def unload_model(name: str, admin: AdminDep) -> dict[str, Any]:
+async def unload_model(name: str, services: ServicesDep) -> dict[str, Any]:
     """Unloads a model; it leaves ``/v1/models`` when this returns."""
-    return await admin.unload(name)
+    return await services.admin.unload(name)
 
 
 @router.post("/keys", status_code=201)
-async def create_key(spec: KeyCreate, admin: AdminDep) -> CreatedKey:
+async def create_key(spec: KeyCreate, services: ServicesDep) -> CreatedKey:
     """Creates a key. The answer's ``key`` is the only time it is shown."""
-    return await admin.keys.create(spec)
+    return await services.keys.create(spec)
 
 
 @router.get("/keys")
-async def list_keys(admin: AdminDep) -> dict[str, Any]:
-    return {"object": "list", "data": await admin.keys.all()}
+async def list_keys(services: ServicesDep) -> dict[str, Any]:
+    return {"object": "list", "data": await services.keys.all()}
 
 
 @router.get("/keys/{key_id}")
-async def get_key(key_id: str, admin: AdminDep) -> ApiKey:
-    return await admin.keys.get(key_id)
+async def get_key(key_id: str, services: ServicesDep) -> ApiKey:
+    return await services.keys.get(key_id)
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: str, admin: AdminDep) -> ApiKey:
+async def revoke_key(key_id: str, services: ServicesDep) -> ApiKey:
     """Revokes a key at once (idempotent). Its record and usage stay."""
-    return await admin.keys.revoke(key_id)
+    return await services.keys.revoke(key_id)
 
 
 @router.get("/keys/{key_id}/usage")
-async def key_usage(key_id: str, admin: AdminDep) -> dict[str, Any]:
+async def key_usage(key_id: str, services: ServicesDep) -> dict[str, Any]:
     """What the key has used: requests, prompt and completion tokens, audio seconds."""
-    return await admin.usage(key_id)
+    return await services.admin.usage(key_id)

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
-from gateway.api.auth import AdmissionDep, CallerDep
-from gateway.api.dependencies import SettingsDep, SpeechDep, TranscriptionDep
+from gateway.api.auth import AdmissionDep
+from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.errors import NotSupportedError, PayloadTooLargeError
 from gateway.serving.protocol import SpeechRequest, TranscriptionRequest
@@ -30,9 +30,10 @@ class TranscriptionForm(TranscriptionRequest):
     responses={200: {"content": {"audio/mpeg": {}}, "description": "Audio, streamed"}},
 )
 async def create_speech(
-    body: SpeechRequest, speech: SpeechDep, admission: AdmissionDep
+    body: SpeechRequest, services: ServicesDep, admission: AdmissionDep
 ) -> StreamingResponse:
     meter = admission.use_model(body.model)
+    speech = services.speech
     prepared = await speech.prepare(body)
     audio = await speech.stream(prepared, meter)
     headers = SSE_HEADERS if prepared.sse else {"X-Accel-Buffering": "no"}
@@ -45,13 +46,13 @@ async def create_speech(
     responses={200: {"content": {"application/json": {}, "text/plain": {}}}},
 )
 async def create_transcription(
-    transcriber: TranscriptionDep,
-    settings: SettingsDep,
+    services: ServicesDep,
     admission: AdmissionDep,
     request: Request,
     form: Annotated[TranscriptionForm, Form()],
 ) -> Response:
     meter = admission.use_model(form.model)
+    settings, transcriber = services.settings, services.transcription
     file = form.file
     limit = int(settings.max_audio_upload_mb * 1024 * 1024)
     if file.size is not None and file.size > limit:
@@ -69,7 +70,7 @@ async def create_transcription(
 
 
 @router.post("/translations")
-async def create_translation(_: CallerDep) -> Response:
+async def create_translation() -> Response:
     raise NotSupportedError(
         "Translation is not supported: no model here translates audio. "
         "Use /v1/audio/transcriptions.",

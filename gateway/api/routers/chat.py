@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.api.auth import AdmissionDep
-from gateway.api.dependencies import AudioChatDep, ChatDep
+from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
@@ -32,13 +32,13 @@ SessionHeader = Annotated[
 )
 async def create_chat_completion(
     body: ChatCompletionRequest,
-    chat: ChatDep,
-    audio_chat: AudioChatDep,
+    services: ServicesDep,
     request: Request,
     admission: AdmissionDep,
     session_id: SessionHeader = None,
 ) -> Response:
     meter = admission.use_model(body.model)
+    chat, audio_chat = services.chat, services.audio_chat
     audio = AudioChat.involved(body)
     if audio:
         resolved = audio_chat.resolve_inputs(body, admission.key, meter)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.api.auth import AdmissionDep
-from gateway.api.dependencies import CompletionsDep
+from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.serving.protocol import Completion, CompletionRequest
 from gateway.serving.sse import SSE_HEADERS
@@ -20,9 +20,10 @@ router = APIRouter(prefix="/v1", tags=["completions"])
     responses={200: {"model": Completion, "description": "A completion, or SSE chunks"}},
 )
 async def create_completion(
-    body: CompletionRequest, completions: CompletionsDep, request: Request, admission: AdmissionDep
+    body: CompletionRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
     meter = admission.use_model(body.model)
+    completions = services.completions
     prepared = await completions.prepare(body)
     if body.stream:
         events = await completions.stream(prepared, meter)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.api.auth import AdmissionDep
-from gateway.api.dependencies import EmbeddingsDep
+from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.serving.embeddings import EmbeddingList, EmbeddingRequest
 
@@ -19,8 +19,8 @@ router = APIRouter(prefix="/v1", tags=["embeddings"])
     responses={200: {"model": EmbeddingList, "description": "One vector per input"}},
 )
 async def create_embeddings(
-    body: EmbeddingRequest, embeddings: EmbeddingsDep, request: Request, admission: AdmissionDep
+    body: EmbeddingRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
     meter = admission.use_model(body.model)
-    result = await cancel_on_disconnect(request, embeddings.embed(body, meter))
+    result = await cancel_on_disconnect(request, services.embeddings.embed(body, meter))
     return Response(result.model_dump_json(), media_type="application/json")

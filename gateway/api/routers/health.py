@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.api.dependencies import BackendDep, CatalogDep, RedisDep, SettingsDep
+from gateway.api.dependencies import ServicesDep
 from gateway.errors import BackendUnavailableError
 from gateway.state.redis import ping
 
@@ -18,16 +18,15 @@ async def live() -> dict[str, str]:
 
 
 @router.get("/ready")
-async def ready(
-    backend: BackendDep, catalog: CatalogDep, settings: SettingsDep, redis: RedisDep
-) -> dict[str, object]:
+async def ready(services: ServicesDep) -> dict[str, object]:
     """Redis answers, Triton is up and every model named in ``GATEWAY_MODELS`` is loaded;
     503 otherwise."""
-    await ping(redis)
-    if not await backend.ready():
+    await ping(services.redis)
+    if not await services.backend.ready():
         raise BackendUnavailableError("Triton is not ready", code="not_ready")
-    models = await catalog.refresh()
-    missing = [m for m in settings.models if m not in models or not models[m].ready]
+    models = await services.catalog.refresh()
+    wanted = services.settings.models
+    missing = [m for m in wanted if m not in models or not models[m].ready]
     if missing:
         raise BackendUnavailableError(f"Models not ready: {', '.join(missing)}", code="not_ready")
-    return {"status": "ready", "models": settings.models}
+    return {"status": "ready", "models": wanted}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.api.auth import CallerDep
-from gateway.api.dependencies import CatalogDep
+from gateway.api.dependencies import ServicesDep
 from gateway.backend import ModelInfo
 from gateway.errors import ModelNotFoundError
 from gateway.serving.protocol import Model, ModelCapabilities, ModelList
@@ -50,9 +50,10 @@ def _public(info: ModelInfo, created: int) -> Model:
 
 
 @router.get("/models")
-async def list_models(catalog: CatalogDep, caller: CallerDep) -> ModelList:
+async def list_models(services: ServicesDep, caller: CallerDep) -> ModelList:
     """The loaded models the caller's key may use, read from Triton now (not from the cache
     inference requests use), so every replica shows a load or unload at once."""
+    catalog = services.catalog
     models = [
         m
         for m in (await catalog.refresh()).values()
@@ -69,7 +70,8 @@ async def me(caller: CallerDep) -> ApiKey:
 
 
 @router.get("/models/{model_id:path}")
-async def retrieve_model(model_id: str, catalog: CatalogDep, caller: CallerDep) -> Model:
+async def retrieve_model(model_id: str, services: ServicesDep, caller: CallerDep) -> Model:
+    catalog = services.catalog
     model = (await catalog.refresh()).get(model_id)
     if model is None or not model.ready or model.task is None or not caller.may_use(model_id):
         raise ModelNotFoundError(model_id)

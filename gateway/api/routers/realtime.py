@@ -1,113 +1,78 @@
 """``/v1/realtime``: the OpenAI Realtime API over a WebSocket (see
 :mod:`gateway.serving.realtime` for the conversation itself).
 
-The key comes as ``Authorization: Bearer <key>`` (the SDKs) or, from a browser, which
-cannot set headers on a WebSocket, as the subprotocol ``openai-insecure-api-key.<key>``.
-It is checked, and the session admitted under the key's limits (a request, and a
-concurrency slot held while it is open), before the upgrade: a refused key or model (the
-chat model, or the transcription or speech model the session would use) gets the OpenAI
-error body with its HTTP status instead of a WebSocket.
+The connection is admitted like every ``/v1`` request (:func:`gateway.api.auth.admit`: the
+key from ``Authorization: Bearer <key>``, or from a browser, which cannot set headers on a
+WebSocket, the subprotocol ``openai-insecure-api-key.<key>``), and holds its concurrency
+slot while it is open; the middleware settles it when it closes. A refused key, or a
+model the key may not use (the chat model, or the transcription or speech model the
+session would use), gets the OpenAI error body with its HTTP status instead of the
+upgrade.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
-from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
-from gateway.api.middleware import DRAINING_ERROR
-from gateway.errors import GatewayError
-from gateway.metrics import Metrics
-from gateway.serving.realtime import RealtimeServices
-from gateway.state.limits import RateLimiter
+from gateway.api.auth import AdmissionDep, ReadmitDep
+from gateway.api.dependencies import ServicesDep
+from gateway.serving.realtime import RealtimeSession
 
 router = APIRouter(tags=["realtime"])
-logger = logging.getLogger("gateway.realtime")
-
-ROUTE = "/v1/realtime"
-_KEY_PROTOCOL = "openai-insecure-api-key."
 
 
-def presented_key(websocket: WebSocket) -> str | None:
-    authorization = websocket.headers.get("authorization", "")
-    scheme, _, credentials = authorization.partition(" ")
-    if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip()
-    protocols: list[str] = websocket.scope.get("subprotocols", [])
-    for protocol in protocols:
-        if protocol.startswith(_KEY_PROTOCOL):
-            return protocol[len(_KEY_PROTOCOL) :]
-    return None
-
-
-async def _deny(websocket: WebSocket, status: int, body: dict[str, Any], headers: Any) -> None:
-    if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(
-            JSONResponse(body, status_code=status, headers=headers)
-        )
-    else:  # a server without denial responses: a close before the upgrade is a 403
-        await websocket.close(code=1008, reason=body["error"]["message"][:120])
-
-
-@router.websocket(ROUTE)
-async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+@router.websocket("/v1/realtime")
+async def realtime(
+    websocket: WebSocket,
+    admission: AdmissionDep,
+    readmit: ReadmitDep,
+    services: ServicesDep,
+    model: str | None = None,
+) -> None:
     """A Realtime session (``client.realtime.connect(model=...)``)."""
-    app = websocket.app
-    metrics: Metrics = app.state.metrics
-    if app.state.drain.draining:
-        await _deny(websocket, 503, DRAINING_ERROR, {"Retry-After": "1"})
-        metrics.requests.labels(ROUTE, "", "503").inc()
-        return
-    limiter: RateLimiter = app.state.limiter
-    services: RealtimeServices = app.state.realtime
-    key = presented_key(websocket)
-    lock = asyncio.Lock()
-    open_ = True
-
-    async def send(event: dict[str, Any]) -> None:
-        nonlocal open_
-        if not open_:
-            return
-        async with lock:
-            try:
-                await websocket.send_text(json.dumps(event))
-            except Exception:  # the client is gone; the receive loop ends the session
-                open_ = False
-
-    admission = None
-    try:
-        admission = await limiter.admit(app.state.keys, key)
-        session = await services.open(model, admission.key, key or "", send)
-    except GatewayError as exc:
-        if admission is not None:  # admitted, then refused: its slot is given back
-            await limiter.finish(admission)
-        await _deny(websocket, exc.status_code, exc.body(), exc.headers)
-        metrics.requests.labels(ROUTE, model or "", str(exc.status_code)).inc()
-        return
+    connection = _Connection(websocket)
+    session = await services.realtime.open(model, admission.key, readmit, connection.send)
     admission.model = session.config.model
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
-    metrics.realtime_sessions.inc()
-    started = time.monotonic()
-    try:
-        await session.start()
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            data = message.get("text")
-            await session.handle(data if data is not None else message.get("bytes") or b"")
-    finally:
-        open_ = False
-        await session.close()
-        await asyncio.shield(limiter.finish(admission))
-        metrics.realtime_sessions.dec()
-        metrics.record_request(ROUTE, admission, 101, time.monotonic() - started)
-        if websocket.client_state == WebSocketState.CONNECTED:
-            await websocket.close()
+    await connection.serve(session)
+
+
+class _Connection:
+    """Hands the client's messages to the session, one at a time, and its events to the
+    client (whichever task sends them)."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self._lock = asyncio.Lock()
+        self._open = True
+
+    async def send(self, event: dict[str, Any]) -> None:
+        if not self._open:
+            return
+        async with self._lock:
+            try:
+                await self.websocket.send_text(json.dumps(event))
+            except Exception:  # the client is gone; the receive loop ends the session
+                self._open = False
+
+    async def serve(self, session: RealtimeSession) -> None:
+        websocket = self.websocket
+        try:
+            await session.start()
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                data = message.get("text")
+                await session.handle(data if data is not None else message.get("bytes") or b"")
+        finally:
+            self._open = False
+            await session.close()
+            if websocket.client_state == WebSocketState.CONNECTED:
+                await websocket.close()

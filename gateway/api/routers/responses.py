@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from gateway.api.auth import AdmissionDep, CallerDep
-from gateway.api.dependencies import ResponsesDep
+from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.errors import InvalidRequestError
 from gateway.serving.responses import ResponsesRequest
@@ -20,9 +20,10 @@ router = APIRouter(prefix="/v1/responses", tags=["responses"])
 
 @router.post("", response_model=None)
 async def create_response(
-    body: ResponsesRequest, responses: ResponsesDep, request: Request, admission: AdmissionDep
+    body: ResponsesRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
     meter = admission.use_model(body.model)
+    responses = services.responses
     prepared = await responses.prepare(body, owner=admission.key.id)
     if body.stream:
         events = await responses.stream(prepared, meter)
@@ -32,16 +33,16 @@ async def create_response(
 
 
 @router.get("/{response_id}")
-async def get_response(response_id: str, caller: CallerDep, responses: ResponsesDep) -> Any:
+async def get_response(response_id: str, caller: CallerDep, services: ServicesDep) -> Any:
     """A stored response of the caller's key; 404 for another key's or an unknown id."""
-    return (await responses.store.get(caller.id, response_id)).response
+    return (await services.responses.store.get(caller.id, response_id)).response
 
 
 @router.get("/{response_id}/input_items")
 async def list_input_items(
     response_id: str,
     caller: CallerDep,
-    responses: ResponsesDep,
+    services: ServicesDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
@@ -49,7 +50,7 @@ async def list_input_items(
     """The conversation the response answered, as items: with ``previous_response_id``, the
     earlier inputs and outputs, then its own input (newest first by default), paginated as
     OpenAI lists are (``after`` an item id)."""
-    items = (await responses.store.get(caller.id, response_id)).input_items
+    items = (await services.responses.store.get(caller.id, response_id)).input_items
     if order == "desc":
         items = items[::-1]
     if after is not None:
@@ -69,7 +70,7 @@ async def list_input_items(
 
 @router.delete("/{response_id}")
 async def delete_response(
-    response_id: str, caller: CallerDep, responses: ResponsesDep
+    response_id: str, caller: CallerDep, services: ServicesDep
 ) -> dict[str, Any]:
-    await responses.store.delete(caller.id, response_id)
+    await services.responses.store.delete(caller.id, response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}

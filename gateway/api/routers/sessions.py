@@ -7,20 +7,20 @@ from typing import Any
 from fastapi import APIRouter
 
 from gateway.api.auth import CallerDep
-from gateway.api.dependencies import SessionsDep
+from gateway.api.dependencies import ServicesDep
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
 @router.get("/{session_id}")
-async def get_session(session_id: str, caller: CallerDep, sessions: SessionsDep) -> dict[str, Any]:
+async def get_session(session_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
     """The session's messages (system message first); 404 if it is not the caller's."""
-    return (await sessions.get(session_id, caller.id)).public()
+    return (await services.sessions.get(session_id, caller.id)).public()
 
 
 @router.delete("/{session_id}")
 async def delete_session(
-    session_id: str, caller: CallerDep, sessions: SessionsDep
+    session_id: str, caller: CallerDep, services: ServicesDep
 ) -> dict[str, Any]:
-    await sessions.delete(session_id, caller.id)
+    await services.sessions.delete(session_id, caller.id)
     return {"id": session_id, "object": "chat.session.deleted", "deleted": True}

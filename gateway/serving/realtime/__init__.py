@@ -26,9 +26,10 @@ Work runs in order on one worker task (a transcription, then the response that n
 so the receive loop never waits for a model and audio keeps flowing into the VAD.
 
 Every request a session makes of a model is admitted under the key's limits like any
-request (:meth:`RealtimeSession._admit`: one against ``rpm``, no concurrency slot of its
-own, as the connection holds one), its models checked against the key, and what it used
-recorded as usage when it ends: each response, and each transcription (a turn's, with the
+request (:meth:`RealtimeSession._admit`, through the :data:`Admit` callable the API layer
+opened the session with: one against ``rpm``, no concurrency slot of its own, as the
+connection holds one), its models checked against the key, and what it used recorded as
+usage when it ends: each response, and each transcription (a turn's, with the
 guesses made while it was spoken). The models the session's settings make it use (chat,
 transcription and, for spoken answers, speech) are checked when it opens and at every
 ``session.update``, which applies whole or not at all.
@@ -52,13 +53,21 @@ The package, each module importing only those listed before it (``transcription`
 """
 
 from gateway.serving.realtime.events import Bounds, ClientEventError, Item
-from gateway.serving.realtime.session import RealtimeServices, RealtimeSession, SessionConfig
+from gateway.serving.realtime.session import (
+    Admit,
+    RealtimeServices,
+    RealtimeSession,
+    SessionConfig,
+    Settle,
+)
 
 __all__ = [
+    "Admit",
     "Bounds",
     "ClientEventError",
     "Item",
     "RealtimeServices",
     "RealtimeSession",
     "SessionConfig",
+    "Settle",
 ]

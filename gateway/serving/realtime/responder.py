@@ -24,7 +24,7 @@ from gateway.serving.realtime.events import (
     _id,
 )
 from gateway.serving.voice import TextDelta, Voice, spoken
-from gateway.state.limits import Admission
+from gateway.state.admission import Admission
 
 if TYPE_CHECKING:
     from gateway.serving.realtime.session import RealtimeSession

@@ -66,8 +66,8 @@ from gateway.serving.vad import (
     VadEvent,
     VadSettings,
 )
-from gateway.state.keys import ApiKey, KeyStore
-from gateway.state.limits import Admission, RateLimiter
+from gateway.state.admission import Admission
+from gateway.state.keys import ApiKey
 
 logger = logging.getLogger("gateway.realtime")
 
@@ -162,6 +162,15 @@ def _uses(config: SessionConfig, speech_model: str) -> list[_Use]:
     return uses
 
 
+#: Admits one more request of a session's caller under the key's limits as they are now,
+#: without a concurrency slot of its own (the connection holds one): a 401 or 429 raises.
+#: The API layer makes it from the key the connection presented, which the session never
+#: sees.
+Admit = Callable[[], Awaitable[Admission]]
+#: Settles an admission once its request has ended: its tokens and usage (never raises).
+Settle = Callable[[Admission], Awaitable[None]]
+
+
 def _require(key: ApiKey, uses: list[_Use]) -> None:
     """403 unless ``key`` may use every model of ``uses``: the models a session uses
     without naming them are checked like the one it names."""
@@ -178,8 +187,7 @@ class RealtimeServices:
         catalog: ModelCatalog,
         chat: ChatService,
         models: DefaultModels,
-        limiter: RateLimiter,
-        keys: KeyStore,
+        finish: Settle,
         settings: Settings,
         metrics: Metrics | None = None,
     ) -> None:
@@ -189,8 +197,7 @@ class RealtimeServices:
         self.catalog = catalog
         self.chat = chat
         self.models = models
-        self.limiter = limiter
-        self.keys = keys
+        self.finish = finish
         self.metrics = metrics
 
     async def model_for(self, task: str, requested: str | None, param: str) -> str:
@@ -210,9 +217,10 @@ class RealtimeServices:
         return await self.models.pick(task)
 
     async def open(
-        self, requested_model: str | None, key: ApiKey, presented_key: str, send: Send
+        self, requested_model: str | None, key: ApiKey, admit: Admit, send: Send
     ) -> RealtimeSession:
-        """A session of ``key`` (403 unless it may use the models the session will)."""
+        """A session of ``key`` (403 unless it may use the models the session will), whose
+        requests ``admit`` lets in."""
         model = await self.model_for("chat", requested_model, "model")
         info = await self.models.info("speech")
         config = SessionConfig(
@@ -223,11 +231,11 @@ class RealtimeServices:
             temperature=self.settings.realtime_temperature,
         )
         _require(key, _uses(config, info.name))
-        return RealtimeSession(self, config, info.name, key, presented_key, send)
+        return RealtimeSession(self, config, info.name, key, admit, send)
 
     async def settle(self, admission: Admission) -> None:
         """Records what a session's request used (never raises)."""
-        await self.limiter.finish(admission)
+        await self.finish(admission)
         if self.metrics is not None:
             self.metrics.record_usage(admission)
 
@@ -242,7 +250,7 @@ class RealtimeSession:
         config: SessionConfig,
         speech_model: str,
         key: ApiKey,
-        presented_key: str,
+        admit: Admit,
         send: Send,
     ) -> None:
         self.services = services
@@ -251,7 +259,7 @@ class RealtimeSession:
         self.key = key
         """The key the session was opened with: ``session.update`` checks models against
         it. Each request is admitted with the key as it is then (:meth:`_admit`)."""
-        self.presented_key = presented_key
+        self._admit_request = admit
         self._send = send
         self.id = _id("sess")
         self.items: list[Item] = []
@@ -288,12 +296,19 @@ class RealtimeSession:
     # --- life ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """The connection is open: the session starts (and counts in the metrics)."""
         self._worker = asyncio.create_task(self._work())
+        if self.services.metrics is not None:
+            self.services.metrics.realtime_sessions.inc()
         await self.emit("session.created", session=self.config.to_json(self.id))
 
     async def close(self) -> None:
         """The connection is gone: stops the work in progress (and its Triton requests)
         and records the transcription requests not yet recorded."""
+        if self.closed:
+            return
+        if self._worker is not None and self.services.metrics is not None:
+            self.services.metrics.realtime_sessions.dec()
         self.closed = True
         for response in self.responses.values():
             if response.task is not None:
@@ -333,13 +348,11 @@ class RealtimeSession:
         holds one), its models checked against the key; the first one names it in usage
         and metrics. A 429 or 403 raises here."""
         services = self.services
-        admission = await services.limiter.admit(
-            services.keys, self.presented_key, hold_lease=False
-        )
+        admission = await self._admit_request()
         try:
             _require(admission.key, uses)
         except GatewayError:
-            await services.limiter.finish(admission)
+            await services.finish(admission)
             raise
         admission.model = uses[0][0]
         return admission

@@ -1,0 +1,128 @@
+"""Every service and store of one gateway process, built once from the settings, the
+backend and Redis: :func:`build_services` is the one place where they are wired together,
+and :class:`Services` the one typed object the API layer reads them from
+(:data:`gateway.api.dependencies.ServicesDep`).
+
+It sits between ``api/`` and ``serving/``: it imports the services and the stores, and only
+``app.py`` (which builds it in its lifespan) and ``api/`` import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from gateway.backend import Backend
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from gateway.serving.admin import AdminService
+from gateway.serving.audio_chat import AudioChat
+from gateway.serving.catalog import DefaultModels, ModelCatalog
+from gateway.serving.chat import ChatService
+from gateway.serving.completions import CompletionService
+from gateway.serving.embeddings import EmbeddingService
+from gateway.serving.realtime import RealtimeServices
+from gateway.serving.responses import ResponsesService
+from gateway.serving.speech import SpeechService
+from gateway.serving.transcription import TranscriptionService
+from gateway.state.admission import Gatekeeper
+from gateway.state.keys import KeyStore
+from gateway.state.limits import Limits
+from gateway.state.redis import Headroom
+from gateway.state.responses import ResponseStore
+from gateway.state.sessions import SessionStore
+from gateway.state.transcripts import TranscriptStore
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What the routes, the auth dependencies and the middleware use."""
+
+    settings: Settings
+    metrics: Metrics
+    backend: Backend
+    redis: Redis
+    catalog: ModelCatalog
+    keys: KeyStore
+    gatekeeper: Gatekeeper
+    limits: Limits
+    sessions: SessionStore
+    chat: ChatService
+    completions: CompletionService
+    responses: ResponsesService
+    embeddings: EmbeddingService
+    speech: SpeechService
+    transcription: TranscriptionService
+    audio_chat: AudioChat
+    realtime: RealtimeServices
+    admin: AdminService
+
+    async def close(self) -> None:
+        """Stops what the services run in the background (not the backend nor Redis: the
+        lifespan that opened them closes them)."""
+        await self.gatekeeper.close()
+
+
+def build_services(
+    settings: Settings, backend: Backend, redis: Redis, metrics: Metrics
+) -> Services:
+    """The services of one process, over ``backend`` and ``redis``."""
+    catalog = ModelCatalog(backend, settings.model_cache_ttl_s)
+    keys = KeyStore(redis)
+    limits = Limits(redis)
+    gatekeeper = Gatekeeper(redis, limits, settings.concurrency_lease_s, settings.admin_key)
+    headroom = Headroom(redis)
+    sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb, headroom)
+    chat = ChatService(
+        backend,
+        catalog,
+        settings.default_chat_template,
+        sessions,
+        metrics,
+        default_max_tokens=settings.default_max_tokens,
+        in_flight=settings.max_inflight_per_request,
+        max_choices=settings.max_choices,
+        max_schema_kb=settings.max_schema_kb,
+    )
+    speech = SpeechService(backend, catalog)
+    default_models = DefaultModels(catalog, settings)
+    return Services(
+        settings=settings,
+        metrics=metrics,
+        backend=backend,
+        redis=redis,
+        catalog=catalog,
+        keys=keys,
+        gatekeeper=gatekeeper,
+        limits=limits,
+        sessions=sessions,
+        chat=chat,
+        completions=CompletionService(
+            backend,
+            catalog,
+            max_prompts=settings.max_prompts,
+            max_choices=settings.max_choices,
+            in_flight=settings.max_inflight_per_request,
+            max_schema_kb=settings.max_schema_kb,
+        ),
+        responses=ResponsesService(
+            chat,
+            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, headroom),
+        ),
+        embeddings=EmbeddingService(backend, catalog, settings.max_inflight_per_request),
+        speech=speech,
+        transcription=TranscriptionService(backend, catalog, settings.max_audio_seconds),
+        audio_chat=AudioChat(
+            backend,
+            chat,
+            speech,
+            default_models,
+            TranscriptStore(redis, settings.audio_ttl_s),
+            settings.max_audio_seconds,
+        ),
+        realtime=RealtimeServices(
+            backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
+        ),
+        admin=AdminService(backend, catalog, keys, limits),
+    )

@@ -1,0 +1,292 @@
+"""Who gets in: the API key a request presents, parsed, checked and its request admitted under
+the key's limits, in one place.
+
+- :func:`key_id_of` reads the public id out of ``sk-gw-<id>-<secret>``: it names the key's
+  record and its rate-limit windows.
+- One Lua script, :data:`_ADMIT`, reads the key's record and compares the presented key's
+  hash with it, refuses a revoked or expired key and, asked to admit, lets the request in
+  under the key's limits, all in one Redis round trip.
+- :meth:`Gatekeeper.check` runs it to check the key alone (the admin API, ``/metrics``
+  when it asks for a key, the middleware before it reads a large body): 401 for a
+  missing, unknown, revoked or expired key.
+- :meth:`Gatekeeper.admit` runs it to admit (every ``/v1`` request): the request counted
+  under ``rpm``, refused while the key's token window is full, and a concurrency lease
+  taken; 429 with ``Retry-After`` over a limit. It returns the :class:`Admission`, which
+  :meth:`Gatekeeper.finish` settles once the response has been sent.
+- The leases this process holds are renewed by one task (:data:`_RENEW`), so a request
+  keeps its slot however long it runs, and a gateway that dies frees them when they expire.
+
+``GATEWAY_ADMIN_KEY`` is a bootstrap admin key checked without Redis, so an operator can
+still see and load models while Redis is down.
+
+What an admitted request then uses (tokens reserved and settled, usage) is
+:mod:`gateway.state.limits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+
+from pydantic import SecretStr
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.errors import AuthenticationError, RateLimitError
+from gateway.state.keys import KEY_PREFIX, ApiKey, hash_key, public_record, record_key
+from gateway.state.limits import Limits, Meter, duration, limit_keys, refusal
+from gateway.state.redis import is_cluster, needs_store
+
+logger = logging.getLogger("gateway.state.admission")
+
+# The key check, and the admission, in one round trip.
+# KEYS: key record, request buckets, token buckets, leases. ARGV: the presented key's hash,
+# mode ('check': the key only; 'admit': its request too), lease id ('' to take none), lease
+# seconds. Returns {record or '', refusal of the key ('' when valid)} when the key is
+# refused, only checked or has no limits; else {record, '', admitted (1/0), limit hit,
+# seconds until it frees, requests in the window (this one included), tokens in the
+# window, seconds until the windows are empty again}; numbers as strings (Lua numbers reach
+# Redis as integers). The hashes are compared in Lua: they are hashes of 256-bit secrets,
+# so how long a comparison takes tells an attacker nothing usable.
+_ADMIT = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return {'', 'unknown'} end
+local key = cjson.decode(raw)
+if key.secret_hash ~= ARGV[1] then return {'', 'unknown'} end
+if key.revoked_at ~= cjson.null then return {raw, 'revoked'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local sec = tonumber(t[1])
+if key.expires_at ~= cjson.null and sec >= key.expires_at then return {raw, 'expired'} end
+if ARGV[2] == 'check' then return {raw, ''} end
+local function limit(value)
+  if value == nil or value == cjson.null then return 0 end
+  return value
+end
+local rpm, tpm, conc = limit(key.rpm), limit(key.tpm), limit(key.max_concurrency)
+if rpm == 0 and tpm == 0 and conc == 0 then return {raw, ''} end
+local function window(key)
+  local total, oldest, newest = 0, sec, 0
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local s = tonumber(all[i])
+    if s <= sec - 60 then
+      redis.call('HDEL', key, all[i])
+    else
+      total = total + tonumber(all[i + 1])
+      if s < oldest then oldest = s end
+      if s > newest then newest = s end
+    end
+  end
+  return total, oldest + 60 - now, newest + 60 - now
+end
+local requests, req_frees, req_empty = window(KEYS[2])
+local tokens, tok_frees, tok_empty = window(KEYS[3])
+local function no(limit, wait)
+  return {raw, '', 0, limit, tostring(wait), tostring(requests), tostring(tokens),
+          tostring(req_empty), tostring(tok_empty)}
+end
+if rpm > 0 and requests >= rpm then return no('requests', req_frees) end
+if tpm > 0 and tokens >= tpm then return no('tokens', tok_frees) end
+if conc > 0 and ARGV[3] ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= conc then return no('concurrency', 1) end
+  local ttl = tonumber(ARGV[4])
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[3])
+  redis.call('EXPIRE', KEYS[4], math.ceil(ttl) + 1)
+end
+redis.call('HINCRBY', KEYS[2], sec, 1)
+redis.call('EXPIRE', KEYS[2], 61)
+return {raw, '', 1, '', '0', tostring(requests + 1), tostring(tokens), '60',
+        tostring(tok_empty)}
+"""
+
+# KEYS: leases. ARGV: lease id, lease seconds. Pushes the lease's expiry (and the set's)
+# forward if it is still held.
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
+-- The set itself must outlive the renewed lease (every lease has the same length).
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('EXPIRE', KEYS[1], math.ceil(ttl) + 1)
+end
+return 1
+"""
+
+
+def key_id_of(key: str) -> str | None:
+    """The public id in ``sk-gw-<id>-<secret>``, or ``None`` when ``key`` is not shaped so."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    key_id, _, secret = key.removeprefix(KEY_PREFIX).partition("-")
+    if len(key_id) != 12 or not secret or any(c not in "0123456789abcdef" for c in key_id):
+        return None
+    return key_id
+
+
+def no_key() -> AuthenticationError:
+    return AuthenticationError(
+        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+    )
+
+
+INCORRECT = "Incorrect API key provided."
+REVOKED = "This API key has been revoked."
+EXPIRED = "This API key has expired."
+_KEY_REFUSALS = {"unknown": INCORRECT, "revoked": REVOKED, "expired": EXPIRED}
+
+
+#: The principal of ``GATEWAY_ADMIN_KEY``: no limits, usage recorded under ``admin``.
+BOOTSTRAP_ADMIN = ApiKey(
+    id="admin", name="GATEWAY_ADMIN_KEY", role="admin", created_at=0, redacted_value="(env)"
+)
+
+
+@dataclass
+class Admission:
+    """A request let in: its headers, its meter, and the concurrency lease it holds."""
+
+    key: ApiKey
+    headers: dict[str, str]
+    meter: Meter = field(default_factory=Meter)
+    lease: str = ""
+    model: str = ""
+    """The model the request uses (for metrics), once :meth:`use_model` allowed it."""
+
+    def use_model(self, model: str) -> Meter:
+        """403 unless the key may use ``model``; returns the meter for the service."""
+        self.key.require_model(model)
+        self.model = model
+        return self.meter
+
+
+def _headers(key: ApiKey, result: list[str]) -> dict[str, str]:
+    """The rate-limit headers from the admission script's counts (``result[3:]``)."""
+    requests, tokens = int(result[3]), int(result[4])
+    headers = {}
+    if key.rpm is not None:
+        headers["x-ratelimit-limit-requests"] = str(key.rpm)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, key.rpm - requests))
+        headers["x-ratelimit-reset-requests"] = duration(float(result[5]))
+    if key.tpm is not None:
+        headers["x-ratelimit-limit-tokens"] = str(key.tpm)
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, key.tpm - tokens))
+        headers["x-ratelimit-reset-tokens"] = duration(float(result[6]) if tokens else 0)
+    return headers
+
+
+class Gatekeeper:
+    """Checks presented keys and admits their requests (see the module's docstring)."""
+
+    def __init__(
+        self, redis: Redis, limits: Limits, lease_s: float, admin_key: SecretStr | None = None
+    ) -> None:
+        self.redis = redis
+        self.limits = limits
+        self.lease_s = lease_s
+        self._admin_hash = hash_key(admin_key.get_secret_value()) if admin_key else None
+        self._admit = redis.register_script(_ADMIT)
+        self._renew = redis.register_script(_RENEW)
+        # Lease ids: this process's random prefix and a counter (unique across replicas).
+        self._lease_prefix = f"{uuid.uuid4().hex[:12]}-"
+        self._lease_numbers = itertools.count()
+        self._held: dict[str, str] = {}  # lease id -> its lease set, while the request runs
+        self._renewer: asyncio.Task[None] | None = None
+
+    def _bootstrap(self, presented: str) -> ApiKey | None:
+        """The principal of ``GATEWAY_ADMIN_KEY`` when it was presented (no Redis needed)."""
+        if self._admin_hash is not None and hmac.compare_digest(
+            hash_key(presented), self._admin_hash
+        ):
+            return BOOTSTRAP_ADMIN
+        return None
+
+    async def check(self, presented: str | None) -> ApiKey:
+        """The key's metadata, in one Redis round trip (none for the bootstrap admin key);
+        401 for a missing, unknown, revoked or expired key."""
+        if not presented:
+            raise no_key()
+        admin = self._bootstrap(presented)
+        if admin is not None:
+            return admin
+        key, _ = await self._run(presented, "check")
+        return key
+
+    async def admit(self, presented: str | None, hold_lease: bool = True) -> Admission:
+        """Checks the presented key and lets its request in, in one Redis round trip: 401
+        for a missing, unknown, revoked or expired key, 429 with ``Retry-After`` over a
+        limit. ``hold_lease`` false: the request takes no concurrency slot (a response of a
+        Realtime session, whose connection already holds one)."""
+        if not presented:
+            raise no_key()
+        admin = self._bootstrap(presented)
+        if admin is not None:
+            return Admission(key=admin, headers={})
+        lease = f"{self._lease_prefix}{next(self._lease_numbers)}" if hold_lease else ""
+        key, counts = await self._run(presented, "admit", lease)
+        if not counts:
+            return Admission(key=key, headers={})  # nothing to count before it runs
+        headers = _headers(key, counts)
+        if int(counts[0]) != 1:
+            limit, wait = str(counts[1]), float(counts[2])
+            raise RateLimitError(refusal(key, limit, wait), limit, wait, headers)
+        meter = Meter(reserver=partial(self.limits.reserve, key) if key.tpm else None)
+        if not key.max_concurrency or not lease:
+            return Admission(key=key, headers=headers, meter=meter)
+        self._held[lease] = limit_keys(key.id)[2]
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._keep())
+        return Admission(key=key, headers=headers, meter=meter, lease=lease)
+
+    @needs_store
+    async def _run(self, presented: str, mode: str, lease: str = "") -> tuple[ApiKey, list[str]]:
+        """One run of :data:`_ADMIT`: the key's metadata and the script's counts (none when
+        it only checked the key, or the key has no limits); 401 for a refused key."""
+        key_id = key_id_of(presented)
+        if key_id is None:
+            raise AuthenticationError(INCORRECT)
+        result = await self._admit(
+            keys=[record_key(key_id), *limit_keys(key_id)],
+            args=[hash_key(presented), mode, lease, self.lease_s],
+        )
+        if result[1]:
+            raise AuthenticationError(_KEY_REFUSALS[result[1]])
+        return public_record(result[0]), result[2:]
+
+    async def finish(self, admission: Admission) -> None:
+        """Releases the lease, counts the tokens in the window and records usage. Never
+        raises: the response is already sent, and a lease not released expires."""
+        self._held.pop(admission.lease, None)
+        await self.limits.settle(admission.key.id, admission.lease, admission.meter)
+
+    async def _keep(self) -> None:
+        """Renews every lease this process holds, all in one round trip, a few times per
+        lease length (one task for the process, not one per request)."""
+        while self._held:
+            await asyncio.sleep(self.lease_s / 3)
+            held = list(self._held.items())
+            try:
+                if is_cluster(self.redis):  # no scripts in a Cluster's pipelines
+                    await asyncio.gather(
+                        *(self._renew(keys=[ls], args=[lease, self.lease_s]) for lease, ls in held)
+                    )
+                else:
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        for lease, leases in held:
+                            await self._renew(
+                                keys=[leases], args=[lease, self.lease_s], client=pipe
+                            )
+                        await pipe.execute()
+            except RedisError as exc:  # the leases expire on their own; the requests go on
+                logger.warning("could not renew concurrency leases: %s", exc)
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
