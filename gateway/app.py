@@ -5,12 +5,14 @@ services over them (:func:`gateway.services.build_services`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
 from redis.asyncio import Redis
+from starlette.routing import BaseRoute
 
 from gateway.api.auth import admit, require_admin
 from gateway.api.middleware import Drain, GatewayMiddleware
@@ -126,17 +128,27 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
     )
+    app.router.routes.extend(_routes())
+    return app
+
+
+@functools.cache
+def _routes() -> list[BaseRoute]:
+    """Every route, built once per process: FastAPI analyses each route's parameters and
+    dependencies when it is first matched, and keeps that in these objects, which hold
+    nothing of one app (a test suite builds hundreds of apps)."""
+    routes = APIRouter()
     # Who may call what, stated once for every route: each /v1 request is admitted under its
     # key's limits (rpm and concurrency count every request, as OpenAI's do, GETs and the
     # Realtime WebSocket included); the /admin routes take the key check alone and the admin
     # role; the rest is open.
     v1 = APIRouter(dependencies=[Depends(admit)])
-    for routes in (chat, completions, responses, embeddings, audio, realtime, models, sessions):
-        v1.include_router(routes.router)
-    app.include_router(v1)
-    app.include_router(admin.router, dependencies=[Depends(require_admin)])
-    app.include_router(health.router)
-    app.include_router(metrics_router.router)
-    app.include_router(playground.router)
-    app.mount(playground.ASSETS_PATH, playground.assets, name="playground-assets")
-    return app
+    for group in (chat, completions, responses, embeddings, audio, realtime, models, sessions):
+        v1.include_router(group.router)
+    routes.include_router(v1)
+    routes.include_router(admin.router, dependencies=[Depends(require_admin)])
+    routes.include_router(health.router)
+    routes.include_router(metrics_router.router)
+    routes.include_router(playground.router)
+    routes.mount(playground.ASSETS_PATH, playground.assets, name="playground-assets")
+    return list(routes.routes)
