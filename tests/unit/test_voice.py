@@ -4,6 +4,7 @@ sessions are in ``test_realtime.py``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
 
 import pytest
@@ -41,7 +42,23 @@ async def test_text_streams_and_each_sentence_is_spoken() -> None:
     fake = FakeBackend()
     voice = Voice("fake-tts", "joe")
     meter = Meter()
-    pieces = [p async for p in spoken(fake, voice, words("One two. Three."), "pcm", meter)]
+    first_audio_out = asyncio.Event()
+
+    async def model() -> AsyncGenerator[str, None]:
+        """The answer's first sentence, then (as a slow model would) the rest only once the
+        first sentence is heard, or after 5 s, when a test that waited for the whole text
+        before speaking fails below: no timing makes this test pass or fail."""
+        async for word in words("One two."):
+            yield word
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(first_audio_out.wait(), 5)
+        yield "Three. "
+
+    pieces = []
+    async for piece in spoken(fake, voice, model(), "pcm", meter):
+        pieces.append(piece)
+        if isinstance(piece, SpokenAudio) and piece.seconds:
+            first_audio_out.set()
     text = "".join(p.text for p in pieces if isinstance(p, TextDelta))
     assert text == "One two. Three. "
     audio = [p for p in pieces if isinstance(p, SpokenAudio) and p.seconds]
