@@ -20,7 +20,7 @@ run: $(STAMP) system-deps
 
 # The suite on TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps the tests that share
 # a stack on one), with lint and mypy beside it; lint's report is printed after the tests'.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps $(JS_STAMP)
 	@mkdir -p .run; $(MAKE) --no-print-directory lint > .run/lint.log 2>&1 & lint=$$!; \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; \
