@@ -119,13 +119,16 @@ class _Responder:
         self.audio_ms = 0.0
         self.status = "completed"
         self.details: dict[str, Any] | None = None
-        self.tally: generation.GenerationRun | None = None
+        self.generation_run: generation.GenerationRun | None = None
         self.started = False
 
     def _json(self, status: str) -> dict[str, Any]:
         usage = None
-        if self.tally is not None and status != "in_progress":
-            prompt, completion = self.tally.prompt_tokens, self.tally.completion_tokens
+        if self.generation_run is not None and status != "in_progress":
+            prompt, completion = (
+                self.generation_run.prompt_tokens,
+                self.generation_run.completion_tokens,
+            )
             usage = {
                 "total_tokens": prompt + completion,
                 "input_tokens": prompt,
@@ -216,8 +219,8 @@ class _Responder:
             }
         )
         chat = await session.services.chat.prepare(request)
-        self.tally = await session.services.chat.admit(chat, admission.meter)
-        pieces = await self.tally.stream()
+        self.generation_run = await session.services.chat.admit(chat, admission.meter)
+        pieces = await self.generation_run.stream()
         self.started = True
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
         self.item.content = [
@@ -240,7 +243,7 @@ class _Responder:
             )
             await session.conversation._keep_bounded()
         await session.emit("response.content_part.added", part=part, **self._where())
-        texts = generation.texts(pieces, self.tally)
+        texts = generation.texts(pieces, self.generation_run)
         if not self.audio:
             async with aclosing(texts):
                 async for text in texts:
@@ -248,7 +251,7 @@ class _Responder:
                     await session.emit("response.output_text.delta", delta=text, **self._where())
         else:
             await self._speak(texts, admission)
-        if self.tally.finish_reasons.get(0) == "length":
+        if self.generation_run.finish_reasons.get(0) == "length":
             self.status = "incomplete"
             self.details = {"type": "incomplete", "reason": "max_output_tokens"}
 

@@ -208,7 +208,7 @@ class RealtimeSession:
         for response in self.responses.values():
             if response.task is not None:
                 response.task.cancel()
-        self.turns._drop_guess()
+        self.turns._drop_early_transcription()
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -323,12 +323,12 @@ class RealtimeSession:
         self,
         item_id: str,
         audio: Audio,
-        guess: asyncio.Task[str | None] | None,
+        early: asyncio.Task[str | None] | None,
         turn: _Transcription | None,
     ) -> None:
         if self._jobs.full():
-            if guess is not None:
-                guess.cancel()
+            if early is not None:
+                early.cancel()
             if turn is not None:
                 await turn.finish(0.0)
             self._check_room()
@@ -338,5 +338,5 @@ class RealtimeSession:
         items.append(item)
         await self.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
         await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=previous)
-        self._jobs.put_nowait(lambda: _transcribe_item(self, item, audio, guess, turn))
+        self._jobs.put_nowait(lambda: _transcribe_item(self, item, audio, early, turn))
         await self.conversation._keep_bounded()

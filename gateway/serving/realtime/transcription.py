@@ -61,7 +61,7 @@ class _Transcription:
         await self.session.services.settle(admission)
 
 
-async def _guessed(turn: _Transcription, audio: Audio) -> str | None:
+async def _early_transcript(turn: _Transcription, audio: Audio) -> str | None:
     """A guess at the turn's transcript; None when it failed (the turn's own
     transcription, made at the commit, reports why)."""
     try:
@@ -88,14 +88,14 @@ async def _transcript(
     session: RealtimeSession,
     audio: Audio,
     request: _Transcription | None = None,
-    guess: asyncio.Task[str | None] | None = None,
+    early: asyncio.Task[str | None] | None = None,
 ) -> str:
-    """The transcript of ``audio``: ``guess``'s if it has one, else made under
-    ``request`` (a new request if none), which is then recorded."""
+    """The transcript of ``audio``: ``early``'s (an early transcription's) if it has one,
+    else made under ``request`` (a new request if none), which is then recorded."""
     request = request or _new_transcription(session)
     seconds = 0.0
     try:
-        text = await guess if guess is not None else None
+        text = await early if early is not None else None
         if text is None:
             text = await request.run(audio)
         seconds = audio.size / STT_RATE
@@ -108,12 +108,12 @@ async def _transcribe_item(
     session: RealtimeSession,
     item: Item,
     audio: Audio,
-    guess: asyncio.Task[str | None] | None,
+    early: asyncio.Task[str | None] | None,
     request: _Transcription | None,
 ) -> None:
     index = item.audio_part()
     try:
-        transcript = await _transcript(session, audio, request, guess)
+        transcript = await _transcript(session, audio, request, early)
     except GatewayError as exc:
         if session.config.transcribe_events:
             await session.emit(

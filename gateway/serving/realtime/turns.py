@@ -13,8 +13,8 @@ from gateway.serving.realtime.buffer import MIN_COMMIT_MS, InputAudio, _b64, _ch
 from gateway.serving.realtime.events import ClientEventError, _id
 from gateway.serving.realtime.responder import _cancel, _new_response, _queue_response
 from gateway.serving.realtime.transcription import (
+    _early_transcript,
     _EarlyTranscription,
-    _guessed,
     _new_transcription,
     _Transcription,
 )
@@ -36,14 +36,14 @@ class Turns:
         )
         self._speech_item: str | None = None  # the item id of the speech in progress
         self._speech_start_ms = 0
-        self._guess: _EarlyTranscription | None = None
+        self._early_transcription: _EarlyTranscription | None = None
         self._turn: _Transcription | None = None
         """The transcription request of the speech in progress (made by its first guess)."""
 
     async def _restart(self, vad: VadSettings | None) -> None:
         """New VAD settings: a new detector where the audio is now (the speech in progress,
         if any, is forgotten)."""
-        self._drop_guess()
+        self._drop_early_transcription()
         await self._end_turn()
         self._speech_item = None
         self.detector = TurnDetector(vad, self.buffer.end) if vad else None
@@ -62,8 +62,8 @@ class Turns:
             return
         if not detector.speaking:
             self.buffer.drop_before(detector.position_ms - detector.settings.prefix_padding_ms)
-        elif self._guess is None:
-            await self._maybe_guess()
+        elif self._early_transcription is None:
+            await self._maybe_transcribe_early()
 
     def _ingest(self, data: str) -> list[VadEvent]:
         """Decodes an append's audio, keeps it and runs the VAD over it: CPU work, run in a
@@ -87,7 +87,7 @@ class Turns:
         audio = self.buffer.append(pcm)
         return self.detector.feed(audio) if self.detector is not None else []
 
-    async def _maybe_guess(self) -> None:
+    async def _maybe_transcribe_early(self) -> None:
         """When the user has gone quiet, transcribe the turn so far while the VAD waits."""
         detector = self.detector
         if detector is None or not detector.silent_ms or self._speech_item is None:
@@ -98,13 +98,13 @@ class Turns:
         audio = await asyncio.to_thread(self.buffer.audio, from_ms)
         if self._turn is None:
             self._turn = _new_transcription(self.session)
-        task = asyncio.create_task(_guessed(self._turn, audio))
-        self._guess = _EarlyTranscription(from_ms, detector.voiced_windows, task)
+        task = asyncio.create_task(_early_transcript(self._turn, audio))
+        self._early_transcription = _EarlyTranscription(from_ms, detector.voiced_windows, task)
 
-    def _drop_guess(self) -> None:
-        if self._guess is not None:
-            self._guess.task.cancel()
-            self._guess = None
+    def _drop_early_transcription(self) -> None:
+        if self._early_transcription is not None:
+            self._early_transcription.task.cancel()
+            self._early_transcription = None
 
     async def _end_turn(self) -> None:
         """The speech in progress will not be committed: its request, if a guess made one,
@@ -114,7 +114,7 @@ class Turns:
             await turn.finish(0.0)
 
     async def _speech_started(self, at_ms: int) -> None:
-        self._drop_guess()
+        self._drop_early_transcription()
         await self._end_turn()
         self._speech_item = _id("item")
         self._speech_start_ms = at_ms
@@ -129,17 +129,17 @@ class Turns:
         await self.session.emit(
             "input_audio_buffer.speech_stopped", audio_end_ms=at_ms, item_id=item_id
         )
-        guess = self._guess
-        self._guess = None
+        early = self._early_transcription
+        self._early_transcription = None
         from_ms = max(self._speech_start_ms, self.buffer.start_ms)
         voiced = self.detector.voiced_windows if self.detector is not None else -1
-        if guess is not None and (guess.from_ms != from_ms or guess.voiced_windows != voiced):
-            guess.task.cancel()
-            guess = None
+        if early is not None and (early.from_ms != from_ms or early.voiced_windows != voiced):
+            early.task.cancel()
+            early = None
         audio = await asyncio.to_thread(self.buffer.take, from_ms)
         turn, self._turn = self._turn, None
         self._speech_item = None
-        await self.session._commit(item_id, audio, guess.task if guess else None, turn)
+        await self.session._commit(item_id, audio, early.task if early else None, turn)
         if self.session.config.create_response:
             _queue_response(self.session, await _new_response(self.session, {}), time.monotonic())
 
@@ -151,7 +151,7 @@ class Turns:
                 f"{self.buffer.end_ms - self.buffer.start_ms}ms of audio.",
                 code="input_audio_buffer_commit_empty",
             )
-        self._drop_guess()
+        self._drop_early_transcription()
         item_id = self._speech_item or _id("item")
         self._speech_item = None
         turn, self._turn = self._turn, None
@@ -160,7 +160,7 @@ class Turns:
         await self.session._commit(item_id, await asyncio.to_thread(self.buffer.take), None, turn)
 
     async def _clear(self, event: dict[str, Any]) -> None:
-        self._drop_guess()
+        self._drop_early_transcription()
         await self._end_turn()
         self.buffer.clear()
         self._speech_item = None
