@@ -39,27 +39,31 @@ Every field of a client event is honoured or refused by name, as OpenAI refuses 
 one this gateway does not implement (tools, noise reduction, semantic VAD...). What a
 client can make a session hold is bounded (:class:`Bounds`).
 
-The package, each module importing only those listed before it (``transcription`` and
-``responder`` name :class:`RealtimeSession` for type checking only):
+The package, each module importing only those listed before it (``transcription``,
+``responder`` and ``turns`` name :class:`RealtimeSession`, and ``config``
+:class:`RealtimeServices`, for type checking only):
 
 - :mod:`~gateway.serving.realtime.events`: item and event shapes, the bounds, the client
   event field checks and :class:`ClientEventError`;
 - :mod:`~gateway.serving.realtime.buffer`: the input audio buffer and the audio a client
   sends;
-- :mod:`~gateway.serving.realtime.transcription`: a session's transcription requests;
-- :mod:`~gateway.serving.realtime.responder`: one response, generated and spoken;
-- :mod:`~gateway.serving.realtime.session`: the session's settings and state machine, and
-  :class:`RealtimeServices`, which opens sessions.
+- :mod:`~gateway.serving.realtime.config`: the session's settings (:class:`SessionConfig`)
+  and the checks of ``session.update`` (:class:`~.config.Configurator`);
+- :mod:`~gateway.serving.realtime.conversation`: the conversation's items: a client's
+  messages checked, bounded, deleted, retrieved, truncated;
+- :mod:`~gateway.serving.realtime.transcription`: a session's transcription requests, and
+  the transcription of a turn or an item;
+- :mod:`~gateway.serving.realtime.responder`: a session's responses (built, queued,
+  cancelled) and one response, generated and spoken;
+- :mod:`~gateway.serving.realtime.turns`: the spoken turns: the audio appended, the VAD's
+  events, commits, barge-in;
+- :mod:`~gateway.serving.realtime.session`: the state machine that dispatches the client's
+  events and runs the work, and :class:`RealtimeServices`, which opens sessions.
 """
 
+from gateway.serving.realtime.config import SessionConfig
 from gateway.serving.realtime.events import Bounds, ClientEventError, Item
-from gateway.serving.realtime.session import (
-    Admit,
-    RealtimeServices,
-    RealtimeSession,
-    SessionConfig,
-    Settle,
-)
+from gateway.serving.realtime.session import Admit, RealtimeServices, RealtimeSession, Settle
 
 __all__ = [
     "Admit",

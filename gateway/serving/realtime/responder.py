@@ -1,5 +1,7 @@
-"""One response of a session: admitted, generated from the conversation (or its own
-``input``) with the chat model, spoken sentence by sentence, and its server events."""
+"""A session's responses: built from a ``response.create`` (or for a turn), queued on the
+session's work (the conversation's one at a time), cancelled; and one response admitted,
+generated from the conversation (or its own ``input``) with the chat model, spoken
+sentence by sentence, and its server events."""
 
 from __future__ import annotations
 
@@ -17,12 +19,21 @@ from gateway.serving.protocol import ChatCompletionRequest
 from gateway.serving.realtime.buffer import Audio
 from gateway.serving.realtime.events import (
     _ANSWERS,
+    _RESPONSE_FIELDS,
     _SPEAKS,
     PCM_FORMAT,
     ClientEventError,
     Item,
+    _check_format,
+    _fields,
     _id,
+    _max_tokens,
+    _metadata,
+    _modalities,
+    _object,
+    _refuse_tools,
 )
+from gateway.serving.realtime.transcription import _transcript
 from gateway.serving.voice import TextDelta, Voice, spoken
 from gateway.state.admission import Admission
 
@@ -53,6 +64,49 @@ class Response:
     """When the user's turn ended (monotonic), for the first-audio latency metric."""
 
 
+async def _new_response(session: RealtimeSession, spec: dict[str, Any]) -> Response:
+    """A response as ``spec`` (a ``response.create``'s response) asks, the session's
+    settings for what it leaves out."""
+    _fields(spec, "response", _RESPONSE_FIELDS)
+    _refuse_tools(spec, "response")
+    conversation = spec.get("conversation") or "auto"
+    if conversation not in ("auto", "none"):
+        raise ClientEventError(
+            "conversation must be 'auto' or 'none'.", param="response.conversation"
+        )
+    modalities = session.config.output_modalities
+    if spec.get("output_modalities") is not None:
+        modalities = _modalities(spec["output_modalities"], "response.output_modalities")
+    max_tokens = session.config.max_output_tokens
+    if "max_output_tokens" in spec:
+        max_tokens = _max_tokens(spec["max_output_tokens"], "response.max_output_tokens")
+    instructions = session.config.instructions
+    if spec.get("instructions") is not None:
+        instructions = session.configurator._kept(spec["instructions"], "response.instructions")
+    audio = _object(spec.get("audio") or {}, "response.audio")
+    _fields(audio, "response.audio", {"output"})
+    output = _object(audio.get("output") or {}, "response.audio.output")
+    _fields(output, "response.audio.output", {"format", "voice"})
+    _check_format(output.get("format"), "response.audio.output.format")
+    voice = session.config.voice
+    if output.get("voice") is not None:
+        voice = await session.configurator._voice(output["voice"], "response.audio.output.voice")
+    inputs = None
+    if spec.get("input") is not None:
+        inputs = await session.conversation._inputs(spec["input"])
+    return Response(
+        id=_id("resp"),
+        model=session.config.model,
+        modalities=modalities,
+        instructions=instructions,
+        max_output_tokens=max_tokens,
+        voice=voice,
+        conversation=conversation == "auto",
+        input=inputs,
+        metadata=_metadata(spec.get("metadata"), "response.metadata"),
+    )
+
+
 class _Responder:
     """One response: admitted, generated, spoken, and its events."""
 
@@ -65,13 +119,16 @@ class _Responder:
         self.audio_ms = 0.0
         self.status = "completed"
         self.details: dict[str, Any] | None = None
-        self.tally: generation.GenerationRun | None = None
+        self.generation_run: generation.GenerationRun | None = None
         self.started = False
 
     def _json(self, status: str) -> dict[str, Any]:
         usage = None
-        if self.tally is not None and status != "in_progress":
-            prompt, completion = self.tally.prompt_tokens, self.tally.completion_tokens
+        if self.generation_run is not None and status != "in_progress":
+            prompt, completion = (
+                self.generation_run.prompt_tokens,
+                self.generation_run.completion_tokens,
+            )
             usage = {
                 "total_tokens": prompt + completion,
                 "input_tokens": prompt,
@@ -131,10 +188,10 @@ class _Responder:
         """What the response answers: the conversation, or its ``input`` (whose audio is
         transcribed first, each part a transcription request of its own)."""
         if self.response.input is None:
-            return list(self.session.items)
+            return list(self.session.conversation.items)
         for item, audio in self.response.input:
             if audio is not None:
-                transcript = await self.session._transcript(audio)
+                transcript = await _transcript(self.session, audio)
                 item.content[item.audio_part()]["transcript"] = transcript
         return [item for item, _ in self.response.input]
 
@@ -162,8 +219,8 @@ class _Responder:
             }
         )
         chat = await session.services.chat.prepare(request)
-        self.tally = await session.services.chat.admit(chat, admission.meter)
-        pieces = await self.tally.stream()
+        self.generation_run = await session.services.chat.admit(chat, admission.meter)
+        pieces = await self.generation_run.stream()
         self.started = True
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
         self.item.content = [
@@ -178,14 +235,15 @@ class _Responder:
             item=self.item.to_json(),
         )
         if response.conversation:
-            previous = session.items[-1].id if session.items else None
-            session.items.append(self.item)
+            items = session.conversation.items
+            previous = items[-1].id if items else None
+            items.append(self.item)
             await session.emit(
                 "conversation.item.added", item=self.item.to_json(), previous_item_id=previous
             )
-            await session._keep_bounded()
+            await session.conversation._keep_bounded()
         await session.emit("response.content_part.added", part=part, **self._where())
-        texts = generation.texts(pieces, self.tally)
+        texts = generation.texts(pieces, self.generation_run)
         if not self.audio:
             async with aclosing(texts):
                 async for text in texts:
@@ -193,7 +251,7 @@ class _Responder:
                     await session.emit("response.output_text.delta", delta=text, **self._where())
         else:
             await self._speak(texts, admission)
-        if self.tally.finish_reasons.get(0) == "length":
+        if self.generation_run.finish_reasons.get(0) == "length":
             self.status = "incomplete"
             self.details = {"type": "incomplete", "reason": "max_output_tokens"}
 
@@ -262,8 +320,67 @@ class _Responder:
             )
             if self.response.conversation:
                 await session.emit("conversation.item.done", item=self.item.to_json())
-                await session._keep_bounded()
+                await session.conversation._keep_bounded()
         # No longer active once the client can read that it is done: a response.create
         # sent on reading response.done must not find it still running.
-        session._forget(self.response)
+        _forget(session, self.response)
         await session.emit("response.done", response=self._json(self.status))
+
+
+async def _response_create(session: RealtimeSession, event: dict[str, Any]) -> None:
+    response = await _new_response(session, _object(event.get("response") or {}, "response"))
+    if response.conversation and session.response is not None:
+        raise ClientEventError(
+            f"Conversation already has an active response in progress: "
+            f"{session.response.id}. Wait until the response is finished before creating "
+            "a new one.",
+            code="conversation_already_has_active_response",
+        )
+    _queue_response(session, response, None)
+
+
+def _queue_response(session: RealtimeSession, response: Response, turn_ended: float | None) -> None:
+    if response.conversation and session.response is not None:
+        return  # one at a time; a VAD turn during a response that went on is heard next
+    session._check_room()
+    response.turn_ended = turn_ended
+    if response.conversation:
+        session.response = response
+    session.responses[response.id] = response
+    session._jobs.put_nowait(lambda: _run_response(session, response))
+
+
+async def _response_cancel(session: RealtimeSession, event: dict[str, Any]) -> None:
+    wanted = event.get("response_id")
+    response = session.response if wanted is None else session.responses.get(wanted)
+    if response is None:
+        raise ClientEventError(
+            "Cancellation failed: no active response found.",
+            param=None if wanted is None else "response_id",
+            code="response_cancel_not_active",
+        )
+    _cancel(session, response, "client_cancelled")
+
+
+def _cancel(session: RealtimeSession, response: Response, reason: str) -> None:
+    response.reason = reason
+    if response.task is not None:
+        response.task.cancel()
+    else:
+        _forget(session, response)  # queued, not started: it never begins
+
+
+def _forget(session: RealtimeSession, response: Response) -> None:
+    session.responses.pop(response.id, None)
+    if session.response is response:
+        session.response = None
+
+
+async def _run_response(session: RealtimeSession, response: Response) -> None:
+    if session.responses.get(response.id) is not response:
+        return
+    response.task = asyncio.current_task()
+    try:
+        await _Responder(session, response).run()
+    finally:
+        _forget(session, response)

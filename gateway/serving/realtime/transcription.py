@@ -1,16 +1,20 @@
-"""A session's transcription requests: each admitted under the key's limits once (the
-guesses made while a turn is spoken share its request) and recorded with the seconds of
-audio it transcribed."""
+"""A session's transcriptions: of the audio of its turns and of the ``input_audio`` parts
+of its items, into the item's transcript and its events. Each request is admitted under
+the key's limits once (the guesses made while a turn is spoken share its request) and
+recorded with the seconds of audio it transcribed."""
 
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.backend import TranscriptionOptions
 from gateway.errors import GatewayError
+from gateway.serving.audio import STT_RATE
 from gateway.serving.realtime.buffer import Audio
-from gateway.serving.realtime.events import _TRANSCRIBES
+from gateway.serving.realtime.events import _TRANSCRIBES, Item
 
 if TYPE_CHECKING:
     from gateway.serving.realtime.session import RealtimeSession
@@ -41,7 +45,7 @@ class _Transcription:
     async def run(self, audio: Audio) -> str:
         """The transcript of ``audio``, once the request is admitted (a refusal raises)."""
         await asyncio.shield(self.admitted)
-        return await self.session._transcribe(self.model, audio)
+        return await _transcribe(self.session, self.model, audio)
 
     async def finish(self, seconds: float) -> None:
         """Records the request (the first call only) with ``seconds`` of audio."""
@@ -57,10 +61,79 @@ class _Transcription:
         await self.session.services.settle(admission)
 
 
-async def _guessed(turn: _Transcription, audio: Audio) -> str | None:
+async def _early_transcript(turn: _Transcription, audio: Audio) -> str | None:
     """A guess at the turn's transcript; None when it failed (the turn's own
     transcription, made at the commit, reports why)."""
     try:
         return await turn.run(audio)
     except GatewayError:
         return None
+
+
+def _new_transcription(session: RealtimeSession) -> _Transcription:
+    request = _Transcription(session)
+    session._transcriptions.add(request)
+    return request
+
+
+async def _transcribe(session: RealtimeSession, model: str, audio: Audio) -> str:
+    options = TranscriptionOptions(language=session.config.language, prompt=session.config.prompt)
+    segments = session.services.backend.transcribe(model, audio, options)
+    async with aclosing(segments):
+        texts = [segment.text async for segment in segments]
+    return "".join(texts).strip()
+
+
+async def _transcript(
+    session: RealtimeSession,
+    audio: Audio,
+    request: _Transcription | None = None,
+    early: asyncio.Task[str | None] | None = None,
+) -> str:
+    """The transcript of ``audio``: ``early``'s (an early transcription's) if it has one,
+    else made under ``request`` (a new request if none), which is then recorded."""
+    request = request or _new_transcription(session)
+    seconds = 0.0
+    try:
+        text = await early if early is not None else None
+        if text is None:
+            text = await request.run(audio)
+        seconds = audio.size / STT_RATE
+        return text
+    finally:
+        await asyncio.shield(request.finish(seconds))
+
+
+async def _transcribe_item(
+    session: RealtimeSession,
+    item: Item,
+    audio: Audio,
+    early: asyncio.Task[str | None] | None,
+    request: _Transcription | None,
+) -> None:
+    index = item.audio_part()
+    try:
+        transcript = await _transcript(session, audio, request, early)
+    except GatewayError as exc:
+        if session.config.transcribe_events:
+            await session.emit(
+                "conversation.item.input_audio_transcription.failed",
+                item_id=item.id,
+                content_index=index,
+                error=exc.body()["error"],
+            )
+        else:
+            await session.error(exc)
+        await session.emit("conversation.item.done", item=item.to_json())
+        return
+    item.content[index]["transcript"] = transcript
+    if session.config.transcribe_events:
+        await session.emit(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item.id,
+            content_index=index,
+            transcript=transcript,
+            usage={"type": "duration", "seconds": round(audio.size / STT_RATE, 3)},
+        )
+    await session.emit("conversation.item.done", item=item.to_json())
+    await session.conversation._keep_bounded()

@@ -78,8 +78,8 @@ class ResponsesService:
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
         chat = prepared.chat
-        tally = await self.chat.admit(chat, meter)
-        (result,) = await tally.collect()
+        run = await self.chat.admit(chat, meter)
+        (result,) = await run.collect()
         content: str | None = result.text
         calls: list[ParsedCall] = []
         if chat.tools is not None:
@@ -88,7 +88,7 @@ class ResponsesService:
         for call in calls:
             if chat.tools is not None and call.name in chat.tools.strict:
                 call.arguments = await self.chat.strict_arguments(
-                    chat, tally, 0, call, result.text, result.completion_tokens
+                    chat, run, 0, call, result.text, result.completion_tokens
                 )
         status = "incomplete" if result.finish_reason == "length" else "completed"
         output = []
@@ -97,7 +97,7 @@ class ResponsesService:
             output.append(_message_item(new_id("msg"), content or "", status, logprobs))
         for call in calls:
             output.append(_call_item(new_id("fc"), call.id, call.name, call.arguments, "completed"))
-        return await self._finish(prepared, status, output, tally.usage())
+        return await self._finish(prepared, status, output, run.usage())
 
     async def stream(
         self, prepared: PreparedResponse, meter: Meter | None = None
@@ -105,20 +105,20 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        tally = await self.chat.admit(chat, meter)
-        pieces = await tally.stream()
-        return self._guarded(prepared, _StreamWriter(prepared, self), pieces, tally)
+        run = await self.chat.admit(chat, meter)
+        pieces = await run.stream()
+        return self._guarded(prepared, _StreamWriter(prepared, self), pieces, run)
 
     async def _guarded(
         self,
         prepared: PreparedResponse,
         writer: _StreamWriter,
         pieces: AsyncGenerator[generation.ChoiceChunk, None],
-        tally: generation.GenerationRun,
+        run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
         """The events; a failure after the stream began ends it with ``error`` and
         ``response.failed`` (the HTTP status is already sent)."""
-        async with aclosing(writer.events(pieces, tally)) as events:
+        async with aclosing(writer.events(pieces, run)) as events:
             try:
                 async for item in events:
                     yield item

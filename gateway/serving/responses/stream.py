@@ -43,7 +43,7 @@ class _StreamWriter:
         """Everything generated so far (a strict call's arguments continue it)."""
         self.call_at: int | None = None
         """Where the open call's arguments start in :attr:`text`."""
-        self.tally: generation.GenerationRun | None = None
+        self.generation_run: generation.GenerationRun | None = None
 
     def event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -147,10 +147,15 @@ class _StreamWriter:
         index = self._index()
         events = []
         if strict:
-            assert self.tally is not None
+            assert self.generation_run is not None
             call = ParsedCall(item["call_id"], item["name"], item["arguments"], self.call_at)
             item["arguments"] = await self.service.chat.strict_arguments(
-                self.prepared.chat, self.tally, 0, call, self.text, self.tally.completion_tokens
+                self.prepared.chat,
+                self.generation_run,
+                0,
+                call,
+                self.text,
+                self.generation_run.completion_tokens,
             )
             events.append(
                 self.event(
@@ -194,11 +199,11 @@ class _StreamWriter:
         return events + await self._calls(delta)
 
     async def events(
-        self, pieces: AsyncGenerator[generation.ChoiceChunk, None], tally: generation.GenerationRun
+        self, pieces: AsyncGenerator[generation.ChoiceChunk, None], run: generation.GenerationRun
     ) -> AsyncGenerator[str, None]:
         prepared = self.prepared
         chat = prepared.chat
-        self.tally = tally
+        self.generation_run = run
         parser = chat.tools.new_parser() if chat.tools is not None else None
         snapshot = _response_object(prepared, "in_progress", [])
         yield self.event("response.created", response=snapshot)
@@ -209,7 +214,7 @@ class _StreamWriter:
                 if chunk is None:
                     continue
                 # Counted before the text is sent (a client may leave mid-stream).
-                tally.add(index, chunk)
+                run.add(index, chunk)
                 finish = chunk.finish_reason or finish
                 self.pending += chunk.logprobs
                 if chunk.text:
@@ -224,6 +229,6 @@ class _StreamWriter:
                 yield item
         for item in await self._close(status):
             yield item
-        final = await self.service._finish(prepared, status, self.output, tally.usage())
+        final = await self.service._finish(prepared, status, self.output, run.usage())
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         yield self.event(kind, response=final)
