@@ -107,13 +107,13 @@ class Settings(BaseSettings):
     triton_start_timeout_s: float = Field(300.0, gt=0)
     """How long ``gateway up`` waits for Triton and its models to become ready."""
 
-    supervise_interval_s: float = Field(0.5, gt=0)
+    supervise_interval_s: float = Field(0.5, gt=0, le=60, allow_inf_nan=False)
     """How often ``gateway up`` checks that each part it started (Redis, Triton, nginx, the
     replicas) still runs."""
-    restart_delay_s: float = Field(0.5, gt=0)
+    restart_delay_s: float = Field(0.5, gt=0, le=60, allow_inf_nan=False)
     """``gateway up``'s wait before it starts a part that died again; it doubles with each
     death (up to 16 times this), and a part that died 5 times within 60 s ends it."""
-    triton_models_check_s: float = Field(2.0, gt=0)
+    triton_models_check_s: float = Field(2.0, gt=0, le=60, allow_inf_nan=False)
     """How often ``gateway up`` reads which models Triton has ready (the ones it loads into a
     Triton that died and starts again)."""
 

@@ -97,14 +97,21 @@ _CHUNKED = -1
 
 def _declared_length(scope: Scope) -> int | None:
     """A request body's length as its headers declare it: None without a body,
-    :data:`_CHUNKED` for a chunked one, and a malformed ``Content-Length`` as past every
-    limit."""
+    :data:`_CHUNKED` when a ``Transfer-Encoding`` frames it (which overrides any
+    ``Content-Length``, RFC 9112 6.3, whatever order they come in: a server that honours the
+    chunks must not be let in under a small declared length), and a malformed or repeated
+    ``Content-Length`` as past every limit."""
+    lengths = []
     for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else sys.maxsize
-        if name == b"transfer-encoding" and b"chunked" in value.lower():
+        if name == b"transfer-encoding":
             return _CHUNKED
-    return None
+        if name == b"content-length":
+            lengths.append(value)
+    if not lengths:
+        return None
+    if len(set(lengths)) > 1 or not lengths[0].isdigit():
+        return sys.maxsize
+    return int(lengths[0])
 
 
 class GatewayMiddleware:

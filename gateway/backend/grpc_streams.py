@@ -176,7 +176,9 @@ class StreamPool:
                 response = await call.read()
                 if response is grpc.aio.EOF and reused:
                     # A kept call the server had ended (its end not seen when it was taken):
-                    # the request was never read, so it goes on a new call, once.
+                    # the request was never read, so it goes on a new call, once. (Triton
+                    # ends a call cleanly only once the client stops sending; a call it
+                    # read a request on and failed ends with an error status, not here.)
                     call.cancel()
                     call, reused = self._stub.ModelStreamInfer(), False
                     await call.write(message)

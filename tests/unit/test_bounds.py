@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from gateway.backend import GenerationChunk, SamplingOptions
 from gateway.backend.fake import FakeBackend
@@ -174,6 +175,50 @@ async def test_a_large_body_is_read_only_for_a_valid_key(
     judged = await http.post("/v1/chat/completions", json=big)
     assert_openai_error(judged, 400, code="context_length_exceeded")
     assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"content-length", b"5"), (b"transfer-encoding", b"chunked")],
+        [(b"transfer-encoding", b"chunked"), (b"content-length", b"5")],
+        [(b"content-length", b"5"), (b"content-length", b"5000000")],
+    ],
+    ids=["length-then-chunked", "chunked-then-length", "two-lengths"],
+)
+async def test_a_small_declared_length_beside_chunks_does_not_let_a_body_in_unchecked(
+    app: FastAPI, headers: list[tuple[bytes, bytes]]
+) -> None:
+    # A server that frames the body by its chunks (h11 does) would otherwise deliver
+    # megabytes under a declared 5 bytes, read and parsed before the key is checked.
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
+    read = 0
+
+    async def receive() -> dict[str, object]:
+        nonlocal read
+        read += 1
+        return {"type": "http.request", "body": b" " * 1_000_000, "more_body": read < 40}
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 401
+    assert read == 0  # not one byte of it was read
 
 
 async def test_decoded_audio_too_long_has_one_code_everywhere(fake: FakeBackend) -> None:

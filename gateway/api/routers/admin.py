@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from gateway.api.auth import require_admin
 from gateway.api.dependencies import ServicesDep
 from gateway.state.keys import ApiKey, CreatedKey, KeyCreate
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+# The admin role is required here too, not only where app.py includes this router: no other
+# place that includes it can expose key creation (FastAPI runs the dependency once).
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
 
 @router.get("/models")
