@@ -72,6 +72,9 @@ async def test_requests_are_counted_by_route_template_model_and_status(
     # The route template, not the path: session ids do not become labels.
     assert 'route="/v1/sessions/{session_id}",status="404"' in text
     assert "abc" not in text
+    # A model that does not exist is no label either: each made-up name would be a series.
+    assert "nope" not in text
+    assert 'gateway_requests_total{model="",route="/v1/chat/completions",status="404"} 1.0' in text
     assert re.search(r'gateway_completion_tokens_total\{model="fake-chat"\} [1-9]', text)
     assert re.search(r'gateway_prompt_tokens_total\{model="fake-chat"\} [1-9]', text)
 
