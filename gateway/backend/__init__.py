@@ -1,8 +1,10 @@
 """The one interface between the gateway and an inference server.
 
-:class:`Backend` is implemented by :class:`gateway.backend.triton.TritonBackend` (the only
-module that imports ``tritonclient``) and by :class:`gateway.backend.fake.FakeBackend` for
-unit tests.
+:class:`Backend` is implemented by :class:`gateway.backend.triton.TritonBackend` and by
+:class:`gateway.backend.fake.FakeBackend` for unit tests. Two modules speak gRPC to Triton
+and import ``tritonclient``: :mod:`gateway.backend.triton` and
+:mod:`gateway.backend.grpc_streams` (the ``ModelStreamInfer`` calls it keeps open, built
+on tritonclient's generated stubs).
 """
 
 from gateway.backend.base import (

@@ -16,9 +16,14 @@ Triton adapter calls it and never names one.
   above (the speech, transcription and embedding models of this repository speak its
   default tensor names).
 
-Adding a profile is adding one module that defines a :class:`Contract` subclass and
-registers it with :func:`register`; profiles are tried in registration order: custom (an
-explicit mapping wins), trtllm, vllm, then the fallback for a declared ``openai_task``.
+A model with its own tensor names needs no new profile: try the custom mapping first
+(``openai_input_*`` / ``openai_output_*`` parameters in its ``config.pbtxt`` name them, see
+``docs/fronting-triton.md``). Adding a profile is adding one module that defines a
+:class:`Contract` subclass and registers it with :func:`register`, and adding the module to
+the import list near the end of this file: profiles are tried in registration order, which
+is that import order: custom (an explicit mapping wins), trtllm, vllm, then the fallback for
+a declared ``openai_task`` (registered last). Tests: ``tests/unit/test_profiles.py`` and
+``tests/integration/test_fronting_e2e.py``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """Tool-call parsers: they read the calls a model writes into its text, as it streams.
 
 A chat model's config names its format (``tool_call_parser: hermes``, vLLM's names); the
-registry maps that name to a :class:`ToolParser` class. Adding a format is adding one module
-here that defines a subclass with a ``name`` and registers it with :func:`register`.
+registry maps that name to a :class:`ToolParser` class (registered: ``hermes``; the parsers
+of :mod:`.forced` are not registered: the tools module uses them for forced calls). Adding a
+format is adding one module here that defines a subclass with a ``name`` and registers it
+with :func:`register`, and adding the module to the import at the end of this file (tests:
+``tests/unit/test_tool_parsers.py``).
 
 Every parser works incrementally: :meth:`ToolParser.feed` takes each new piece of text and
 returns what can be told to the client now (content, and calls as OpenAI's stream deltas:
