@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright
 
-from tests.stack import GatewayProcess
+from tests.stack import GatewayProcess, wav_bytes
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -91,21 +89,11 @@ def playground(
         context.close()
 
 
-def spoken_wav(stack: GatewayProcess, text: str, path: Path) -> Path:
-    """``text`` spoken by Piper through the stack, as a WAV file for the fake microphone or
-    an upload: half a second of silence, the words, then three seconds of silence (so that
-    the server VAD hears the turn end)."""
-    spoken = httpx.post(
-        stack.base_url + "/v1/audio/speech",
-        headers=stack.headers,
-        json={"model": "piper_tts", "input": text, "voice": "joe", "response_format": "pcm"},
-        timeout=60,
-    )
-    assert spoken.status_code == 200, spoken.text
+def spoken_wav(stack: GatewayProcess, text: str, path: Path, heard: str) -> Path:
+    """``text`` spoken by Piper through the stack (a rendition Whisper hears as ``heard``),
+    as a WAV file for the fake microphone or an upload: half a second of silence, the words,
+    then three seconds of silence (so that the server VAD hears the turn end)."""
+    spoken = stack.clear_speech(text, heard, voice="joe")
     rate = 24000  # OpenAI's pcm
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(bytes(rate) + spoken.content + bytes(2 * rate * 3))
+    path.write_bytes(wav_bytes(bytes(rate) + spoken + bytes(2 * rate * 3), rate))
     return path

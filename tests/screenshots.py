@@ -89,7 +89,7 @@ def main() -> None:
     try:
         stack.wait_ready()
         with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-            wav = spoken_wav(stack, QUESTION, Path(tmp) / "question.wav")
+            wav = spoken_wav(stack, QUESTION, Path(tmp) / "question.wav", heard="capital of")
             browser = launch(p, microphone=wav)
             with playground(browser, stack.base_url, stack.admin_key, height=720) as (page, _):
                 expect(page.get_by_test_id("whoami")).to_contain_text("admin")

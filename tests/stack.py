@@ -3,6 +3,7 @@ gateway) as a subprocess on free ports, for integration tests and benchmarks."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,24 @@ class GatewayProcess:
             base_url=self.base_url + "/v1", api_key=key or self.admin_key, max_retries=0
         )
 
+    def clear_speech(self, text: str, heard: str, voice: str = "alloy") -> bytes:
+        """``text`` spoken by Piper through this stack, as 24 kHz pcm16, in a rendition that
+        Whisper hears as ``heard``. Piper's synthesis is random (its noise scales), and now
+        and then Whisper tiny mishears a rendition ("the capital of friends"): not what the
+        tests that speak to the gateway test. At most five tries."""
+        client = self.client()
+        said = ""
+        for _ in range(5):
+            pcm = client.audio.speech.create(
+                model="piper_tts", voice=voice, input=text, response_format="pcm"
+            ).content
+            said = client.audio.transcriptions.create(
+                model="whisper_stt", file=("said.wav", wav_bytes(pcm)), response_format="text"
+            )
+            if heard.lower() in str(said).lower():
+                return pcm
+        raise AssertionError(f"Whisper never heard {heard!r} in Piper's {text!r}: {said!r}")
+
     @property
     def triton_grpc(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
@@ -210,3 +230,14 @@ class GatewayProcess:
                 self.process.wait()
         self.log.close()
         return self.process.returncode
+
+
+def wav_bytes(pcm: bytes, rate: int = 24_000) -> bytes:
+    """24 kHz pcm16 (OpenAI's ``pcm``) as a WAV file."""
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm)
+    return buffer.getvalue()

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.stack import GatewayProcess
+from tests.stack import GatewayProcess, wav_bytes
 from tests.unit.test_speech import decode
 
 pytestmark = pytest.mark.integration
@@ -22,14 +22,9 @@ SAY = "[mock:say=" + SAID.replace(" ", "%20") + "]"
 
 
 @pytest.fixture(scope="module")
-def question_wav(client: openai.OpenAI) -> str:
-    speech = client.audio.speech.create(
-        model="piper_tts",
-        voice="alloy",
-        input="What is the capital of France?",
-        response_format="wav",
-    )
-    return base64.b64encode(speech.content).decode()
+def question_wav(stack: GatewayProcess) -> str:
+    pcm = stack.clear_speech("What is the capital of France?", heard="capital of France")
+    return base64.b64encode(wav_bytes(pcm)).decode()
 
 
 def test_input_audio_is_heard_as_its_words(client: openai.OpenAI, question_wav: str) -> None:

@@ -37,7 +37,8 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 
 @pytest.fixture(scope="module")
 def question_wav(stack: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return spoken_wav(stack, QUESTION, tmp_path_factory.mktemp("audio") / "question.wav")
+    path = tmp_path_factory.mktemp("audio") / "question.wav"
+    return spoken_wav(stack, QUESTION, path, heard="capital of France")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import websockets
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
@@ -35,15 +34,9 @@ def silence(seconds: float) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def question(client: openai.OpenAI) -> bytes:
+def question(stack: GatewayProcess) -> bytes:
     """A spoken question, 24 kHz pcm16."""
-    speech = client.audio.speech.create(
-        model="piper_tts",
-        voice="alloy",
-        input="What is the capital of France?",
-        response_format="pcm",
-    )
-    return speech.content
+    return stack.clear_speech("What is the capital of France?", heard="capital of France")
 
 
 @asynccontextmanager
