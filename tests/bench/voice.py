@@ -38,7 +38,7 @@ from gateway.config import Settings
 from gateway.serving.audio import decode_to_pcm
 from gateway.serving.templating import render_chat
 from gateway.serving.voice import SentenceSplitter
-from tests.stack import GatewayProcess
+from tests.stack import GatewayProcess, wav_bytes
 
 QUESTION = "What is the capital of France?"
 RATE = 24_000
@@ -197,7 +197,7 @@ async def run(stack: GatewayProcess, runs: int) -> None:
             f"| realtime, silence_duration_ms={silence_ms} | {ms(vad)} | {ms(stt)} | "
             f"{ms(sentence)} | {ms(audio)} | **{ms(total)}** ({spread(total)}) |"
         )
-    question_16k = decode_to_pcm(_wav(question))
+    question_16k = decode_to_pcm(wav_bytes(question, RATE))
     direct = [await direct_chain(stack.triton_grpc, question_16k) for _ in range(runs)]
     print(
         f"| direct Triton chain (no VAD, no gateway) | — | {ms([d['stt'] for d in direct])} | "
@@ -229,19 +229,6 @@ async def run(stack: GatewayProcess, runs: int) -> None:
             f"| {listening + 1} ({listening} streaming silence) | 1 | {ms(total)} | "
             f"{max(total) * 1000:.0f} |"
         )
-
-
-def _wav(pcm: bytes) -> bytes:
-    import io
-    import wave
-
-    out = io.BytesIO()
-    with wave.open(out, "wb") as writer:
-        writer.setnchannels(1)
-        writer.setsampwidth(2)
-        writer.setframerate(RATE)
-        writer.writeframes(pcm)
-    return out.getvalue()
 
 
 def main() -> None:
