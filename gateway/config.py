@@ -6,6 +6,7 @@ Settings are passed into :func:`gateway.app.create_app`; nothing reads them at i
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -41,6 +42,21 @@ def weak_key_problem(key: str) -> str | None:
     contain."""
     if len(key) < MIN_ADMIN_KEY_LENGTH:
         return f"it has {len(key)} characters; at least {MIN_ADMIN_KEY_LENGTH} are required"
+    # zxcvbn takes tens of milliseconds, and settings are built again and again (each
+    # replica, each CLI command, each test): its verdict is kept by the key's digest, never
+    # by the key itself.
+    digest = hashlib.sha256(key.encode()).digest()
+    if digest not in _VERDICTS:
+        if len(_VERDICTS) >= 64:
+            _VERDICTS.clear()
+        _VERDICTS[digest] = _guessable(key)
+    return _VERDICTS[digest]
+
+
+_VERDICTS: dict[bytes, str | None] = {}
+
+
+def _guessable(key: str) -> str | None:
     # zxcvbn refuses long input; the first 72 characters of a strong key are strong.
     bits = zxcvbn(key[:72])["guesses_log10"] * _BITS_PER_DIGIT
     if bits < MIN_ADMIN_KEY_BITS:
