@@ -19,14 +19,15 @@ run: $(STAMP) system-deps
 	$(BIN)/gateway up
 
 # The suite on TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps the tests that share
-# a stack on one), with lint and mypy beside it; lint's report is printed after the tests'.
+# a stack on one), with lint and mypy beside it (niced: it takes the CPU the tests leave);
+# lint's report is printed after the tests'.
 # The project's modules are compiled first: the suite starts some twenty Python processes
 # (workers, replicas, model stubs), which under PYTHONDONTWRITEBYTECODE would each compile
 # them again (pip compiles the installed packages; keep it so).
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps $(JS_STAMP)
 	@$(BIN)/python -m compileall -q -j 0 gateway triton_repo tests > /dev/null
-	@mkdir -p .run; $(MAKE) --no-print-directory lint > .run/lint.log 2>&1 & lint=$$!; \
+	@mkdir -p .run; nice -n 10 $(MAKE) --no-print-directory lint > .run/lint.log 2>&1 & lint=$$!; \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; \
 	wait $$lint; linted=$$?; cat .run/lint.log; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
