@@ -300,7 +300,7 @@ class AudioChat:
                 "Streamed audio output cannot be combined with tools.", param="tools"
             )
         voice, output = await self.voice(request, key)
-        run = await self.chat.admit(chat, meter)
+        run = await self.chat.reserve_run(chat, meter)
         pieces = await run.stream()
         events = self._events(chat, voice, output, pieces, run, key.id, meter)
         return with_done(events, "chat")

@@ -407,10 +407,12 @@ class ChatService:
             flexible=max_tokens is None,
         )
 
-    async def admit(self, chat: PreparedChat, meter: Meter | None) -> generation.GenerationRun:
+    async def reserve_run(
+        self, chat: PreparedChat, meter: Meter | None
+    ) -> generation.GenerationRun:
         """The request's generations (one backend request per choice), their tokens
         reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
-        return await generation.admit(
+        return await generation.reserve_run(
             self.backend,
             chat.model,
             meter or Meter(),
@@ -453,7 +455,7 @@ class ChatService:
             constraint={"json": chat.tools.strict[call.name]},
         )
         prefix = text[: call.at] if call.at is not None else ""
-        again = await generation.admit(
+        again = await generation.reserve_run(
             self.backend, chat.model, run.meter, [chat.prompt + prefix], options, flexible=True
         )
         [result] = await again.collect()
@@ -501,7 +503,7 @@ class ChatService:
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
-        run = await self.admit(chat, meter)
+        run = await self.reserve_run(chat, meter)
         results = await run.collect()
         choices = [await self._choice(chat, run, i, r) for i, r in enumerate(results)]
         message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
@@ -519,7 +521,7 @@ class ChatService:
     async def stream(self, chat: PreparedChat, meter: Meter | None = None) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before the first chunk of any choice."""
-        run = await self.admit(chat, meter)
+        run = await self.reserve_run(chat, meter)
         pieces = await run.stream()
         return with_done(self._events(chat, pieces, run), "chat")
 

@@ -127,10 +127,12 @@ class CompletionService:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 
-    async def admit(self, job: PreparedCompletion, meter: Meter | None) -> generation.GenerationRun:
+    async def reserve_run(
+        self, job: PreparedCompletion, meter: Meter | None
+    ) -> generation.GenerationRun:
         """The request's generations (one backend request per prompt and choice), their
         tokens reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
-        return await generation.admit(
+        return await generation.reserve_run(
             self.backend,
             job.model,
             meter or Meter(),
@@ -141,7 +143,7 @@ class CompletionService:
         )
 
     async def complete(self, job: PreparedCompletion, meter: Meter | None = None) -> Completion:
-        run = await self.admit(job, meter)
+        run = await self.reserve_run(job, meter)
         results = await run.collect()
         choices = []
         for index, (g, result) in enumerate(zip(run.generations, results, strict=True)):
@@ -170,7 +172,7 @@ class CompletionService:
     ) -> AsyncIterator[str]:
         """Starts generating and returns the SSE body (see the chat service for the
         contract)."""
-        run = await self.admit(job, meter)
+        run = await self.reserve_run(job, meter)
         pieces = await run.stream()
         return with_done(self._events(job, run.generations, pieces, run), "completions")
 

@@ -7,8 +7,8 @@ merges their chunks as they come, each tagged with its choice index. Tokens go t
 request's meter as they arrive, so what was generated counts even when the client leaves
 early.
 
-Every caller goes the same way: :func:`admit` reserves the generations' tokens under the
-key's ``tpm`` and returns the request's :class:`GenerationRun`; its ``collect`` or
+Every caller goes the same way: :func:`reserve_run` reserves the generations' tokens under
+the key's ``tpm`` and returns the request's :class:`GenerationRun`; its ``collect`` or
 ``stream`` runs them, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``),
 so one request with many choices cannot flood Triton.
 """
@@ -72,7 +72,7 @@ class GenerationRun:
     """The run of one request's generations on ``model``: :meth:`collect` or :meth:`stream`
     runs them, at most ``in_flight`` at a time, and the tokens they generate are counted
     into the request's meter as they arrive: the prompt once per distinct prompt, every
-    choice's completion tokens. Made by :func:`admit`."""
+    choice's completion tokens. Made by :func:`reserve_run`."""
 
     def __init__(
         self,
@@ -173,7 +173,7 @@ class GenerationRun:
         return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
 
 
-async def admit(
+async def reserve_run(
     backend: Backend,
     model: str,
     meter: Meter,

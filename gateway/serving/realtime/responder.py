@@ -219,7 +219,7 @@ class _Responder:
             }
         )
         chat = await session.services.chat.prepare(request)
-        self.generation_run = await session.services.chat.admit(chat, admission.meter)
+        self.generation_run = await session.services.chat.reserve_run(chat, admission.meter)
         pieces = await self.generation_run.stream()
         self.started = True
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}

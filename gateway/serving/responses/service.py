@@ -78,7 +78,7 @@ class ResponsesService:
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
         chat = prepared.chat
-        run = await self.chat.admit(chat, meter)
+        run = await self.chat.reserve_run(chat, meter)
         (result,) = await run.collect()
         content: str | None = result.text
         calls: list[ParsedCall] = []
@@ -105,7 +105,7 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        run = await self.chat.admit(chat, meter)
+        run = await self.chat.reserve_run(chat, meter)
         pieces = await run.stream()
         return self._guarded(prepared, _StreamWriter(prepared, self), pieces, run)
 
