@@ -138,10 +138,11 @@ def _routes() -> list[BaseRoute]:
     dependencies when it is first matched, and keeps that in these objects, which hold
     nothing of one app (a test suite builds hundreds of apps)."""
     routes = APIRouter()
-    # Who may call what, stated once for every route: each /v1 request is admitted under its
-    # key's limits (rpm and concurrency count every request, as OpenAI's do, GETs and the
-    # Realtime WebSocket included); the /admin routes take the key check alone and the admin
-    # role; the rest is open.
+    # Who may call what: each /v1 request is admitted under its key's limits (rpm and
+    # concurrency count every request, as OpenAI's do, GETs and the Realtime WebSocket
+    # included); the /admin routes take the key check alone and the admin role (their router
+    # requires it too); /metrics has its own rule (api/routers/metrics.py); the health
+    # probes, the playground and FastAPI's /docs, /redoc and /openapi.json are open.
     v1 = APIRouter(dependencies=[Depends(admit)])
     for group in (chat, completions, responses, embeddings, audio, realtime, models, sessions):
         v1.include_router(group.router)

@@ -1,7 +1,8 @@
 """The Triton implementation of :class:`gateway.backend.Backend`, over gRPC streaming.
 
-This is the only module that talks to Triton. Each model's requests are built, and its
-responses read, by the profile its config picks (:mod:`gateway.backend.profiles`: the vLLM
+With :mod:`gateway.backend.grpc_streams` (its kept calls), the only module that talks to
+Triton. Each model's requests are built, and its responses read, by the profile its config
+picks (:mod:`gateway.backend.profiles`: the vLLM
 backend of any release, TensorRT-LLM, or a model's own tensors). A decoupled model's
 requests go over ``ModelStreamInfer`` calls that are kept open and lent to one request at a
 time (:mod:`gateway.backend.grpc_streams`), another's over one plain ``ModelInfer`` call;

@@ -4,8 +4,9 @@
 concurrently, so each gets the model's full sampling and a batching engine serves them
 together. :meth:`GenerationRun.collect` runs them to the end; :meth:`GenerationRun.stream`
 merges their chunks as they come, each tagged with its choice index. Tokens go to the
-request's meter as they arrive, so what was generated counts even when the client leaves
-early.
+request's meter as they arrive (``collect`` adds them itself; a consumer of ``stream`` calls
+:meth:`GenerationRun.add` for each chunk before it sends the text on), so what was generated
+counts even when the client leaves early.
 
 Every caller goes the same way: :func:`reserve_run` reserves the generations' tokens under
 the key's ``tpm`` and returns the request's :class:`GenerationRun`; its ``collect`` or
