@@ -76,7 +76,11 @@ class Settings(BaseSettings):
         env_prefix="GATEWAY_",
         env_file=".env",
         env_nested_delimiter="__",
-        extra="ignore",
+        # Nothing given is dropped: a setting that names no field (a keyword, a GATEWAY_*
+        # line of the .env file) is refused by name; the .env file's other lines belong to
+        # other programs and are not read (match_prefix).
+        extra="forbid",
+        dotenv_filtering="match_prefix",
         hide_input_in_errors=True,
     )
 
@@ -264,8 +268,8 @@ class Settings(BaseSettings):
     def _no_unknown_variables(self) -> Settings:
         """A ``GATEWAY_*`` variable that names no setting is refused: pydantic-settings reads
         only the names it knows, so a misspelt one (``GATEWAY_MAX_REQEST_MB``) would leave
-        its setting at the default without a word. (``extra="ignore"`` above is for the
-        ``.env`` file, which may hold other programs' variables too.)"""
+        its setting at the default without a word. (A misspelt line of the ``.env`` file
+        or keyword is refused by ``extra="forbid"`` above.)"""
         known = {f"GATEWAY_{name.upper()}" for name in type(self).model_fields}
         unknown = sorted(
             name

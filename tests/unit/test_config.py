@@ -91,6 +91,18 @@ def test_env_file_is_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert current.log_level == "debug"
 
 
+def test_a_misspelt_env_file_line_or_keyword_is_refused_not_ignored(tmp_path) -> None:
+    env_file = tmp_path / ".env"
+    # Another program's variables may share the file: they are not the gateway's to read.
+    env_file.write_text("OTHER_APP_TOKEN=x\nGATEWAY_MAX_REQUEST_MB=2\n")
+    assert Settings(_env_file=env_file).max_request_mb == 2  # type: ignore[call-arg]
+    env_file.write_text("OTHER_APP_TOKEN=x\nGATEWAY_MAX_REQEST_MB=2\n")
+    with pytest.raises(ValidationError, match="max_reqest_mb"):
+        Settings(_env_file=env_file)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="max_reqest_mb"):
+        Settings(_env_file=None, max_reqest_mb=2)  # type: ignore[call-arg]
+
+
 def test_a_misspelt_variable_is_refused_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_MAX_REQEST_MB", "1")
     with pytest.raises(ValidationError, match="GATEWAY_MAX_REQEST_MB: not a setting"):
