@@ -202,6 +202,25 @@ async def stream_http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
+def asgi_scope(request: httpx.Request) -> dict[str, Any]:
+    """The ASGI scope a server makes of ``request`` (its headers as sent, duplicates kept),
+    for tests that drive the app's ASGI callable themselves."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "headers": [(k.lower(), v) for k, v in request.headers.raw],
+        "scheme": request.url.scheme,
+        "path": request.url.path,
+        "raw_path": request.url.raw_path.split(b"?")[0],
+        "query_string": request.url.query,
+        "server": (request.url.host, request.url.port),
+        "client": ("127.0.0.1", 123),
+        "root_path": "",
+    }
+
+
 class StreamingASGITransport(httpx.AsyncBaseTransport):
     """Runs the ASGI app in a task and hands each body message to the client as it is sent.
     Closing the response tells the app the client disconnected, as a server does when the
@@ -212,20 +231,7 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": request.method,
-            "headers": [(k.lower(), v) for k, v in request.headers.raw],
-            "scheme": request.url.scheme,
-            "path": request.url.path,
-            "raw_path": request.url.raw_path.split(b"?")[0],
-            "query_string": request.url.query,
-            "server": (request.url.host, request.url.port),
-            "client": ("127.0.0.1", 123),
-            "root_path": "",
-        }
+        scope = asgi_scope(request)
         messages: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         disconnected = asyncio.Event()
         body_sent = False

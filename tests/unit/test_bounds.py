@@ -18,6 +18,7 @@ from gateway.serving.audio_chat import MAX_AUDIO_PARTS
 from tests.unit.conftest import (
     AUTH,
     BASE_URL,
+    asgi_scope,
     assert_openai_error,
     bearer,
     chat_body,
@@ -191,19 +192,12 @@ async def test_a_small_declared_length_beside_chunks_does_not_let_a_body_in_unch
 ) -> None:
     # A server that frames the body by its chunks (h11 does) would otherwise deliver
     # megabytes under a declared 5 bytes, read and parsed before the key is checked.
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers],
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-    }
+    request = httpx.Request(
+        "POST",
+        f"{BASE_URL}/v1/chat/completions",
+        headers=[(b"content-type", b"application/json"), *headers],
+    )
+    scope = asgi_scope(request)
     read = 0
 
     async def receive() -> dict[str, object]:

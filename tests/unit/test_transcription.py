@@ -21,7 +21,14 @@ from fastapi import FastAPI
 
 from gateway.backend import Segment, TranscriptionOptions
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import AUTH, BASE_URL, assert_openai_error, make_settings, serve
+from tests.unit.conftest import (
+    AUTH,
+    BASE_URL,
+    asgi_scope,
+    assert_openai_error,
+    make_settings,
+    serve,
+)
 
 URL = "/v1/audio/transcriptions"
 
@@ -336,20 +343,7 @@ async def leave_once(app: FastAPI, request: httpx.Request, when: asyncio.Event) 
     """Sends ``request`` to ``app`` as a server would, the client disconnecting once
     ``when`` is set, before any answer; the status the app answered with."""
     body = request.read()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": request.method,
-        "headers": [(k.lower(), v) for k, v in request.headers.raw],
-        "scheme": "http",
-        "path": request.url.path,
-        "raw_path": request.url.raw_path,
-        "query_string": b"",
-        "server": ("testserver", 80),
-        "client": ("127.0.0.1", 123),
-        "root_path": "",
-    }
+    scope = asgi_scope(request)
     sent: list[dict[str, Any]] = []
     read = False
 
