@@ -1,7 +1,8 @@
 """Who is calling, and may they. ``app.py`` states the rule for every route at once, where
 the routers are included: each ``/v1`` route is admitted (:func:`admit`), each ``/admin``
-route takes the key check alone and the admin role (:func:`require_admin`); the others
-(``/health``, ``/metrics``, the playground page) are open.
+route takes the key check alone and the admin role (:func:`require_admin`); ``/metrics``
+has its own rule (:func:`metrics_access`); the others (``/health``, the playground page,
+FastAPI's docs) are open.
 
 - :func:`admit`: the key (``Authorization: Bearer <key>``; on a WebSocket also the
   subprotocol ``openai-insecure-api-key.<key>``, all a browser can send) checked and the
@@ -55,7 +56,7 @@ def _presented(credentials: HTTPAuthorizationCredentials | None) -> str | None:
 async def _key(connection: HTTPConnection, credentials: Credentials) -> str | None:
     """The key the caller presented, if any."""
     if credentials:
-        return credentials.credentials
+        return _presented(credentials)
     protocols: list[str] = connection.scope.get("subprotocols", [])  # WebSockets only
     for protocol in protocols:
         if protocol.startswith(_KEY_PROTOCOL):

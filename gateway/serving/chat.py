@@ -459,9 +459,7 @@ class ChatService:
             self.backend, chat.model, run.meter, [chat.prompt + prefix], options, flexible=True
         )
         [result] = await again.collect()
-        run.prompt_tokens += again.prompt_tokens
-        run.completion_tokens += again.completion_tokens
-        run.estimated = run.estimated or again.estimated
+        run.include(again)
         arguments = result.text.strip()
         problem = chat.tools.mismatch(call.name, arguments)
         if problem is not None and result.finish_reason != "length":

@@ -111,6 +111,13 @@ class GenerationRun:
             self.finish_reasons[index] = chunk.finish_reason
         self.estimated = self.estimated or chunk.estimated
 
+    def include(self, other: GenerationRun) -> None:
+        """Counts ``other``'s tokens in this run's usage: a generation made again for one of
+        this run's choices (both runs count into the same meter already)."""
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.estimated = self.estimated or other.estimated
+
     def usage(self) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens,
