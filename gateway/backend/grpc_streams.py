@@ -157,6 +157,17 @@ class StreamPool:
         else:
             call.cancel()
 
+    async def _anew(self, dead: Any, message: Any) -> Any:
+        """``message`` sent on a new call in place of the kept call ``dead``."""
+        dead.cancel()
+        call = self._stub.ModelStreamInfer()
+        try:
+            await call.write(message)
+        except BaseException:
+            call.cancel()
+            raise
+        return call
+
     async def infer(self, message: Any) -> AsyncGenerator[Outputs, None]:
         """Sends one request and yields its responses up to the final one. An error response
         raises :class:`ModelError`; a failed call raises ``grpc.aio.AioRpcError``. Leaving
@@ -167,9 +178,8 @@ class StreamPool:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             if not reused:
                 raise
-            call.cancel()  # a kept call that died since: this request goes on a new one
-            call, reused = self._stub.ModelStreamInfer(), False
-            await call.write(message)
+            # A kept call that died since: this request goes on a new one.
+            call, reused = await self._anew(call, message), False
         finished = False
         try:
             while True:
@@ -179,9 +189,7 @@ class StreamPool:
                     # the request was never read, so it goes on a new call, once. (Triton
                     # ends a call cleanly only once the client stops sending; a call it
                     # read a request on and failed ends with an error status, not here.)
-                    call.cancel()
-                    call, reused = self._stub.ModelStreamInfer(), False
-                    await call.write(message)
+                    call, reused = await self._anew(call, message), False
                     continue
                 if response is grpc.aio.EOF:
                     raise grpc.aio.AioRpcError(
