@@ -88,6 +88,9 @@ class ModelInfo:
     bos_token: str | None = None
     eos_token: str | None = None
     """Special tokens of its tokenizer, for chat templates that refer to them."""
+    reasoning_parser: str | None = None
+    """Chat models that reason before they answer: the name of the parser that tells the
+    reasoning apart from the answer (``deepseek_r1``, ``qwen3``)."""
 
 
 @dataclass(frozen=True)

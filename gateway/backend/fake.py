@@ -45,6 +45,13 @@ TOOLS_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+#: A reasoning model's template (Qwen3's convention): ``enable_thinking`` false closes an
+#: empty reasoning in the prompt, so the model answers at once.
+THINKING_TEMPLATE = TOOLS_TEMPLATE.replace(
+    "<|im_start|>assistant\n{% endif %}",
+    "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
 
 #: The length of the fake embedding models' vectors.
 EMBED_DIMENSIONS = 8
@@ -81,6 +88,16 @@ class FakeBackend:
                 max_logprobs=5,
             ),
             ModelInfo("fake-plain", "chat", True, CHATML_TEMPLATE, 2048),
+            ModelInfo(
+                "fake-reasoner",
+                "chat",
+                True,
+                THINKING_TEMPLATE,
+                2048,
+                tool_call_parser="hermes",
+                structured_outputs=("json", "json_object"),
+                reasoning_parser="qwen3",
+            ),
             ModelInfo("fake-tts", "speech", True, voices=("joe", "amy")),
             ModelInfo("fake-stt", "transcription", True, languages=("en",)),
             ModelInfo(

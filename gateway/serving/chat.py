@@ -16,6 +16,11 @@ the first call (``parallel_tool_calls: false``) ends its choice there, and the g
 with it once every choice ended. A strict tool's call is checked against its schema when
 the choice ends, and its arguments generated again under the schema when they do not match
 (see :meth:`ChatService.strict_arguments`).
+
+A reasoning model's text is read apart first (:mod:`gateway.serving.reasoning`): its
+reasoning goes out as ``reasoning_content`` and ``reasoning`` (``delta.reasoning_content``
+when streaming), and only the answer after it is read for calls; its tokens are counted as
+``usage.completion_tokens_details.reasoning_tokens``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from gateway.serving.protocol import (
     ToolCall,
     TopLogprobItem,
 )
+from gateway.serving.reasoning import reasoning_parser, template_switches
+from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
 from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.serving.templating import render_chat
@@ -81,7 +88,15 @@ class PreparedChat:
     """Set when the request continues a session: the reply is stored when it completes."""
     flexible: bool = False
     """The client set no ``max_tokens``: fewer may be granted under the key's ``tpm``."""
+    reasoner: type[ReasoningParser] | None = None
+    """A reasoning model's parser: its text is read apart into reasoning and answer."""
+    answer_after: str | None = None
+    """A reasoning model's constrained answer: see ``generation.Generation.answer_after``."""
     started: float = field(default_factory=time.monotonic)
+
+    def reasoning(self) -> ReasoningParser | None:
+        """A new parser for one choice of a reasoning model."""
+        return self.reasoner(self.prompt) if self.reasoner is not None else None
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
@@ -140,6 +155,23 @@ def with_max_tokens(
     if chosen is None and model.context_length:
         chosen = max(model.context_length - estimate_tokens(prompt), 1)
     return replace(options, max_tokens=chosen or fallback)
+
+
+def _answer_after(
+    model: ModelInfo, reasoner: type[ReasoningParser], forced: bool, names: ParamNames
+) -> str:
+    """The marker after which a reasoning model's answer is constrained; a 400 for a model
+    that cannot be stopped there (it takes no ``stop``)."""
+    if "stop" not in model.takes:
+        param = names.tool_choice if forced else names.response_format
+        raise InvalidRequestError(
+            f"The model '{model.name}' reasons before it answers, and its answer can only be "
+            f"held to {param} once its reasoning has ended, which needs stop strings: the "
+            "model takes no 'stop'.",
+            param=param,
+            code="unsupported_parameter",
+        )
+    return reasoner.end
 
 
 def check_fan_out(prompts: int, max_prompts: int, n: int, max_choices: int) -> None:
@@ -278,11 +310,25 @@ def _call_delta(pieces: list[ToolCallDelta], legacy: bool) -> dict[str, Any]:
     return {"tool_calls": calls}
 
 
+#: What a session does not store of an answer: the next turn's template gets its content
+#: and calls (templates of reasoning models leave earlier reasoning out).
+_UNSTORED = {"refusal", "reasoning_content", "reasoning"}
+
+
+def _in_text(at: int | None, reasoner: ReasoningParser | None) -> int | None:
+    """A position in a reasoning model's answer as one in its whole text."""
+    if at is None or reasoner is None:
+        return at
+    return at + (reasoner.content_at or 0)
+
+
 @dataclass
 class _ChoiceState:
-    """One streamed choice: its parser and what it has told so far."""
+    """One streamed choice: its parsers and what it has told so far."""
 
     parser: Any
+    reasoner: ReasoningParser | None = None
+    reasoning_tokens: ReasoningTokens = field(default_factory=ReasoningTokens)
     finish: str | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -290,7 +336,8 @@ class _ChoiceState:
     content: list[str] = field(default_factory=list)
     """The text sent as content (with tools: what the parser left as text)."""
     text: list[str] = field(default_factory=list)
-    """With tools: all the text generated (where strict arguments start again)."""
+    """With tools: all the text generated (where strict arguments start again), the
+    reasoning included."""
     ended: bool = False
     """Its last chunk was sent (the parser may end it before the model does)."""
 
@@ -349,6 +396,8 @@ class ChatService:
                 param="model",
                 code="chat_template_missing",
             )
+        switches = template_switches(request, model, template, names)
+        reasoner = reasoning_parser(model)
         max_tokens = request.max_completion_tokens or request.max_tokens
         param = names.max_tokens
         check_max_tokens(model, max_tokens, param)
@@ -390,8 +439,12 @@ class ChatService:
             tools=tools.template_tools,
             bos_token=model.bos_token or "",
             eos_token=model.eos_token or "",
+            **switches,
         )
         check_prompt(model, prompt, max_tokens, names.messages)
+        answer_after = None
+        if reasoner is not None and options.constraint is not None and reasoner(prompt).reasoning:
+            answer_after = _answer_after(model, reasoner, tools.constraint is not None, names)
         options = with_max_tokens(model, options, prompt, self.default_max_tokens)
         return PreparedChat(
             id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -405,6 +458,8 @@ class ChatService:
             logprobs=top,
             session=session,
             flexible=max_tokens is None,
+            reasoner=reasoner,
+            answer_after=answer_after,
         )
 
     async def reserve_run(
@@ -421,6 +476,7 @@ class ChatService:
             chat.n,
             chat.flexible,
             self.in_flight,
+            chat.answer_after,
         )
 
     async def remember(
@@ -478,14 +534,24 @@ class ChatService:
         result: generation.Generated,
     ) -> ChatCompletionChoice:
         content: str | None = result.text
+        reasoning: str | None = None
         calls: list[ToolCall] | None = None
         finish = result.finish_reason
+        reasoner = chat.reasoning()
+        if reasoner is not None:
+            tokens = ReasoningTokens()
+            told = [tokens.add(reasoner, text, used) for text, used in result.pieces]
+            told.append(reasoner.finish())
+            reasoning = "".join(d.reasoning for d in told) or None
+            content = "".join(d.content for d in told) or None
+            run.reasoning_tokens = (run.reasoning_tokens or 0) + tokens.count
         if chat.tools is not None:
             parser = chat.tools.new_parser()
-            content, parsed = assemble(parser, result.text)
+            content, parsed = assemble(parser, content or "")
             if parser.closed:
                 finish = "stop"  # the answer ends with its call; the rest was dropped
             for call in parsed:
+                call.at = _in_text(call.at, reasoner)
                 call.arguments = await self.strict_arguments(
                     chat, run, index, call, result.text, result.completion_tokens
                 )
@@ -495,16 +561,21 @@ class ChatService:
             logprobs = ChoiceLogprobs(content=logprob_items(result.logprobs, chat.logprobs))
         return ChatCompletionChoice(
             index=index,
-            message=ChatCompletionMessage(content=content, tool_calls=calls),
+            message=ChatCompletionMessage(
+                content=content,
+                tool_calls=calls,
+                reasoning_content=reasoning,
+                reasoning=reasoning,
+            ),
             finish_reason=_finish(finish, len(calls or ()), chat.tools),
             logprobs=logprobs,
         )
 
     async def complete(self, chat: PreparedChat, meter: Meter | None = None) -> ChatCompletion:
         run = await self.reserve_run(chat, meter)
-        results = await run.collect()
+        results = await run.collect(pieces=chat.reasoner is not None)
         choices = [await self._choice(chat, run, i, r) for i, r in enumerate(results)]
-        message = choices[0].message.model_dump(exclude_none=True, exclude={"refusal"})
+        message = choices[0].message.model_dump(exclude_none=True, exclude=_UNSTORED)
         await self.remember(chat, message, results[0].completion_tokens)
         if chat.tools is not None and chat.tools.legacy:
             choices = [_legacy(choice) for choice in choices]
@@ -539,7 +610,9 @@ class ChatService:
         writer = ChunkWriter.chat(chat.id, chat.created, chat.model, chat.include_usage)
         timer = ChatTimer(self.metrics, chat.model, chat.started)
         states = [
-            _ChoiceState(chat.tools.new_parser() if chat.tools is not None else None)
+            _ChoiceState(
+                chat.tools.new_parser() if chat.tools is not None else None, chat.reasoning()
+            )
             for _ in range(chat.n)
         ]
         async with aclosing(pieces):
@@ -558,17 +631,26 @@ class ChatService:
                 state.completion_tokens += chunk.completion_tokens
                 state.finish = chunk.finish_reason or state.finish
                 state.logprobs.extend(chunk.logprobs)
+                if state.reasoner is not None and not chunk.text:
+                    state.reasoning_tokens.add(state.reasoner, "", chunk.completion_tokens)
                 if not chunk.text or state.ended:
                     continue
                 timer.piece()
+                text = chunk.text
+                if state.parser is not None:
+                    state.text.append(text)
+                if state.reasoner is not None:
+                    told = state.reasoning_tokens.add(state.reasoner, text, chunk.completion_tokens)
+                    if told.reasoning:
+                        yield self._reasoning(chat, writer, index, state, told.reasoning)
+                    text = told.content
+                    if not text:
+                        continue
                 if state.parser is None:
-                    state.content.append(chunk.text)
-                    yield writer.content(index, chunk.text, self._logprobs_json(chat, state))
+                    state.content.append(text)
+                    yield writer.content(index, text, self._logprobs_json(chat, state))
                     continue
-                state.text.append(chunk.text)
-                for event in self._parsed(
-                    chat, writer, index, state, state.parser.feed(chunk.text)
-                ):
+                for event in self._parsed(chat, writer, index, state, state.parser.feed(text)):
                     yield event
                 if state.parser.closed:
                     for event in await self._close_choice(chat, writer, run, index, state):
@@ -583,8 +665,16 @@ class ChatService:
         if first.calls:
             message["tool_calls"] = [call.model_dump() for call in _tool_calls(first.calls)]
         await self.remember(chat, message, first.completion_tokens)
+        if chat.reasoner is not None:
+            run.reasoning_tokens = sum(s.reasoning_tokens.count for s in states)
         if chat.include_usage:
             yield writer.usage(run.usage())
+
+    def _reasoning(
+        self, chat: PreparedChat, writer: ChunkWriter, index: int, state: _ChoiceState, text: str
+    ) -> str:
+        delta = {"reasoning_content": text, "reasoning": text}
+        return writer.delta(index, delta, None, self._logprobs_json(chat, state))
 
     def _parsed(
         self,
@@ -602,7 +692,8 @@ class ChatService:
         sent = []
         for piece in delta.calls:
             if piece.id is not None:
-                state.calls.append(ParsedCall(piece.id, piece.name or "", "", piece.at))
+                at = _in_text(piece.at, state.reasoner)
+                state.calls.append(ParsedCall(piece.id, piece.name or "", "", at))
             call = state.calls[piece.index]
             call.arguments += piece.arguments
             if call.name in chat.tools.strict:
@@ -631,6 +722,15 @@ class ChatService:
         state.ended = True
         events = []
         finish = state.finish or "stop"
+        if state.reasoner is not None:
+            told = state.reasoner.finish()
+            if told.reasoning:
+                events.append(self._reasoning(chat, writer, index, state, told.reasoning))
+            if told.content and state.parser is None:
+                state.content.append(told.content)
+                events.append(writer.content(index, told.content, self._logprobs_json(chat, state)))
+            elif told.content:
+                events += self._parsed(chat, writer, index, state, state.parser.feed(told.content))
         if state.parser is not None:
             assert chat.tools is not None
             events += self._parsed(chat, writer, index, state, state.parser.finish())

@@ -12,6 +12,9 @@ Every caller goes the same way: :func:`reserve_run` reserves the generations' to
 the key's ``tpm`` and returns the request's :class:`GenerationRun`; its ``collect`` or
 ``stream`` runs them, at most ``in_flight`` at a time (``GATEWAY_MAX_INFLIGHT_PER_REQUEST``),
 so one request with many choices cannot flood Triton.
+
+A reasoning model's constrained answer is one choice generated in two backend requests
+(:attr:`Generation.answer_after`): its chunks come as one generation's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
-from gateway.serving.protocol import Usage
+from gateway.serving.protocol import CompletionTokensDetails, Usage
 from gateway.serving.sse import first_or_close
 from gateway.state.limits import Meter
 
@@ -35,9 +38,17 @@ class Generation:
 
     prompt: str
     options: SamplingOptions
+    answer_after: str | None = None
+    """A reasoning model's constrained answer: the marker that ends its reasoning. The
+    reasoning is generated first, without the constraint, up to the marker (``stop``), then
+    the answer under the constraint (and the request's own ``stop``), continuing the prompt,
+    the reasoning and the marker with the tokens left: an engine behind Triton would
+    constrain the reasoning too. The marker is sent between the two as a chunk of its own."""
 
 
-def generations_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Generation]:
+def generations_for(
+    prompts: list[str], options: SamplingOptions, n: int, answer_after: str | None = None
+) -> list[Generation]:
     """``n`` generations per prompt, in choice order. With a seed, choice ``i`` of a prompt
     samples with ``seed + i``: the choices differ, and the same request gives the same choices."""
     generations = []
@@ -46,7 +57,7 @@ def generations_for(prompts: list[str], options: SamplingOptions, n: int) -> lis
             seeded = options
             if i and options.seed is not None:
                 seeded = replace(options, seed=options.seed + i)
-            generations.append(Generation(prompt, seeded))
+            generations.append(Generation(prompt, seeded, answer_after))
     return generations
 
 
@@ -58,6 +69,8 @@ class Generated:
     finish_reason: str = "stop"
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    pieces: list[tuple[str, int]] = field(default_factory=list)
+    """The text as the model sent it, piece by piece, with each piece's tokens."""
 
 
 #: What :meth:`GenerationRun.stream` yields: a choice index and its next chunk, or None when
@@ -96,6 +109,9 @@ class GenerationRun:
         """Each choice's finish reason, once it has one."""
         self.estimated = False
         """A count came from the gateway, not the model (see ``GenerationChunk``)."""
+        self.reasoning_tokens: int | None = None
+        """Of the completion tokens, a reasoning model's reasoning (set by the caller,
+        which reads the text apart)."""
         self._prompts_seen: set[str] = set()
 
     def add(self, index: int, chunk: GenerationChunk) -> None:
@@ -119,44 +135,52 @@ class GenerationRun:
         self.estimated = self.estimated or other.estimated
 
     def usage(self) -> Usage:
+        details = None
+        if self.reasoning_tokens is not None:
+            details = CompletionTokensDetails(reasoning_tokens=self.reasoning_tokens)
         return Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
+            completion_tokens_details=details,
             estimated=self.estimated or None,
         )
 
-    async def collect(self) -> list[Generated]:
+    async def collect(self, pieces: bool = False) -> list[Generated]:
         """Runs every generation to the end, concurrently (``in_flight`` at a time); the
-        first failure cancels the others."""
+        first failure cancels the others. ``pieces``: the model is asked to stream (when it
+        can), so that each choice's ``pieces`` are its steps (a reasoning model's reasoning
+        tokens told apart from its answer's)."""
         generations = self.generations
         if len(generations) == 1:
-            return [await self._generated(generations[0], 0)]
+            return [await self._generated(generations[0], 0, pieces)]
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._one(g, i)) for i, g in enumerate(generations)]
+            tasks = [group.create_task(self._one(g, i, pieces)) for i, g in enumerate(generations)]
         return [task.result() for task in tasks]
 
-    async def _one(self, generation: Generation, index: int) -> Generated:
+    async def _one(self, generation: Generation, index: int, pieces: bool) -> Generated:
         async with self.gate:
-            return await self._generated(generation, index)
+            return await self._generated(generation, index, pieces)
 
-    async def _generated(self, generation: Generation, index: int) -> Generated:
+    async def _generated(self, generation: Generation, index: int, pieces: bool) -> Generated:
         result = Generated()
-        texts: list[str] = []
         finish = None
-        chunks = self.backend.generate(
-            self.model, generation.prompt, generation.options, stream=False
-        )
+        chunks = self._chunks(generation, stream=pieces)
         async with aclosing(chunks):
             async for chunk in chunks:
                 self.add(index, chunk)
-                texts.append(chunk.text)
+                result.pieces.append((chunk.text, chunk.completion_tokens))
                 result.logprobs.extend(chunk.logprobs)
                 finish = chunk.finish_reason or finish
                 result.completion_tokens += chunk.completion_tokens
-        result.text = "".join(texts)
+        result.text = "".join(text for text, _ in result.pieces)
         result.finish_reason = finish or "stop"
         return result
+
+    def _chunks(self, one: Generation, stream: bool) -> AsyncGenerator[GenerationChunk, None]:
+        if one.answer_after is None:
+            return self.backend.generate(self.model, one.prompt, one.options, stream)
+        return _reason_then_answer(self.backend, self.model, one, stream)
 
     async def stream(self) -> AsyncGenerator[ChoiceChunk, None]:
         """Starts the generations and awaits each one's first chunk (so a request that fails
@@ -164,10 +188,7 @@ class GenerationRun:
         them as they come. Generations beyond ``in_flight`` start as earlier ones end (their
         failures come in the stream). Closing the generator cancels every generation still
         running."""
-        streams = [
-            self.backend.generate(self.model, g.prompt, g.options, stream=True)
-            for g in self.generations
-        ]
+        streams = [self._chunks(g, stream=True) for g in self.generations]
         if len(streams) > self.in_flight:
             streams = [_gated(self.gate, s) for s in streams]
         started = streams[: self.in_flight]
@@ -190,6 +211,7 @@ async def reserve_run(
     n: int = 1,
     flexible: bool = False,
     in_flight: int = 16,
+    answer_after: str | None = None,
 ) -> GenerationRun:
     """The run of ``n`` generations of each prompt on ``model``
     (:func:`generations_for`), their tokens reserved under the key's ``tpm`` (429 when
@@ -197,16 +219,50 @@ async def reserve_run(
     generation's ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the
     generations may be given fewer tokens, as many as the key has left. A model that takes
     no ``max_tokens`` is reserved one token per generation and counted in full when it
-    ends."""
-    generations = generations_for(prompts, options, n)
+    ends. ``answer_after``: see :attr:`Generation.answer_after`."""
+    generations = generations_for(prompts, options, n, answer_after)
     per = options.max_tokens
     prompt = sum(estimate_tokens(p) for p in set(prompts))
     granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
     if per is not None and granted < per:
         generations = [
-            Generation(g.prompt, replace(g.options, max_tokens=granted)) for g in generations
+            replace(g, options=replace(g.options, max_tokens=granted)) for g in generations
         ]
     return GenerationRun(backend, model, meter, generations, in_flight)
+
+
+async def _reason_then_answer(
+    backend: Backend, model: str, generation: Generation, stream: bool
+) -> AsyncGenerator[GenerationChunk, None]:
+    """One choice of a reasoning model's constrained answer (see
+    :attr:`Generation.answer_after`): the reasoning's chunks, the marker, the answer's."""
+    marker = generation.answer_after
+    assert marker is not None
+    options = generation.options
+    thinking = replace(options, constraint=None, stop=[marker])
+    texts: list[str] = []
+    used, finish = 0, None
+    chunks = backend.generate(model, generation.prompt, thinking, stream)
+    async with aclosing(chunks):
+        async for chunk in chunks:
+            texts.append(chunk.text)
+            used += chunk.completion_tokens
+            finish = chunk.finish_reason or finish
+            yield replace(chunk, finish_reason=None) if chunk.finish_reason else chunk
+    budget = options.max_tokens
+    if finish == "length" or (budget is not None and used >= budget):
+        yield GenerationChunk("", finish_reason="length")  # no token left for the answer
+        return
+    reasoning = "".join(texts)
+    if not reasoning.endswith(marker):  # engines leave out the stop string they met
+        reasoning += marker
+        yield GenerationChunk(marker)
+    answer = replace(options, max_tokens=budget - used if budget is not None else None)
+    chunks = backend.generate(model, generation.prompt + reasoning, answer, stream)
+    async with aclosing(chunks):
+        async for chunk in chunks:
+            # The prompt was counted with the reasoning; this one only continues it.
+            yield replace(chunk, prompt_tokens=None)
 
 
 async def _gated(

@@ -101,6 +101,11 @@ class ChatMessage(Strict):
     """Citations OpenAI puts on an answer (none here); sent back with it."""
     parsed: Echoed = None
     """The SDK's parse of the content (its ``parse`` helpers)."""
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    """Assistant messages: the reasoning that came with an earlier answer (an answer sent
+    back whole carries both), given to the chat template as the message's
+    ``reasoning_content``; templates that show no earlier reasoning leave it out."""
 
 
 class StreamOptions(Strict):
@@ -158,6 +163,11 @@ Hint = Annotated[str, Field(max_length=256)]
 SafetyIdentifier = Annotated[str, Field(max_length=64)]
 #: OpenAI's processing tiers; accepted as a hint (there is one tier here).
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+
+#: OpenAI's ``reasoning_effort`` values.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+#: ``chat_template_kwargs``: at most 16 variables.
+TemplateKwargs = Annotated[dict[str, Any], Field(max_length=16)]
 
 #: The longest stop string: engines match each against every new token (and the gateway
 #: holds back text that may still become one), so its length is bounded.
@@ -237,7 +247,6 @@ class AudioOutput(Strict):
 CHAT_REFUSED = {
     "web_search_options": "no model here searches the web",
     "moderation": "no moderation model runs here",
-    "reasoning_effort": "no model here reasons before it answers",
     "verbosity": "no model here adjusts its length to it",
     "prediction": "predicted outputs are not implemented",
     "metadata": "chat completions are not stored here",
@@ -264,6 +273,7 @@ class ParamNames:
     json_schema: str = "response_format.json_schema"
     """The ``json_schema`` format (its ``schema`` below it)."""
     messages: str = "messages"
+    reasoning_effort: str = "reasoning_effort"
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -286,10 +296,16 @@ class ChatCompletionRequest(SamplingRequest):
     prompt_cache_key: Hint | None = None
     service_tier: ServiceTier | None = None
     """Hints, like ``user``: accepted, nothing here depends on them."""
+    reasoning_effort: ReasoningEffort | None = None
+    """Passed to a chat template that takes it (``reasoning_effort``, or an
+    ``enable_thinking`` switch: off for ``none``); refused for one that does not (see
+    :mod:`gateway.serving.reasoning`)."""
+    chat_template_kwargs: TemplateKwargs | None = None
+    """vLLM's extension: further variables of the model's chat template (Qwen3's
+    ``enable_thinking``), each one the template reads; others refused by name."""
     # Declared so that setting one gets its reason (see CHAT_REFUSED), not "unrecognized".
     web_search_options: Any = None
     moderation: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
     prediction: Any = None
     metadata: Any = None
@@ -397,12 +413,31 @@ class ChatCompletionMessage(BaseModel):
     """The call, when the request used legacy ``functions`` (then ``tool_calls`` is None)."""
     refusal: None = None
     audio: AnswerAudio | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    """A reasoning model's reasoning, apart from its answer (vLLM's fields: ``reasoning``,
+    and ``reasoning_content``, which many clients read); left out for other models."""
+
+    @model_serializer(mode="wrap")
+    def _without_reasoning(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in ("reasoning_content", "reasoning"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int
+    """Of the completion tokens, those of the reasoning (a reasoning model's)."""
 
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
+    """Sent for a reasoning model (OpenAI sends it always; clients read it as optional)."""
     estimated: bool | None = None
     """True when a count was made by the gateway, because the model reports none (with the
     model's tokenizer, or at four bytes a token without one): an extension field, left out
@@ -411,8 +446,9 @@ class Usage(BaseModel):
     @model_serializer(mode="wrap")
     def _without_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("estimated") is None:
-            data.pop("estimated", None)
+        for name in ("estimated", "completion_tokens_details"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
 
@@ -470,6 +506,9 @@ class ModelCapabilities(BaseModel):
     """The ``response_format`` types it enforces: ``json_object``, ``json_schema``."""
     logprobs: bool = False
     max_logprobs: int = 0
+    reasoning: str | None = None
+    """Its reasoning parser (``deepseek_r1``, ``qwen3``): its reasoning comes apart from its
+    answer, as ``reasoning_content``; None for a model that does not reason."""
 
 
 class Model(BaseModel):

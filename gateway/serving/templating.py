@@ -12,7 +12,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -47,6 +47,17 @@ _ENV.filters["tojson"] = _tojson
 @lru_cache(maxsize=64)
 def _compile(source: str) -> Any:
     return _ENV.from_string(source)
+
+
+@lru_cache(maxsize=64)
+def template_variables(source: str) -> frozenset[str]:
+    """The variables ``source`` reads from whoever renders it (those it does not set
+    itself); an unparsable template reads none (rendering it fails as the operator's
+    error)."""
+    try:
+        return frozenset(meta.find_undeclared_variables(_ENV.parse(source)))
+    except TemplateError:
+        return frozenset()
 
 
 def render_chat(

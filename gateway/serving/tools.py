@@ -298,6 +298,14 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 "Only assistant messages carry tool_calls or function_call.",
                 param=f"messages.[{index}].role",
             )
+        reasoning = message.reasoning_content or message.reasoning
+        if reasoning and role != "assistant":
+            raise InvalidRequestError(
+                "Only assistant messages carry reasoning_content or reasoning.",
+                param=f"messages.[{index}].role",
+            )
+        if reasoning:
+            item["reasoning_content"] = reasoning
         if made:
             item["tool_calls"] = made
             calls.update({call["id"]: call["function"]["name"] for call in made})

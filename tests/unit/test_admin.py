@@ -17,6 +17,7 @@ async def test_the_repository_lists_every_model_with_its_state(http: httpx.Async
     assert states == {
         "fake-chat": ("READY", "chat"),
         "fake-plain": ("READY", "chat"),
+        "fake-reasoner": ("READY", "chat"),
         "fake-tts": ("READY", "speech"),
         "fake-stt": ("READY", "transcription"),
         "fake-embed": ("READY", "embeddings"),

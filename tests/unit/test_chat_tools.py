@@ -271,6 +271,7 @@ async def test_models_show_their_capabilities(http: httpx.AsyncClient) -> None:
         "structured_outputs": ["json_object", "json_schema"],
         "logprobs": True,
         "max_logprobs": 5,
+        "reasoning": None,
     }
     assert models["fake-plain"]["capabilities"]["tool_calling"] is False
     assert models["fake-tts"]["capabilities"] is None

@@ -19,6 +19,7 @@ async def test_list_shows_ready_models_with_a_task(http: httpx.AsyncClient) -> N
         "fake-embed",
         "fake-embed-fixed",
         "fake-plain",
+        "fake-reasoner",
         "fake-stt",
         "fake-tts",
     ]
@@ -44,6 +45,7 @@ async def test_sdk_lists_the_models(client: openai.AsyncOpenAI) -> None:
         "fake-embed",
         "fake-embed-fixed",
         "fake-plain",
+        "fake-reasoner",
         "fake-stt",
         "fake-tts",
     ]

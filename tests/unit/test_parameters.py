@@ -29,7 +29,6 @@ VLLM_EXTRAS = {
     [
         ("web_search_options", {}),
         ("moderation", {"model": "omni-moderation-latest"}),
-        ("reasoning_effort", "low"),
         ("verbosity", "low"),
         ("prediction", {"type": "content", "content": "Hello"}),
         ("metadata", {"k": "v"}),

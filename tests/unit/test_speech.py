@@ -138,7 +138,11 @@ async def test_instructions_are_refused_unless_the_operator_lets_them_be_ignored
     assert refused.value.body["param"] == "instructions"  # type: ignore[index]
     assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
     assert not fake.speech_calls
-    lax = replace(fake.model_list[2], name="fake-tts-lax", ignores=frozenset({"instructions"}))
+    lax = replace(
+        next(m for m in fake.model_list if m.name == "fake-tts"),
+        name="fake-tts-lax",
+        ignores=frozenset({"instructions"}),
+    )
     fake.model_list.append(lax)
     spoken = await client.audio.speech.create(
         model="fake-tts-lax", voice="alloy", input=TEXT, instructions="Whisper it."

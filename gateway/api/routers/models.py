@@ -29,6 +29,7 @@ def _capabilities(info: ModelInfo) -> ModelCapabilities | None:
         structured_outputs=formats,
         logprobs=info.logprobs,
         max_logprobs=info.max_logprobs if info.logprobs else 0,
+        reasoning=info.reasoning_parser,
     )
 
 

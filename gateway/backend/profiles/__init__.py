@@ -120,6 +120,7 @@ class Contract:
             default_max_tokens=config.integer("default_max_tokens"),
             bos_token=bos,
             eos_token=eos,
+            reasoning_parser=params.get("reasoning_parser") or None,
         )
 
     def voices(self) -> tuple[str, ...]:

@@ -1,0 +1,102 @@
+"""Reasoning between ``<think>`` and ``</think>``: DeepSeek-R1 (``deepseek_r1``) and Qwen3
+(``qwen3``), as vLLM's parsers of those names read them.
+
+The reasoning is everything up to ``</think>``; the answer is what follows. The opening
+``<think>`` is optional: DeepSeek-R1's template writes it into the prompt, so the model
+never does, and a Qwen3 model writes it itself. A text with no ``</think>`` is all
+reasoning (a reply cut by ``max_tokens`` in the middle of its thoughts). A prompt that
+already ends with ``</think>`` (Qwen3's template with ``enable_thinking`` false closes an
+empty reasoning itself) starts in the answer, so thinking that was switched off leaves the
+whole text as the answer, as vLLM's ``qwen3`` parser does given ``enable_thinking: false``.
+Whitespace around the reasoning and at the start of the answer is left out (the newlines
+models write around the markers); anything else is told as written.
+"""
+
+from __future__ import annotations
+
+from gateway.serving.reasoning_parsers import ReasoningDelta, ReasoningParser, register
+
+
+def _partial(text: str, marker: str) -> int:
+    """The length of the longest end of ``text`` that is the start of ``marker``."""
+    for size in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
+
+
+class ThinkTags(ReasoningParser):
+    start = "<think>"
+    end = "</think>"
+
+    def __init__(self, prompt: str) -> None:
+        super().__init__(prompt)
+        self._reasoning = not prompt.rstrip().endswith(self.end)
+        self._opening = self._reasoning
+        """A leading ``<think>`` may still come (it is not reasoning)."""
+        self._held = ""
+        self._started = False
+        """The current part (reasoning or answer) has told text."""
+        if not self._reasoning:
+            self.content_at = 0
+
+    @property
+    def reasoning(self) -> bool:
+        return self._reasoning
+
+    def _step(self, text: str) -> ReasoningDelta:
+        held = self._held + text
+        self._held = ""
+        out = ReasoningDelta()
+        if self._opening:
+            stripped = held.lstrip()
+            if stripped.startswith(self.start):
+                held = stripped[len(self.start) :]
+                self._opening = False
+            elif not stripped or self.start.startswith(stripped):
+                self._held = held  # may still be the opening marker
+                return out
+            else:
+                self._opening = False
+        if self._reasoning:
+            at = held.find(self.end)
+            if at < 0:
+                # Held back: what may be the start of the marker, and the whitespace
+                # before it (it ends the reasoning if the marker follows).
+                told = held[: len(held) - _partial(held, self.end)].rstrip()
+                out.reasoning = self._told(told)
+                self._held = held[len(told) :]
+                return out
+            out.reasoning = self._told(held[:at].rstrip())
+            rest = held[at + len(self.end) :]
+            self._reasoning, self._started = False, False
+            self.content_at = self.fed - len(rest)
+            held = rest
+        out.content = self._told(held)
+        return out
+
+    def _told(self, text: str) -> str:
+        """``text`` of the current part, less the whitespace it starts with."""
+        if self._started:
+            return text
+        stripped = text.lstrip()
+        if not self._reasoning and self.content_at is not None:
+            self.content_at += len(text) - len(stripped)
+        self._started = bool(stripped)
+        return stripped
+
+    def finish(self) -> ReasoningDelta:
+        held, self._held = self._held, ""
+        if self._reasoning:
+            return ReasoningDelta(reasoning=self._told(held.rstrip()))
+        return ReasoningDelta(content=self._told(held))
+
+
+@register
+class DeepSeekR1(ThinkTags):
+    name = "deepseek_r1"
+
+
+@register
+class Qwen3(ThinkTags):
+    name = "qwen3"
