@@ -320,7 +320,7 @@ class AudioChat:
         expires_at = int(time.time()) + self.transcripts.ttl_s
         said: list[str] = []
         yield writer.delta(0, {"role": "assistant", "content": None})
-        texts = generation.texts(pieces, run)
+        texts = generation.texts(pieces, run, chat.reasoning())
         stream = spoken(self.backend, voice, texts, _encoding(output), meter)
         async with aclosing(stream):
             async for item in stream:

@@ -310,6 +310,16 @@ def _call_delta(pieces: list[ToolCallDelta], legacy: bool) -> dict[str, Any]:
     return {"tool_calls": calls}
 
 
+@dataclass
+class Answer:
+    """One choice generated whole, read (:meth:`ChatService.answer`)."""
+
+    content: str | None
+    finish_reason: str
+    reasoning: str | None = None
+    calls: list[ParsedCall] = field(default_factory=list)
+
+
 #: What a session does not store of an answer: the next turn's template gets its content
 #: and calls (templates of reasoning models leave earlier reasoning out).
 _UNSTORED = {"refusal", "reasoning_content", "reasoning"}
@@ -526,6 +536,40 @@ class ChatService:
             )
         return arguments
 
+    async def answer(
+        self,
+        chat: PreparedChat,
+        run: generation.GenerationRun,
+        index: int,
+        result: generation.Generated,
+        max_calls: int | None = None,
+    ) -> Answer:
+        """A choice generated whole, read: a reasoning model's reasoning apart (its tokens
+        counted into ``run``), then the answer's calls (the first ``max_calls``), a strict
+        call's arguments checked and made again if need be."""
+        reply = Answer(content=result.text, finish_reason=result.finish_reason)
+        reasoner = chat.reasoning()
+        if reasoner is not None:
+            tokens = ReasoningTokens()
+            told = [tokens.add(reasoner, text, used) for text, used in result.pieces]
+            told.append(reasoner.finish())
+            reply.reasoning = "".join(d.reasoning for d in told) or None
+            reply.content = "".join(d.content for d in told) or None
+            run.reasoning_tokens = (run.reasoning_tokens or 0) + tokens.count
+        if chat.tools is None:
+            return reply
+        parser = chat.tools.new_parser()
+        reply.content, calls = assemble(parser, reply.content or "")
+        if parser.closed:
+            reply.finish_reason = "stop"  # the answer ends with its call; the rest was dropped
+        reply.calls = calls[:max_calls]
+        for call in reply.calls:
+            call.at = _in_text(call.at, reasoner)
+            call.arguments = await self.strict_arguments(
+                chat, run, index, call, result.text, result.completion_tokens
+            )
+        return reply
+
     async def _choice(
         self,
         chat: PreparedChat,
@@ -533,41 +577,20 @@ class ChatService:
         index: int,
         result: generation.Generated,
     ) -> ChatCompletionChoice:
-        content: str | None = result.text
-        reasoning: str | None = None
-        calls: list[ToolCall] | None = None
-        finish = result.finish_reason
-        reasoner = chat.reasoning()
-        if reasoner is not None:
-            tokens = ReasoningTokens()
-            told = [tokens.add(reasoner, text, used) for text, used in result.pieces]
-            told.append(reasoner.finish())
-            reasoning = "".join(d.reasoning for d in told) or None
-            content = "".join(d.content for d in told) or None
-            run.reasoning_tokens = (run.reasoning_tokens or 0) + tokens.count
-        if chat.tools is not None:
-            parser = chat.tools.new_parser()
-            content, parsed = assemble(parser, content or "")
-            if parser.closed:
-                finish = "stop"  # the answer ends with its call; the rest was dropped
-            for call in parsed:
-                call.at = _in_text(call.at, reasoner)
-                call.arguments = await self.strict_arguments(
-                    chat, run, index, call, result.text, result.completion_tokens
-                )
-            calls = _tool_calls(parsed) or None
+        reply = await self.answer(chat, run, index, result)
+        calls = _tool_calls(reply.calls) or None
         logprobs = None
         if chat.logprobs is not None:
             logprobs = ChoiceLogprobs(content=logprob_items(result.logprobs, chat.logprobs))
         return ChatCompletionChoice(
             index=index,
             message=ChatCompletionMessage(
-                content=content,
+                content=reply.content,
                 tool_calls=calls,
-                reasoning_content=reasoning,
-                reasoning=reasoning,
+                reasoning_content=reply.reasoning,
+                reasoning=reply.reasoning,
             ),
-            finish_reason=_finish(finish, len(calls or ()), chat.tools),
+            finish_reason=_finish(reply.finish_reason, len(calls or ()), chat.tools),
             logprobs=logprobs,
         )
 

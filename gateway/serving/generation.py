@@ -28,6 +28,7 @@ from typing import Any
 from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.serving.protocol import CompletionTokensDetails, Usage
+from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
 from gateway.serving.sse import first_or_close
 from gateway.state.limits import Meter
 
@@ -275,17 +276,27 @@ async def _gated(
 
 
 async def texts(
-    pieces: AsyncGenerator[ChoiceChunk, None], run: GenerationRun
+    pieces: AsyncGenerator[ChoiceChunk, None],
+    run: GenerationRun,
+    reasoner: ReasoningParser | None = None,
 ) -> AsyncGenerator[str, None]:
     """The text of a one-choice stream, its tokens counted into ``run`` (which also keeps
-    its finish reason)."""
+    its finish reason). With a reasoning model's ``reasoner``: the answer's text only (what
+    is spoken), its reasoning tokens counted into ``run``."""
+    tokens = ReasoningTokens()
     async with aclosing(pieces):
         async for _, chunk in pieces:
             if chunk is None:
                 continue
             run.add(0, chunk)
-            if chunk.text:
-                yield chunk.text
+            text = chunk.text
+            if reasoner is not None:
+                text = tokens.add(reasoner, text, chunk.completion_tokens).content
+                run.reasoning_tokens = tokens.count
+            if text:
+                yield text
+    if reasoner is not None and (rest := reasoner.finish().content):
+        yield rest
 
 
 async def _single(

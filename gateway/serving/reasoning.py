@@ -34,7 +34,8 @@ def template_switches(
     """The template variables the request sets: its ``chat_template_kwargs``, and its
     ``reasoning_effort`` as the template takes it (``reasoning_effort`` itself, else
     ``enable_thinking``: false for ``none``, true otherwise). A variable the template does
-    not read, or a ``reasoning_effort`` it has no switch for, is a 400 naming it."""
+    not read, or a ``reasoning_effort`` it has no switch for, is a 400 naming it; but
+    ``none`` asks nothing of a model that does not reason (no ``reasoning_parser``)."""
     reads = template_variables(template)
     switches: dict[str, Any] = {}
     for key, value in (request.chat_template_kwargs or {}).items():
@@ -60,7 +61,7 @@ def template_switches(
         _agree(switches, "reasoning_effort", effort, names)
     elif "enable_thinking" in reads:
         _agree(switches, "enable_thinking", effort != "none", names)
-    else:
+    elif effort != "none" or model.reasoning_parser is not None:
         raise InvalidRequestError(
             f"The model '{model.name}' takes no reasoning effort: its chat template reads "
             "neither reasoning_effort nor an enable_thinking switch.",

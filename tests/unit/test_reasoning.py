@@ -288,3 +288,89 @@ async def test_reasoning_tokens_add_up_over_choices(
     ).json()
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 15}
     assert [c["message"]["reasoning_content"] for c in body["choices"]] == ["I weigh it."] * 3
+
+
+# -- Responses -----------------------------------------------------------------------------
+
+
+async def test_responses_give_the_reasoning_as_a_reasoning_item(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = THOUGHT
+    response = await client.responses.create(model="fake-reasoner", input="Hi")
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.summary == []
+    assert [(p.type, p.text) for p in reasoning.content or []] == [
+        ("reasoning_text", "I weigh it.")
+    ]
+    assert message.type == "message" and response.output_text == "The answer."
+    assert response.usage is not None
+    assert response.usage.output_tokens_details.reasoning_tokens == 5
+    # Sent back as input, the reasoning item is taken with the answer it came with.
+    again = await client.responses.create(
+        model="fake-reasoner",
+        input=[
+            {"role": "user", "content": "Hi"},
+            *[item.model_dump(exclude_none=True) for item in response.output],
+            {"role": "user", "content": "And?"},
+        ],
+    )
+    assert again.status == "completed"
+
+
+async def test_streamed_responses_send_reasoning_text_events(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    fake.reply = f"<think> I weigh it. </think> {CALL}"
+    async with client.responses.stream(
+        model="fake-reasoner",
+        input="Hi",
+        tools=[{"type": "function", **WEATHER["function"]}],  # type: ignore[list-item]
+    ) as stream:
+        kinds = [event.type async for event in stream]
+        response = await stream.get_final_response()
+    assert kinds.index("response.reasoning_text.done") < kinds.index(
+        "response.function_call_arguments.done"
+    )
+    deltas = [k for k in kinds if k == "response.reasoning_text.delta"]
+    assert len(deltas) == 3  # "I", " weigh", " it." (whitespace around it held back)
+    reasoning, call = response.output
+    assert reasoning.type == "reasoning" and reasoning.content is not None
+    assert reasoning.content[0].text == "I weigh it."
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
+    assert response.usage is not None
+    assert response.usage.output_tokens_details.reasoning_tokens == 5
+
+
+async def test_responses_reasoning_effort_reaches_the_template(
+    client: openai.AsyncOpenAI, fake: FakeBackend, http: httpx.AsyncClient
+) -> None:
+    fake.reply = "Paris."
+    response = await client.responses.create(
+        model="fake-reasoner", input="Hi", reasoning={"effort": "none"}
+    )
+    assert fake.calls[-1].prompt.endswith("</think>\n\n")
+    assert [item.type for item in response.output] == ["message"]
+    assert response.reasoning is not None and response.reasoning.effort == "none"
+    # A model without a reasoning switch takes "none" (it does not reason) but no other.
+    body = {"model": "fake-chat", "input": "Hi", "reasoning": {"effort": "none"}}
+    assert (await http.post("/v1/responses", json=body)).status_code == 200
+    body["reasoning"] = {"effort": "low"}
+    assert_openai_error(await http.post("/v1/responses", json=body), 400, param="reasoning.effort")
+
+
+async def test_a_spoken_answer_says_the_answer_not_the_reasoning(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = THOUGHT
+    body = chat_body(
+        model="fake-reasoner",
+        stream=True,
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream_options={"include_usage": True},
+    )
+    events = sse_json((await http.post("/v1/chat/completions", json=body)).text)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert "".join(d.get("audio", {}).get("transcript", "") for d in deltas) == "The answer."
+    assert events[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}

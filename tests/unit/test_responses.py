@@ -271,7 +271,15 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
             {"input": [{"role": "user", "content": [{"type": "input_text", "text": None}]}]},
             "input[0].content[0].text",
         ),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+        (
+            {"input": [{"type": "reasoning", "encrypted_content": "x"}]},
+            "input[0].encrypted_content",
+        ),
+        (
+            {"input": [{"type": "reasoning", "content": [{"type": "input_text", "text": "x"}]}]},
+            "input[0].content[0]",
+        ),
         ({"input": []}, "input"),
         (
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}},
@@ -673,8 +681,8 @@ async def test_hints_are_accepted_and_echoed(client: openai.AsyncOpenAI) -> None
     [
         ({"truncation": "auto"}, "truncation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"reasoning": {"summary": "auto"}}, "reasoning"),
+        ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
         ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"include": ["message.output_text.logprobs"], "top_logprobs": 6}, "top_logprobs"),

@@ -243,7 +243,7 @@ class _Responder:
             )
             await session.conversation._keep_bounded()
         await session.emit("response.content_part.added", part=part, **self._where())
-        texts = generation.texts(pieces, self.generation_run)
+        texts = generation.texts(pieces, self.generation_run, chat.reasoning())
         if not self.audio:
             async with aclosing(texts):
                 async for text in texts:

@@ -66,9 +66,14 @@ def input_messages(
     messages: list[dict[str, Any]] = []
     stored: list[dict[str, Any]] = []
     calls = {call["id"] for message in history for call in message.get("tool_calls") or ()}
+    reasoning: str | None = None  # a reasoning item's, for the assistant message after it
     for index, item in enumerate(items):
         param = f"input[{index}]"
         kind = item.type or ("message" if item.role else None)
+        if kind == "reasoning":
+            reasoning = _reasoning_of(item, param)
+            stored.append(_reasoning_item(item.id or new_id("rs"), reasoning, "completed"))
+            continue
         if kind == "message":
             if item.role not in ("user", "system", "developer", "assistant"):
                 raise InvalidRequestError(
@@ -76,6 +81,8 @@ def input_messages(
                 )
             text = _text_of(item.content, f"{param}.content")
             messages.append({"role": item.role, "content": text})
+            if item.role == "assistant" and reasoning:
+                messages[-1]["reasoning_content"] = reasoning
             part = "output_text" if item.role == "assistant" else "input_text"
             stored.append(
                 {
@@ -102,6 +109,8 @@ def input_messages(
                 last["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning:
+                    messages[-1]["reasoning_content"] = reasoning
             stored.append(
                 {
                     "id": item.id or new_id("fc"),
@@ -137,10 +146,32 @@ def input_messages(
         else:
             raise InvalidRequestError(
                 f"Input items of type '{kind}' are not supported (message, function_call, "
-                "function_call_output).",
+                "function_call_output, reasoning).",
                 param=f"{param}.type",
             )
+        reasoning = None
     return messages, stored
+
+
+def _reasoning_of(item: InputItem, param: str) -> str:
+    """The text of a reasoning item sent back (an earlier response's output)."""
+    if item.encrypted_content is not None:
+        raise InvalidRequestError(
+            "Encrypted reasoning is not made here: send a reasoning item's reasoning_text.",
+            param=f"{param}.encrypted_content",
+        )
+    parts = item.content if isinstance(item.content, list) else []
+    for number, part in enumerate(parts):
+        if part.type != "reasoning_text" or part.text is None:
+            raise InvalidRequestError(
+                "A reasoning item's content parts are reasoning_text parts with their text.",
+                param=f"{param}.content[{number}]",
+            )
+    if isinstance(item.content, str):
+        return item.content
+    if not parts and item.summary:  # an item with only its summary stands for it
+        parts = item.summary
+    return "".join(part.text or "" for part in parts)
 
 
 def _chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
@@ -188,6 +219,7 @@ RESPONSES_NAMES = ParamNames(
     response_format="text.format",
     json_schema="text.format",
     messages="input",
+    reasoning_effort="reasoning.effort",
 )
 
 
@@ -201,6 +233,11 @@ def chat_request(
     tool_choice: Any = request.tool_choice
     if isinstance(tool_choice, ToolChoiceFunction):
         tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
+    if not messages and not request.instructions:
+        raise InvalidRequestError(
+            "The input holds no message to answer (a reasoning item alone is not one).",
+            param="input",
+        )
     body = {
         "model": request.model,
         "messages": (system if request.instructions else []) + messages,
@@ -213,6 +250,7 @@ def chat_request(
         "response_format": _response_format(request.text),
         "logprobs": request.wants_logprobs() or None,
         "top_logprobs": request.top_logprobs,
+        "reasoning_effort": request.reasoning.effort if request.reasoning else None,
     }
     return ChatCompletionRequest.model_validate(body)
 
@@ -222,7 +260,13 @@ def _usage(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": (
+                usage.completion_tokens_details.reasoning_tokens
+                if usage.completion_tokens_details is not None
+                else 0
+            )
+        },
         "total_tokens": usage.total_tokens,
     }
 
@@ -243,6 +287,18 @@ def _message_item(
         "type": "message",
         "status": status,
         "role": "assistant",
+        "content": [part] if status != "in_progress" else [],
+    }
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A reasoning model's reasoning, whole (no summary is made)."""
+    part = {"type": "reasoning_text", "text": text}
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
         "content": [part] if status != "in_progress" else [],
     }
 
@@ -287,7 +343,10 @@ def _response_object(
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
         "prompt_cache_key": request.prompt_cache_key,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {
+            "effort": request.reasoning.effort if request.reasoning else None,
+            "summary": None,
+        },
         "safety_identifier": request.safety_identifier,
         "service_tier": "default",
         "store": request.store is not False,

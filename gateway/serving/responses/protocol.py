@@ -16,6 +16,7 @@ from gateway.serving.protocol import (
     FUNCTION_NAME,
     Echoed,
     Hint,
+    ReasoningEffort,
     SafetyIdentifier,
     ServiceTier,
     Strict,
@@ -44,9 +45,9 @@ class ContentPart(Strict):
 
 
 class InputItem(Strict):
-    """A message, ``function_call`` or ``function_call_output`` item (checked when the
-    request is turned into chat messages, so errors can name the item). The fields of
-    OpenAI's other item types are declared so that those are refused by their type."""
+    """A message, ``function_call``, ``function_call_output`` or ``reasoning`` item (checked
+    when the request is turned into chat messages, so errors can name the item). The fields
+    of OpenAI's other item types are declared so that those are refused by their type."""
 
     type: str | None = None
     id: str | None = None
@@ -58,8 +59,19 @@ class InputItem(Strict):
     output: str | list[ContentPart] | None = None
     status: Echoed = None
     """An earlier output item's status, sent back with it (stored items are completed)."""
-    summary: Any = None
+    summary: list[ContentPart] | None = None
+    """A reasoning item's summary (none is made here: sent back empty)."""
     encrypted_content: Any = None
+
+
+class ReasoningConfig(Strict):
+    """``reasoning``: its ``effort`` is the chat path's ``reasoning_effort`` (see
+    :mod:`gateway.serving.reasoning`); no summary is made (the reasoning is given whole, as
+    ``reasoning_text``), so ``summary`` is refused."""
+
+    effort: ReasoningEffort | None = None
+    summary: Any = None
+    generate_summary: Any = None
 
 
 class FunctionTool(Strict):
@@ -116,7 +128,7 @@ class ResponsesRequest(Strict):
     previous_response_id: str | None = None
     metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
     prompt: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: ReasoningConfig | None = None
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None
     # Hints for OpenAI's own systems: abuse detection (user, safety_identifier), its prompt
@@ -138,11 +150,13 @@ class ResponsesRequest(Strict):
             return "conversation", "Conversations are not supported; use previous_response_id."
         if self.prompt is not None:
             return "prompt", "Prompt templates are not supported; send input and instructions."
-        if self.reasoning is not None and any(
-            value is not None and (key, value) != ("effort", "none")
-            for key, value in self.reasoning.items()
-        ):
-            return "reasoning", "Reasoning is not supported: these models do not reason."
+        reasoning = self.reasoning
+        if reasoning is not None and (reasoning.summary or reasoning.generate_summary):
+            name = "summary" if reasoning.summary else "generate_summary"
+            return f"reasoning.{name}", (
+                "Reasoning summaries are not made here: a reasoning model's reasoning comes "
+                "whole, as the reasoning item's reasoning_text."
+            )
         if self.truncation == "auto":
             return "truncation", (
                 "truncation 'auto' is not supported: a conversation longer than the model's "

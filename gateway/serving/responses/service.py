@@ -17,6 +17,7 @@ from gateway.serving.responses.conversion import (
     _call_item,
     _logprobs,
     _message_item,
+    _reasoning_item,
     _record,
     _response_object,
     chat_request,
@@ -25,7 +26,6 @@ from gateway.serving.responses.conversion import (
 from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
 from gateway.serving.responses.stream import _StreamWriter
 from gateway.serving.sse import failure
-from gateway.serving.tool_parsers import ParsedCall, assemble
 from gateway.state.limits import Meter
 from gateway.state.responses import ResponseStore, new_id
 
@@ -79,19 +79,13 @@ class ResponsesService:
     ) -> dict[str, Any]:
         chat = prepared.chat
         run = await self.chat.reserve_run(chat, meter)
-        (result,) = await run.collect()
-        content: str | None = result.text
-        calls: list[ParsedCall] = []
-        if chat.tools is not None:
-            content, calls = assemble(chat.tools.new_parser(), result.text)
-        calls = calls[: prepared.request.max_tool_calls]
-        for call in calls:
-            if chat.tools is not None and call.name in chat.tools.strict:
-                call.arguments = await self.chat.strict_arguments(
-                    chat, run, 0, call, result.text, result.completion_tokens
-                )
+        (result,) = await run.collect(pieces=chat.reasoner is not None)
+        reply = await self.chat.answer(chat, run, 0, result, prepared.request.max_tool_calls)
+        content, calls = reply.content, reply.calls
         status = "incomplete" if result.finish_reason == "length" else "completed"
         output = []
+        if reply.reasoning is not None:
+            output.append(_reasoning_item(new_id("rs"), reply.reasoning, "completed"))
         if content or not calls:
             logprobs = _logprobs(chat, result.logprobs)
             output.append(_message_item(new_id("msg"), content or "", status, logprobs))

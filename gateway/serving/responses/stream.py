@@ -1,6 +1,8 @@
 """The streamed Responses event sequence: :class:`_StreamWriter` turns the backend's
-pieces into numbered events, one output item at a time, checking a strict tool's arguments
-before they are sent, and finishes (and stores) the response through the service."""
+pieces into numbered events, one output item at a time (a reasoning model's reasoning
+first, as a ``reasoning`` item with ``response.reasoning_text.delta`` events), checking a
+strict tool's arguments before they are sent, and finishes (and stores) the response
+through the service."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.backend import TokenLogprob
 from gateway.serving import generation
+from gateway.serving.reasoning_parsers import ReasoningTokens
 from gateway.serving.responses.conversion import (
     _call_item,
     _logprobs,
     _message_item,
+    _reasoning_item,
     _response_object,
 )
 from gateway.serving.responses.protocol import PreparedResponse
@@ -34,7 +38,8 @@ class _StreamWriter:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
-        """The item being written: a message (its text so far) or a function call."""
+        """The item being written: reasoning or a message (its text so far), or a function
+        call."""
         self.pending: list[TokenLogprob] = []
         """Log probabilities of tokens not yet sent with a text delta."""
         self.logprobs: list[dict[str, Any]] = []
@@ -44,6 +49,8 @@ class _StreamWriter:
         self.call_at: int | None = None
         """Where the open call's arguments start in :attr:`text`."""
         self.generation_run: generation.GenerationRun | None = None
+        self.reasoner = prepared.chat.reasoning()
+        self.reasoning_tokens = ReasoningTokens()
 
     def event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -102,6 +109,38 @@ class _StreamWriter:
         )
         return events
 
+    async def _reasoning(self, text: str) -> list[str]:
+        events = []
+        if self.open is None or self.open["type"] != "reasoning":
+            events += await self._close("completed")
+            self.open = _reasoning_item(new_id("rs"), "", "in_progress")
+            index = self._index()
+            events.append(
+                self.event("response.output_item.added", output_index=index, item=dict(self.open))
+            )
+            self.open["text"] = ""
+            events.append(
+                self.event(
+                    "response.content_part.added",
+                    item_id=self.open["id"],
+                    output_index=index,
+                    content_index=0,
+                    part={"type": "reasoning_text", "text": ""},
+                )
+            )
+        self.open["text"] += text
+        self.pending = []  # a reasoning_text part carries no log probabilities
+        events.append(
+            self.event(
+                "response.reasoning_text.delta",
+                item_id=self.open["id"],
+                output_index=self._index(),
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
     def _take_logprobs(self) -> list[dict[str, Any]]:
         logprobs = _logprobs(self.prepared.chat, self.pending)
         self.pending = []
@@ -117,6 +156,8 @@ class _StreamWriter:
                 events += await self._close("completed")
                 self.open = _call_item(new_id("fc"), piece.id, piece.name or "", "", "in_progress")
                 self.call_at = piece.at
+                if piece.at is not None and self.reasoner is not None:
+                    self.call_at = piece.at + (self.reasoner.content_at or 0)
                 events.append(
                     self.event(
                         "response.output_item.added",
@@ -165,7 +206,13 @@ class _StreamWriter:
                     delta=item["arguments"],
                 )
             )
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            item = _reasoning_item(item["id"], item["text"], "completed")
+            (part,) = item["content"]
+            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append(self.event("response.reasoning_text.done", **ids, text=part["text"]))
+            events.append(self.event("response.content_part.done", **ids, part=part))
+        elif item["type"] == "message":
             logprobs = self.logprobs + self._take_logprobs()
             item = _message_item(item["id"], item["text"], status, logprobs)
             (part,) = item["content"]
@@ -189,10 +236,19 @@ class _StreamWriter:
         self.output.append(item)
         return events
 
-    async def _feed(self, text: str, parser: Any) -> list[str]:
+    async def _feed(self, text: str, tokens: int, parser: Any) -> list[str]:
+        """Events for a piece of generated text (``tokens`` long)."""
         self.text += text
+        events = []
+        if self.reasoner is not None:
+            told = self.reasoning_tokens.add(self.reasoner, text, tokens)
+            if told.reasoning:
+                events += await self._reasoning(told.reasoning)
+            text = told.content
+            if not text:
+                return events
         delta = parser.feed(text) if parser is not None else ParserDelta(content=text)
-        return await self._delta(delta)
+        return events + await self._delta(delta)
 
     async def _delta(self, delta: ParserDelta) -> list[str]:
         events = await self._text(delta.content) if delta.content else []
@@ -217,14 +273,25 @@ class _StreamWriter:
                 run.add(index, chunk)
                 finish = chunk.finish_reason or finish
                 self.pending += chunk.logprobs
-                if chunk.text:
-                    for item in await self._feed(chunk.text, parser):
+                if chunk.text or (self.reasoner is not None and chunk.completion_tokens):
+                    for item in await self._feed(chunk.text, chunk.completion_tokens, parser):
                         yield item
+        if self.reasoner is not None:
+            told = self.reasoner.finish()
+            if told.reasoning:
+                for item in await self._reasoning(told.reasoning):
+                    yield item
+            if told.content:
+                delta = parser.feed(told.content) if parser is not None else None
+                for item in await self._delta(delta or ParserDelta(content=told.content)):
+                    yield item
+            run.reasoning_tokens = self.reasoning_tokens.count
         if parser is not None:
             for item in await self._delta(parser.finish()):
                 yield item
         status = "incomplete" if finish == "length" else "completed"
-        if self.open is None and not self.output:
+        kinds = [item["type"] for item in [*self.output, self.open] if item is not None]
+        if "message" not in kinds and "function_call" not in kinds:  # an answer, if empty
             for item in await self._text(""):
                 yield item
         for item in await self._close(status):
