@@ -88,6 +88,18 @@ class ModelInfo:
     bos_token: str | None = None
     eos_token: str | None = None
     """Special tokens of its tokenizer, for chat templates that refer to them."""
+    adapters: tuple[str, ...] = ()
+    """Chat models: the names of the LoRA adapters it serves (``lora_adapters`` parameter),
+    each a model id of its own (see :mod:`gateway.serving.catalog`)."""
+    base: str | None = None
+    """A LoRA adapter's model id: the Triton model it runs on (None for a Triton model)."""
+    adapter: str | None = None
+    """A LoRA adapter's model id: the adapter's name, as the base model knows it."""
+
+    @property
+    def runs_on(self) -> str:
+        """The Triton model a request for this model id goes to."""
+        return self.base or self.name
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,9 @@ class SamplingOptions:
     terms: ``{"json": schema}`` or ``{"json_object": true}``."""
     constraint_key: str = "structured_outputs"
     """The ``sampling_parameters`` key of :attr:`constraint` (see ``ModelInfo``)."""
+    lora_name: str | None = None
+    """The LoRA adapter to generate with (one of the model's ``adapters``); vLLM's name for
+    it in ``sampling_parameters``, which the other profiles turn into their own input."""
 
     def to_json(self) -> str:
         """The ``sampling_parameters`` tensor: only the fields that are set. The constraint
