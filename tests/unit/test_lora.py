@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from starlette.testclient import TestClient
 
+from gateway.app import create_app
 from gateway.backend import ModelInfo, SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.backend.profiles import ModelConfig, contract_for
@@ -19,6 +21,7 @@ from gateway.config import CHATML_TEMPLATE
 from gateway.serving.catalog import with_adapters
 from tests.unit.conftest import assert_openai_error, make_settings, new_key, sdk, serve
 from tests.unit.test_profiles import decoded, spec, text_of, trtllm_ensemble, vllm
+from tests.unit.test_realtime import AUTH, message, until
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -77,7 +80,11 @@ def custom_chat(**params: str) -> ModelConfig:
             "output": [spec("generated", "TYPE_STRING", [1])],
             "parameters": {
                 k: {"string_value": v}
-                for k, v in {"openai_task": "chat", "openai_input_prompt": "prompt", **params}.items()
+                for k, v in {
+                    "openai_task": "chat",
+                    "openai_input_prompt": "prompt",
+                    **params,
+                }.items()
             },
         },
     )
@@ -226,3 +233,19 @@ async def test_an_adapter_is_not_loaded_or_unloaded_its_base_is(http: httpx.Asyn
         answer = await http.post(f"/admin/models/fake-lora:sql/{action}")
         error = assert_openai_error(answer, 400, code="lora_adapter")
         assert f"{action} 'fake-lora'" in error["message"]
+
+
+def test_a_realtime_session_answers_with_an_adapter(fake: FakeBackend) -> None:
+    app = create_app(make_settings(models=["fake-chat", "fake-tts", "fake-stt"]), backend=fake)
+    with (
+        TestClient(app) as client,
+        client.websocket_connect("/v1/realtime?model=fake-lora:sql", headers=AUTH) as socket,
+    ):
+        created = until(socket, "session.created")[-1]["session"]
+        assert created["model"] == "fake-lora:sql"
+        socket.send_json(message("Hi"))
+        until(socket, "conversation.item.done")
+        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        events = until(socket, "response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    assert (fake.calls[-1].model, fake.calls[-1].options.lora_name) == ("fake-lora", "sql")
