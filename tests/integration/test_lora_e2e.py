@@ -1,15 +1,21 @@
 """LoRA adapters end to end: ``vllm_lora`` (triton_repo/vllm_lora: Triton's vLLM backend
-r25.11 with ``multi_lora.json``) loaded through the admin API into the real Triton, its
-adapters called by their ids (``vllm_lora:sql``) with the official SDK. The stand-in starts
-its answer with the adapter it was given, so each test sees the adapter reach the model."""
+r25.11 with ``multi_lora.json``) and TensorRT-LLM's ``ensemble`` and ``tensorrt_llm_bls``
+(``lora_adapters`` names -> ``lora_task_id``) loaded through the admin API into the real
+Triton, their adapters called by their ids (``vllm_lora:sql``) with the official SDK. The
+stand-ins start their answer with the adapter (or task) they were given, so each test sees
+the adapter reach the model."""
 
 from __future__ import annotations
 
+import queue
 import re
+from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
+from tritonclient import grpc as triton
 
 from tests.stack import GatewayProcess
 
@@ -18,13 +24,15 @@ pytestmark = pytest.mark.integration
 BASE = "vllm_lora"
 ANSWER = "The quick brown fox jumps over the lazy dog."
 HI = [{"role": "user", "content": "Hi"}]
+TRTLLM = ("ensemble", "tensorrt_llm_bls")
 
 
 @pytest.fixture(scope="module")
 def loaded(stack: GatewayProcess) -> GatewayProcess:
     with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=120) as http:
-        answer = http.post(f"/admin/models/{BASE}/load")
-        assert answer.status_code == 200, answer.text
+        for name in (BASE, *TRTLLM):
+            answer = http.post(f"/admin/models/{name}/load")
+            assert answer.status_code == 200, answer.text
     return stack
 
 
@@ -115,3 +123,57 @@ def test_the_admin_api_loads_the_base_not_an_adapter(loaded: GatewayProcess) -> 
     answer = httpx.post(f"{loaded.base_url}/admin/models/{BASE}:sql/unload", headers=loaded.headers)
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "lora_adapter"
+
+
+# -- TensorRT-LLM: lora_task_id ---------------------------------------------------------------
+
+
+def cache_task(grpc_url: str, model: str, task: int) -> None:
+    """What the operator does before a task's first request through the gateway: one request
+    straight to Triton with the task's weights and config, which puts it in the engine's
+    LoRA cache (the gateway never sends weights)."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+
+    def tensor(name: str, value: np.ndarray, kind: str) -> triton.InferInput:
+        given = triton.InferInput(name, list(value.shape), kind)
+        given.set_data_from_numpy(value)
+        return given
+
+    inputs = [
+        tensor("text_input", np.array([["Hi"]], dtype=np.object_), "BYTES"),
+        tensor("max_tokens", np.array([[4]], dtype=np.int32), "INT32"),
+        tensor("lora_task_id", np.array([[task]], dtype=np.uint64), "UINT64"),
+        tensor("lora_weights", np.zeros((1, 1, 8), dtype=np.float16), "FP16"),
+        tensor("lora_config", np.zeros((1, 1, 3), dtype=np.int32), "INT32"),
+    ]
+    client = triton.InferenceServerClient(grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize("model", TRTLLM)
+def test_trtllm_adapters_send_the_operators_task_id(
+    loaded: GatewayProcess, sdk: openai.OpenAI, model: str
+) -> None:
+    models = {m.id: m.model_extra or {} for m in sdk.models.list()}
+    assert models[f"{model}:sql"]["parent"] == model and f"{model}:support" in models
+    # Task 12 ("support") was never given its weights: the engine refuses it.
+    with pytest.raises(openai.InternalServerError):
+        sdk.chat.completions.create(model=f"{model}:support", messages=HI, max_tokens=8)
+    cache_task(loaded.triton_grpc, model, 7)
+    reply = sdk.chat.completions.create(model=f"{model}:sql", messages=HI, max_tokens=60)
+    assert (reply.model, reply.choices[0].message.content) == (f"{model}:sql", f"(task 7) {ANSWER}")
+    chunks = list(
+        sdk.chat.completions.create(model=f"{model}:sql", messages=HI, max_tokens=60, stream=True)
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == f"(task 7) {ANSWER}"
