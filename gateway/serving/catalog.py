@@ -165,7 +165,8 @@ class DefaultModels:
         if configured:
             return configured
         models = await self.catalog.cached()
-        ready = [m.name for m in models.values() if m.task == task and m.ready]
+        # A LoRA adapter is never the default: only a model the operator loaded.
+        ready = [m.name for m in models.values() if m.task == task and m.ready and not m.base]
         if not ready:
             raise BackendUnavailableError(
                 f"No {task} model is loaded, and audio needs one: load one with the admin "

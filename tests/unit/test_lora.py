@@ -18,7 +18,8 @@ from gateway.backend import ModelInfo, SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.backend.profiles import ModelConfig, contract_for
 from gateway.config import CHATML_TEMPLATE
-from gateway.serving.catalog import with_adapters
+from gateway.errors import ModelNotFoundError
+from gateway.serving.catalog import DefaultModels, ModelCatalog, with_adapters
 from tests.unit.conftest import assert_openai_error, make_settings, new_key, sdk, serve
 from tests.unit.test_profiles import decoded, spec, text_of, trtllm_ensemble, vllm
 from tests.unit.test_realtime import AUTH, message, until
@@ -249,3 +250,20 @@ def test_a_realtime_session_answers_with_an_adapter(fake: FakeBackend) -> None:
         events = until(socket, "response.done")
     assert events[-1]["response"]["status"] == "completed"
     assert (fake.calls[-1].model, fake.calls[-1].options.lora_name) == ("fake-lora", "sql")
+
+
+async def test_an_unloaded_base_takes_its_adapters_with_it() -> None:
+    backend = FakeBackend(
+        model_list=[
+            ModelInfo("aaa", "chat", True, adapters=("first",)),
+            ModelInfo("zzz", "chat", True),
+        ]
+    )
+    catalog = ModelCatalog(backend, 60.0, ":")
+    assert (await catalog.get("aaa:first", "chat")).runs_on == "aaa"
+    backend.model_list[0] = ModelInfo("aaa", "chat", False, adapters=("first",))
+    assert "aaa:first" not in await catalog.refresh()
+    with pytest.raises(ModelNotFoundError):
+        await catalog.get("aaa:first", "chat")
+    # Realtime and audio chat pick a loaded model, never an adapter, where none is named.
+    assert await DefaultModels(catalog, make_settings(models=[])).pick("chat") == "zzz"
