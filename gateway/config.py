@@ -248,6 +248,11 @@ class Settings(BaseSettings):
     log_level: str = "info"
     """Log level of the gateway (and uvicorn)."""
 
+    # LoRA adapters (docs/fronting-triton.md#lora-adapters)
+    lora_separator: str = Field(":", min_length=1, max_length=8, pattern=r"^[^\s,/]+$")
+    """Between a base model's name and its LoRA adapter's in the adapter's model id
+    (``base:adapter``); no whitespace, comma or slash."""
+
     @field_validator("admin_key")
     @classmethod
     def _strong_admin_key(cls, value: SecretStr | None) -> SecretStr | None:

@@ -68,7 +68,7 @@ def build_services(
     settings: Settings, backend: Backend, redis: Redis, metrics: Metrics
 ) -> Services:
     """The services of one process, over ``backend`` and ``redis``."""
-    catalog = ModelCatalog(backend, settings.model_cache_ttl_s)
+    catalog = ModelCatalog(backend, settings.model_cache_ttl_s, settings.lora_separator)
     keys = KeyStore(redis)
     limits = Limits(redis)
     gatekeeper = Gatekeeper(redis, limits, settings.concurrency_lease_s, settings.admin_key)

@@ -16,6 +16,12 @@ end id :data:`standin_engine.EOS`):
   ``batch_index``), and ``num_return_sequences`` > 1 one per sequence (``sequence_index``);
   the stand-in runs them one after another. A request with ``stop`` true cancels the
   running request that has its Triton request id.
+- LoRA (``lora_task_id``, ``lora_weights``, ``lora_config``): a request carrying a task id
+  with weights and config puts the task in the model's LoRA cache; one with the id alone
+  needs it there, else it fails ``LoRA task <id> not found in cache. Please send LoRA
+  weights with request`` (the executor's ``PeftTaskNotCachedException``). No weights are
+  applied: a task's answer starts with ``(task <id>) `` so a test sees it reached the model.
+  The BLS stand-in, which generates itself, keeps a cache of its own.
 - The BLS models decode with the same rules; with ``accumulate_tokens`` a decoupled BLS
   sends the whole text so far (decoded from all tokens, so a split character shows as
   U+FFFD until it is complete), and it always ends with an empty final response.
@@ -108,6 +114,7 @@ class Generation:
     batch_index: int = 0
     sequence_index: int | None = None
     """Which of ``num_return_sequences`` it is (None: the only one)."""
+    lora_task_id: int | None = None
     generated: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -132,6 +139,8 @@ class Generation:
 
     def answer(self, said: str) -> str:
         """What the model means to write: guided decoding's value, else the engine's."""
+        if self.lora_task_id is not None:
+            said = f"(task {self.lora_task_id}) {said}"
         if self.guide is None:
             return said
         kind, guide = self.guide
@@ -167,6 +176,29 @@ class Generation:
         if self.streaming:
             return new
         return self.generated if self.exclude_input else self.prompt_ids + self.generated
+
+
+class LoraCache:
+    """The task ids whose weights a model has (the executor's PEFT cache; never full here)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[int] = set()
+        self.lock = threading.Lock()
+
+    def task(self, task_id: Any, weights: Any, config: Any) -> int | None:
+        """The task of one batch item: cached when it brings its weights and config, else
+        it must be cached already."""
+        if task_id is None:
+            return None
+        task = int(task_id)
+        with self.lock:
+            if weights is not None and config is not None:
+                self.tasks.add(task)
+            elif task not in self.tasks:
+                raise ValueError(
+                    f"LoRA task {task} not found in cache. Please send LoRA weights with request"
+                )
+        return task
 
 
 def delay_of(prompt_ids: list[int]) -> float:
@@ -208,6 +240,7 @@ class TensorrtLlmStandin:
         self.running: dict[str, _Stopped] = {}
         """Triton request id -> its generations' stop flag (``mTritonRequestIdToRequestIds``)."""
         self.lock = threading.Lock()
+        self.lora = LoraCache()
         self.scheduler = engine.Scheduler(args["model_name"], self._failed)
 
     def finalize(self) -> None:
@@ -298,8 +331,14 @@ class TensorrtLlmStandin:
             tensor("guided_decoding_guide_type"),
             tensor("guided_decoding_guide"),
         )
+        task_ids, weights, lora_config = (
+            tensor("lora_task_id"),
+            tensor("lora_weights"),
+            tensor("lora_config"),
+        )
         generations = []
         for i in range(batch):
+            task = self.lora.task(_item(task_ids, i), weights, lora_config)
             stream = bool(_item(streaming, i, False))
             if stream and not self.decoupled:
                 raise ValueError(
@@ -323,6 +362,7 @@ class TensorrtLlmStandin:
                     guide=None if kind is None else (_text(kind), _text(_item(guide, i, b""))),
                     batch_index=i,
                     sequence_index=sequence if count > 1 else None,
+                    lora_task_id=task,
                 )
                 generation.validate()
                 generations.append(generation)
@@ -432,6 +472,8 @@ class BlsStandin:
         self.accumulate = raw.lower() in ("true", "yes", "1", "t")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.tokens = TokenCounter(pb_utils, args["model_name"])
+        self.lora = LoraCache()
+        """The cache of the ``tensorrt_llm`` model the real BLS would call."""
         self.scheduler = engine.Scheduler(args["model_name"], self._failed)
 
     def finalize(self) -> None:
@@ -478,9 +520,18 @@ class BlsStandin:
         end_id, min_tokens, stop_words = tensor("end_id"), tensor(min_name), tensor("stop_words")
         guide_type, guide = tensor("guided_decoding_guide_type"), tensor("guided_decoding_guide")
         stop_ids = to_word_list_format(stop_words, text_input.shape[0])
+        task_ids, weights, lora_config = (
+            tensor("lora_task_id"),
+            tensor("lora_weights"),
+            tensor("lora_config"),
+        )
         generations = []
         for i in range(text_input.shape[0]):
             kind = _item(guide_type, i)
+            try:
+                task = self.lora.task(_item(task_ids, i), weights, lora_config)
+            except ValueError as exc:  # tensorrt_llm's error, re-raised by the BLS
+                raise RuntimeError(str(exc)) from None
             generation = Generation(
                 prompt_ids=engine.tokenize(_text(text_input[i][0])),
                 max_new_tokens=int(_item(max_tokens, i)),
@@ -491,6 +542,7 @@ class BlsStandin:
                 exclude_input=bool(_item(exclude, i, False)),
                 guide=None if kind is None else (_text(kind), _text(_item(guide, i, b""))),
                 batch_index=i,
+                lora_task_id=task,
             )
             try:
                 generation.validate()

@@ -27,12 +27,21 @@ byte-level engine of :mod:`standin_engine`:
   finish ``length``; V1 (25.x) refuses it. Generation stops at the context.
 - 25.11: a request with ``embedding_request`` is an ``embed`` request; a model whose config
   says ``openai_task: embeddings`` serves only those, the others only ``generate``.
+- LoRA (every release here, r24.05+): ``model.json`` in the version folder with
+  ``"enable_lora": true`` (string or bool) and ``multi_lora.json`` beside it (adapter name
+  -> path) enable it; a stand-in without ``model.json`` has it off (the real backend needs
+  the file). ``lora_name`` in ``sampling_parameters`` (or, from 25.01, the request's
+  parameters) is checked inside ``execute`` as the backend's ``verify_loras`` does: off ->
+  ``LoRA feature is not enabled.``, unknown -> ``LoRA <name> is not supported, we currently
+  support [...]``, one FINAL error response. A known adapter's answer starts with
+  ``(<name>) `` so a test sees the adapter reached the model (no weights are read).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,8 +243,10 @@ def parse_sampling(parameters: str, release: str) -> Sampling:
         for key, kind in _V0_COERCE.items():
             if key in data:
                 data[key] = kind(data[key])
-        data.pop("lora_name", None)  # popped before SamplingParams(**d)
-        return _sampling(data, release)
+        lora_name = data.pop("lora_name", None)  # popped before SamplingParams(**d)
+        sampling_v0 = _sampling(data, release)
+        sampling_v0.lora_name = lora_name
+        return sampling_v0
     try:  # TritonSamplingParams.from_dict: any failure is logged and becomes None
         data = json.loads(parameters)
         for key, value in data.items():
@@ -297,7 +308,28 @@ class VllmStandin:
         output = pb_utils.get_output_config_by_name(config, "text_output")
         self.output_dtype = pb_utils.triton_string_to_numpy(output["data_type"])
         self.tokens = TokenCounter(pb_utils, self.name)
+        self.supported_loras: list[str] | None = self._setup_lora(args)
+        """The adapters of ``multi_lora.json``; None when LoRA is not enabled."""
         self.scheduler = engine.Scheduler(self.name, self._failed)
+
+    @staticmethod
+    def _setup_lora(args: dict[str, Any]) -> list[str] | None:
+        """The backend's ``setup_lora``: ``enable_lora`` in ``model.json`` (string or bool)
+        turns it on, and ``multi_lora.json`` beside it must then exist."""
+        model_dir = os.path.join(args["model_repository"], args["model_version"])
+        try:
+            with open(os.path.join(model_dir, "model.json")) as file:
+                engine_config = json.load(file)
+        except FileNotFoundError:
+            return None  # the stock stand-ins carry no engine config
+        if str(engine_config.get("enable_lora", "")).lower() != "true":
+            return None
+        path = os.path.join(model_dir, "multi_lora.json")
+        try:
+            with open(path) as file:
+                return list(json.load(file).keys())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"Triton backend cannot find {path}.") from None
 
     # -- Triton entry points ------------------------------------------------------------------
 
@@ -325,7 +357,7 @@ class VllmStandin:
 
     def _verify_loras(self, request: Any) -> str | None:
         """The backend's ``verify_loras`` (run inside ``execute``): parses the sampling
-        parameters once to find ``lora_name``; LoRA is never enabled here."""
+        parameters once to find ``lora_name``, and says why it is refused (or None)."""
         tensor = self.pb.get_input_tensor_by_name(request, "sampling_parameters")
         if tensor is not None:
             parameters = tensor.as_numpy()[0].decode("utf-8")
@@ -341,7 +373,13 @@ class VllmStandin:
                 if key in data:
                     data[key] = kind(data[key])
             lora_name = data.pop("lora_name", None)
-        return None if lora_name is None else "LoRA feature is not enabled."
+        if lora_name is None:
+            return None
+        if self.supported_loras is None:
+            return "LoRA feature is not enabled."
+        if lora_name not in self.supported_loras:
+            return f"LoRA {lora_name} is not supported, we currently support {self.supported_loras}"
+        return None
 
     def _infer(self, request: Any, sender: Any) -> Iterator[float]:
         """One request from start to end (the backend's ``generate``); yields the delay
@@ -473,6 +511,8 @@ class VllmStandin:
         """The text the model means to write: a value that fits a structured-output
         constraint, else the ``[say=...]`` text or the engine's sentence."""
         constraint = sampling.constraint
+        if sampling.lora_name is not None:
+            said = f"({sampling.lora_name}) {said}"
         if not constraint:
             return said
         kind, value = next(iter(constraint.items()))

@@ -91,6 +91,18 @@ class ModelInfo:
     reasoning_parser: str | None = None
     """Chat models that reason before they answer: the name of the parser that tells the
     reasoning apart from the answer (``deepseek_r1``, ``qwen3``)."""
+    adapters: tuple[str, ...] = ()
+    """Chat models: the names of the LoRA adapters it serves (``lora_adapters`` parameter),
+    each a model id of its own (see :mod:`gateway.serving.catalog`)."""
+    base: str | None = None
+    """A LoRA adapter's model id: the Triton model it runs on (None for a Triton model)."""
+    adapter: str | None = None
+    """A LoRA adapter's model id: the adapter's name, as the base model knows it."""
+
+    @property
+    def runs_on(self) -> str:
+        """The Triton model a request for this model id goes to."""
+        return self.base or self.name
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,9 @@ class SamplingOptions:
     terms: ``{"json": schema}`` or ``{"json_object": true}``."""
     constraint_key: str = "structured_outputs"
     """The ``sampling_parameters`` key of :attr:`constraint` (see ``ModelInfo``)."""
+    lora_name: str | None = None
+    """The LoRA adapter to generate with (one of the model's ``adapters``); vLLM's name for
+    it in ``sampling_parameters``, which the other profiles turn into their own input."""
 
     def to_json(self) -> str:
         """The ``sampling_parameters`` tensor: only the fields that are set. The constraint

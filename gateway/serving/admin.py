@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.backend import Backend, RepositoryModel
+from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
@@ -31,11 +32,24 @@ class AdminService:
                 return model
         return _entry(RepositoryModel(name, ""), None)
 
+    async def _not_adapter(self, name: str, action: str) -> None:
+        """400 for a LoRA adapter's id: its base model is what Triton loads."""
+        model = (await self.catalog.cached()).get(name)
+        if model is not None and model.base is not None:
+            raise InvalidRequestError(
+                f"'{name}' is the LoRA adapter '{model.adapter}' of the model '{model.base}', "
+                f"not a Triton model: {action} '{model.base}' (its adapters come and go with it).",
+                param="name",
+                code="lora_adapter",
+            )
+
     async def load(self, name: str) -> dict[str, Any]:
+        await self._not_adapter(name, "load")
         await self.backend.load_model(name)
         return await self._state(name)
 
     async def unload(self, name: str) -> dict[str, Any]:
+        await self._not_adapter(name, "unload")
         await self.backend.unload_model(name)
         return await self._state(name)
 

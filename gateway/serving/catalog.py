@@ -7,16 +7,62 @@ model loaded a moment ago is found at once while a stream of requests costs no e
 trip. ``/v1/models`` and the admin API read it fresh (:meth:`ModelCatalog.refresh`).
 :class:`DefaultModels` picks the model of a task where a request names none (audio, the
 Realtime API).
+
+LoRA adapters: a chat model that lists adapters (its ``lora_adapters`` parameter, read by
+its profile into ``ModelInfo.adapters``) gives each one a model id of its own,
+``<base><separator><adapter>`` (``GATEWAY_LORA_SEPARATOR``, ``:`` by default, as in OpenAI's
+fine-tuned ids ``ft:gpt-4o-mini:org::id``). The catalog lists those ids beside the Triton
+models, so everything that looks a model up by its id (``/v1/models``, a key's allow-list,
+usage, metrics, the response's ``model``) sees the adapter's id; its ``ModelInfo`` is the
+base's with ``base`` and ``adapter`` set, and a request for it runs on the base
+(``ModelInfo.runs_on``) with the adapter in ``SamplingOptions.lora_name``. A Triton model
+whose name is the same as an adapter id wins (the adapter is not listed, and a warning says
+so).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 
 from gateway.backend import Backend, ModelInfo
 from gateway.config import Settings
 from gateway.errors import BackendUnavailableError, InvalidRequestError, ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEPARATOR = ":"
+_WARNED: set[str] = set()
+
+
+def with_adapters(models: list[ModelInfo], separator: str) -> dict[str, ModelInfo]:
+    """Every model by its id, and every LoRA adapter of a loaded model by its adapter id
+    (after its base); a Triton model keeps its name where an adapter id would take it."""
+    found = {m.name: m for m in models}
+    listed: dict[str, ModelInfo] = {}
+    for model in models:
+        listed[model.name] = model
+        if not model.ready:
+            continue
+        for adapter in model.adapters:
+            model_id = f"{model.name}{separator}{adapter}"
+            if model_id in found or model_id in listed:
+                if model_id in _WARNED:
+                    continue
+                _WARNED.add(model_id)
+                logger.warning(
+                    "LoRA adapter %s of %s is not listed: a model is already called %s",
+                    adapter,
+                    model.name,
+                    model_id,
+                )
+                continue
+            listed[model_id] = dataclasses.replace(
+                model, name=model_id, adapters=(), base=model.name, adapter=adapter
+            )
+    return listed
 
 
 def model_takes(model: ModelInfo, name: str, param: str | None = None) -> bool:
@@ -38,9 +84,11 @@ def model_takes(model: ModelInfo, name: str, param: str | None = None) -> bool:
 
 
 class ModelCatalog:
-    def __init__(self, backend: Backend, ttl_s: float) -> None:
+    def __init__(self, backend: Backend, ttl_s: float, separator: str = DEFAULT_SEPARATOR) -> None:
         self.backend = backend
         self.ttl_s = ttl_s
+        self.separator = separator
+        """Between a base model's name and its adapter's in an adapter's model id."""
         self._models: dict[str, ModelInfo] = {}
         self._read_at = float("-inf")
         self._lock = asyncio.Lock()
@@ -57,7 +105,7 @@ class ModelCatalog:
                 return self._models
             began = time.monotonic()
             models = await self.backend.models()
-            self._models = {m.name: m for m in models}
+            self._models = with_adapters(models, self.separator)
             self._read_at = began
             return self._models
 
@@ -117,7 +165,8 @@ class DefaultModels:
         if configured:
             return configured
         models = await self.catalog.cached()
-        ready = [m.name for m in models.values() if m.task == task and m.ready]
+        # A LoRA adapter is never the default: only a model the operator loaded.
+        ready = [m.name for m in models.values() if m.task == task and m.ready and not m.base]
         if not ready:
             raise BackendUnavailableError(
                 f"No {task} model is loaded, and audio needs one: load one with the admin "

@@ -77,6 +77,8 @@ class PreparedChat:
     id: str
     created: int
     model: str
+    runs_on: str
+    """The Triton model that generates (the base of a LoRA adapter's id, else ``model``)."""
     prompt: str
     options: SamplingOptions
     include_usage: bool
@@ -427,6 +429,7 @@ class ChatService:
             logprobs=top,
             constraint=tools.constraint or formatted,
             constraint_key=model.structured_outputs_key,
+            lora_name=model.adapter,
         )
         messages = openai_messages(request.messages)
         session = None
@@ -460,6 +463,7 @@ class ChatService:
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time()),
             model=request.model,
+            runs_on=model.runs_on,
             prompt=prompt,
             options=options,
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
@@ -479,7 +483,7 @@ class ChatService:
         reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
         return await generation.reserve_run(
             self.backend,
-            chat.model,
+            chat.runs_on,
             meter or Meter(),
             [chat.prompt],
             chat.options,
@@ -522,7 +526,7 @@ class ChatService:
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.reserve_run(
-            self.backend, chat.model, run.meter, [chat.prompt + prefix], options, flexible=True
+            self.backend, chat.runs_on, run.meter, [chat.prompt + prefix], options, flexible=True
         )
         [result] = await again.collect()
         run.include(again)

@@ -45,6 +45,8 @@ class PreparedCompletion:
     id: str
     created: int
     model: str
+    runs_on: str
+    """The Triton model that generates (the base of a LoRA adapter's id, else ``model``)."""
     prompts: list[str]
     options: SamplingOptions
     n: int
@@ -110,6 +112,7 @@ class CompletionService:
             logprobs=top,
             constraint=response_constraint(request.response_format, model, self.max_schema_kb),
             constraint_key=model.structured_outputs_key,
+            lora_name=model.adapter,
         )
         for prompt in prompts:
             if not prompt:
@@ -119,6 +122,7 @@ class CompletionService:
             id=f"cmpl-{uuid.uuid4().hex}",
             created=int(time.time()),
             model=request.model,
+            runs_on=model.runs_on,
             prompts=prompts,
             options=options,
             n=request.n,
@@ -134,7 +138,7 @@ class CompletionService:
         tokens reserved under the key's limits; its ``collect`` or ``stream`` runs them."""
         return await generation.reserve_run(
             self.backend,
-            job.model,
+            job.runs_on,
             meter or Meter(),
             job.prompts,
             job.options,

@@ -535,6 +535,10 @@ class Model(BaseModel):
     ignored_parameters: list[str] | None = None
     chat_template: bool | None = None
     """Chat models: whether it has a chat template (without one, only /v1/completions)."""
+    root: str | None = None
+    """The Triton model that serves it (vLLM's field, where vLLM shows the weights' path)."""
+    parent: str | None = None
+    """A LoRA adapter: the id of its base model (vLLM's field); null for a base model."""
 
 
 class ModelList(BaseModel):

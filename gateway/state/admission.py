@@ -264,7 +264,9 @@ class Gatekeeper:
         """Releases the lease, counts the tokens in the window and records usage. Never
         raises: the response is already sent, and a lease not released expires."""
         self._held.pop(admission.lease, None)
-        await self.limits.settle(admission.key.id, admission.lease, admission.meter)
+        await self.limits.settle(
+            admission.key.id, admission.lease, admission.meter, admission.model
+        )
 
     async def _keep(self) -> None:
         """Renews every lease this process holds, all in one round trip, a few times per

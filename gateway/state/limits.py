@@ -31,6 +31,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -75,15 +76,16 @@ redis.call('EXPIRE', KEYS[1], 61)
 return {'ok', tostring(grant), tostring(sec)}
 """
 
-# KEYS: token buckets, leases, usage. ARGV: tokens, lease id, prompt tokens, completion
-# tokens, audio seconds in, audio seconds out, then the reservations as bucket, tokens
-# pairs. The tokens used fill the reservations in turn; each reservation still in the
-# window is settled to its share in its own bucket (never below zero), one that has left
-# the window counts no more; tokens beyond all reservations are counted now.
+# KEYS: token buckets, leases, usage, usage by model. ARGV: tokens, lease id, prompt
+# tokens, completion tokens, audio seconds in, audio seconds out, the model (counted in its
+# own fields when not empty), then the reservations as bucket, tokens pairs. The tokens
+# used fill the reservations in turn; each reservation still in the window is settled to
+# its share in its own bucket (never below zero), one that has left the window counts no
+# more; tokens beyond all reservations are counted now.
 _FINISH = """
 local sec = tonumber(redis.call('TIME')[1])
 local left = tonumber(ARGV[1])
-for i = 7, #ARGV, 2 do
+for i = 8, #ARGV, 2 do
   local at, reserved = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   local share = math.min(left, reserved)
   left = left - share
@@ -103,6 +105,11 @@ redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[4])
 redis.call('HINCRBYFLOAT', KEYS[3], 'audio_seconds_in', ARGV[5])
 redis.call('HINCRBYFLOAT', KEYS[3], 'audio_seconds_out', ARGV[6])
+if ARGV[7] ~= '' then
+  redis.call('HINCRBY', KEYS[4], 'requests:' .. ARGV[7], 1)
+  redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[7], ARGV[3])
+  redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[7], ARGV[4])
+end
 return 1
 """
 
@@ -115,6 +122,11 @@ def limit_keys(key_id: str) -> tuple[str, str, str]:
 
 def usage_key(key_id: str) -> str:
     return f"{PREFIX}usage:{{{key_id}}}"
+
+
+def model_usage_key(key_id: str) -> str:
+    """A key's usage by model: ``<what>:<model id>`` -> count."""
+    return f"{PREFIX}usage:{{{key_id}}}:models"
 
 
 def duration(seconds: float) -> str:
@@ -203,14 +215,21 @@ class Limits:
         meter.reservations.append((int(result[2]), prompt + generations * granted))
         return granted
 
-    async def settle(self, key_id: str, lease: str, meter: Meter) -> None:
+    async def settle(self, key_id: str, lease: str, meter: Meter, model: str = "") -> None:
         """Releases ``lease`` (if any), settles the reservations to the tokens used, counts
-        them in the window and records usage. Never raises: the response is already sent,
-        and a lease not released expires."""
+        them in the window and records usage, under ``model`` too when the request used
+        tokens or audio (so a name that is no model, a 404, adds nothing). Never raises: the
+        response is already sent, and a lease not released expires."""
         _, tokens, leases = limit_keys(key_id)
+        used = bool(
+            meter.prompt_tokens
+            or meter.completion_tokens
+            or meter.audio_seconds_in
+            or meter.audio_seconds_out
+        )
         try:
             await self._finish(
-                keys=[tokens, leases, usage_key(key_id)],
+                keys=[tokens, leases, usage_key(key_id), model_usage_key(key_id)],
                 args=[
                     meter.prompt_tokens + meter.completion_tokens,
                     lease,
@@ -218,6 +237,7 @@ class Limits:
                     meter.completion_tokens,
                     round(meter.audio_seconds_in, 3),
                     round(meter.audio_seconds_out, 3),
+                    model if used else "",
                     *(n for reservation in meter.reservations for n in reservation),
                 ],
             )
@@ -225,15 +245,22 @@ class Limits:
             logger.warning("could not record usage of key %s: %s", key_id, exc)
 
     @needs_store
-    async def usage(self, key_id: str) -> dict[str, float]:
-        """What a key has used since it was created."""
+    async def usage(self, key_id: str) -> dict[str, Any]:
+        """What a key has used since it was created; ``models``: the requests and tokens of
+        each model id (a LoRA adapter's id apart from its base's) that used any."""
         raw = await self.redis.hgetall(usage_key(key_id))
+        by_model = await self.redis.hgetall(model_usage_key(key_id))
+        models: dict[str, dict[str, int]] = {}
+        for name, value in sorted(by_model.items()):
+            what, _, model = str(name).partition(":")
+            models.setdefault(model, {})[what] = int(value)
         return {
             "requests": int(raw.get("requests", 0)),
             "prompt_tokens": int(raw.get("prompt_tokens", 0)),
             "completion_tokens": int(raw.get("completion_tokens", 0)),
             "audio_seconds_in": float(raw.get("audio_seconds_in", 0.0)),
             "audio_seconds_out": float(raw.get("audio_seconds_out", 0.0)),
+            "models": models,
         }
 
 

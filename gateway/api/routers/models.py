@@ -47,6 +47,8 @@ def _public(info: ModelInfo, created: int) -> Model:
         parameters=sorted(info.takes),
         ignored_parameters=sorted(info.ignores),
         chat_template=info.chat_template is not None if info.task == "chat" else None,
+        root=info.runs_on,
+        parent=info.base,
     )
 
 

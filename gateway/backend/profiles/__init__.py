@@ -28,6 +28,7 @@ a declared ``openai_task`` (registered last). Tests: ``tests/unit/test_profiles.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -48,6 +49,8 @@ from gateway.backend.tokenizer import Tokenizer, estimate_tokens
 from gateway.errors import InvalidRequestError
 
 __all__ = ["Contract", "ModelConfig", "TensorSpec", "contract_for", "register"]
+
+logger = logging.getLogger(__name__)
 
 
 class Contract:
@@ -121,10 +124,43 @@ class Contract:
             bos_token=bos,
             eos_token=eos,
             reasoning_parser=params.get("reasoning_parser") or None,
+            adapters=self.adapters() if self.task() == "chat" else (),
         )
 
     def voices(self) -> tuple[str, ...]:
         return self.config.names("voices")
+
+    # -- LoRA adapters -----------------------------------------------------------------
+
+    def lora_entries(self) -> dict[str, str]:
+        """The ``lora_adapters`` parameter: adapter name -> what follows its ``=`` (a
+        TensorRT-LLM task id; empty when none), in the order listed."""
+        entries: dict[str, str] = {}
+        for entry in self.config.names("lora_adapters"):
+            name, _, value = entry.partition("=")
+            if name.strip():
+                entries.setdefault(name.strip(), value.strip())
+        return entries
+
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters a request may name (``lora_adapters``), those the profile can
+        send; a profile with no way to send one serves none (:meth:`unusable_adapters`)."""
+        names = tuple(self.lora_entries())
+        if names:
+            self.unusable_adapters(names, "its profile has no way to name an adapter")
+        return ()
+
+    def unusable_adapters(self, names: tuple[str, ...], why: str) -> None:
+        """Logs, once per model and reason, adapters listed that are not served."""
+        key = (self.config.name, why)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            logger.warning(
+                "model %s: LoRA adapters %s are not served: %s",
+                self.config.name,
+                ", ".join(names),
+                why,
+            )
 
     def sample_rate(self) -> int | None:
         return self.config.integer("sample_rate")
@@ -200,6 +236,7 @@ def _input_types(config: ModelConfig) -> tuple[str, ...]:
 
 
 _PROFILES: list[type[Contract]] = []
+_WARNED: set[tuple[str, str]] = set()
 
 
 def register(profile: type[Contract]) -> type[Contract]:

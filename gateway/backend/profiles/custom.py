@@ -9,7 +9,8 @@ of truth (see ``triton_repo/README.md``, "Fronting your Triton"):
   ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (vLLM's meanings);
   speech: ``text``, ``voice``, ``speed``; transcription: ``audio`` (FP32 samples at
   ``sample_rate``, or the encoded file as BYTES), ``language``, ``prompt``,
-  ``temperature``; embeddings: ``text``, ``input_type``.
+  ``temperature``; embeddings: ``text``, ``input_type``. Chat's ``lora`` (BYTES): the
+  name of the LoRA adapter a request asked for (one of ``lora_adapters``), absent without.
 - ``openai_output_<field>``: the output that returns it. Chat: ``text``,
   ``finish_reason``, ``prompt_tokens``, ``completion_tokens``; speech: ``audio`` (FP32 in
   [-1, 1] or INT16 samples), ``sample_rate``; transcription: ``text``; embeddings:
@@ -126,6 +127,13 @@ class CustomContract(Contract):
             return frozenset(f for f in ("language", "prompt", "temperature") if self.input(f))
         return frozenset()
 
+    def adapters(self) -> tuple[str, ...]:
+        names = tuple(self.lora_entries())
+        if names and self.input("lora") is None:
+            self.unusable_adapters(names, "no openai_input_lora input takes the adapter's name")
+            return ()
+        return names
+
     # -- chat --------------------------------------------------------------------------
 
     def generate(
@@ -153,6 +161,9 @@ class CustomContract(Contract):
         stream_input = self.input("stream")
         if stream_input is not None:
             inputs.append(self.config.tensor(stream_input, streaming))
+        lora_input = self.input("lora")
+        if lora_input is not None and options.lora_name is not None:
+            inputs.append(self.config.tensor(lora_input, options.lora_name))
         mode = self.config.parameters.get("openai_output_text_mode", "delta").strip().lower()
         rules = TextRules(
             text_output=text,

@@ -19,6 +19,10 @@ then ``NVIDIA/TensorRT-LLM`` ``triton_backend/``):
   decoded alone, the BLS with ``accumulate_tokens`` sends the whole text so far.
 - vLLM's extensions it has an input for: ``top_k`` (vLLM's -1, no cut, is TensorRT-LLM's
   0), ``repetition_penalty``, ``min_tokens``; it has none for ``min_p`` or ``ignore_eos``.
+- LoRA: ``lora_task_id`` (UINT64), the id the operator gave the adapter's name in the
+  ``lora_adapters`` parameter (``name=id``). The gateway never sends ``lora_weights`` or
+  ``lora_config``: the task must already be in the engine's LoRA cache (an id that is not
+  is the engine's error).
 - No finish reason: ``stop`` when the answer ended before ``max_tokens`` tokens (or at a
   stop word), ``length`` when it used them all.
 """
@@ -95,6 +99,22 @@ class TrtllmContract(Contract):
             taken.add("response_format")
         return frozenset(taken)
 
+    def _task_ids(self) -> dict[str, int]:
+        """Adapter name -> ``lora_task_id``, for the entries of ``lora_adapters`` with one."""
+        return {name: int(value) for name, value in self.lora_entries().items() if value.isdigit()}
+
+    def adapters(self) -> tuple[str, ...]:
+        entries = self.lora_entries()
+        if not self.has("lora_task_id"):
+            if entries:
+                self.unusable_adapters(tuple(entries), "the model has no lora_task_id input")
+            return ()
+        ids = self._task_ids()
+        missing = tuple(name for name in entries if name not in ids)
+        if missing:
+            self.unusable_adapters(missing, "no task id (write name=id in lora_adapters)")
+        return tuple(ids)
+
     def _accumulates(self) -> bool:
         value = self.config.parameters.get("accumulate_tokens", "").strip().lower()
         return value in ("true", "yes", "1", "t")
@@ -128,6 +148,9 @@ class TrtllmContract(Contract):
             inputs.append(config.tensor(min_tokens, options.min_tokens, "min_tokens"))
         if options.stop and self.has("stop_words"):
             inputs.append(config.tensor("stop_words", list(options.stop), "stop"))
+        if options.lora_name is not None:
+            task_id = self._task_ids()[options.lora_name]
+            inputs.append(config.tensor("lora_task_id", task_id, "model"))
         if options.constraint is not None:
             kind, value = next(iter(options.constraint.items()))
             guide = "" if kind == "json_object" else value

@@ -20,6 +20,10 @@ every release, so they go into ``sampling_parameters`` under their own names. A 
 speaks these tensors without being vLLM lists the ones it takes in a
 ``sampling_extensions`` parameter (empty: none); the others are then refused.
 
+A LoRA adapter (one of the ``lora_adapters`` parameter) goes as ``lora_name`` in
+``sampling_parameters`` (r24.05+); the backend refuses a name that is not in the
+``multi_lora.json`` beside the model (``LoRA <name> is not supported, ...``).
+
 Every request sends ``exclude_input_in_output`` where it exists; on a release without it,
 a non-streamed answer starts with the prompt, which is cut off. An embedding model (25.11+)
 is told by ``openai_task: embeddings`` in its config: vLLM decides it from the
@@ -62,6 +66,12 @@ class VllmContract(Contract):
         if "return_finish_reason" not in inputs:
             return "24.11 or older"
         return "25.01-25.10" if "image" in inputs else "24.12"
+
+    def adapters(self) -> tuple[str, ...]:
+        """Every adapter listed: the backend takes ``lora_name`` in ``sampling_parameters``
+        from r24.05 (the releases before it cannot be told apart by their inputs; they fail
+        the request with vLLM's "unexpected keyword argument 'lora_name'")."""
+        return tuple(self.lora_entries())
 
     def _default_key(self) -> str | None:
         return {"25.11+": "structured_outputs", "25.01-25.10": "guided_decoding"}.get(
