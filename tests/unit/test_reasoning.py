@@ -374,3 +374,15 @@ async def test_a_spoken_answer_says_the_answer_not_the_reasoning(
     deltas = [e["choices"][0]["delta"] for e in events[:-1]]
     assert "".join(d.get("audio", {}).get("transcript", "") for d in deltas) == "The answer."
     assert events[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_session_keeps_the_answer_without_its_reasoning(
+    http: httpx.AsyncClient, fake: FakeBackend, stream: bool
+) -> None:
+    fake.reply = THOUGHT
+    body = chat_body(model="fake-reasoner", stream=stream)
+    headers = {"X-Session-ID": f"think-{stream}"}
+    assert (await http.post("/v1/chat/completions", json=body, headers=headers)).is_success
+    stored = (await http.get(f"/v1/sessions/think-{stream}")).json()["messages"]
+    assert stored[-1] == {"role": "assistant", "content": "The answer."}
