@@ -68,6 +68,20 @@ def last_reply(page: Page) -> str:
     return page.locator('[data-testid="chat-output"] .assistant .text').last.inner_text()
 
 
+def test_a_reasoning_model_shows_its_reasoning_above_its_answer(
+    stack: GatewayProcess, browser: Browser
+) -> None:
+    loaded = httpx.post(
+        f"{stack.base_url}/admin/models/mock_qwen3/load", headers=stack.headers, timeout=60
+    )
+    assert loaded.status_code == 200, loaded.text
+    with playground(browser, stack.base_url, stack.admin_key) as (page, _):
+        chat(page, "mock_qwen3", "[mock:think=Paris%20is%20in%20France.]")
+        expect(page.get_by_test_id("chat-status")).to_contain_text("completion tokens")
+        expect(page.get_by_test_id("chat-reasoning").last).to_contain_text("Paris is in France.")
+        assert last_reply(page) == "The quick brown fox jumps over the lazy dog."
+
+
 def test_page_and_its_files_come_through_nginx_under_a_strict_policy(
     stack: GatewayProcess,
 ) -> None:

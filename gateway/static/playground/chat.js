@@ -1,5 +1,5 @@
 // Chat tab: /v1/chat/completions streamed token by token; Stop aborts the request, which
-// cancels the generation in Triton.
+// cancels the generation in Triton. A reasoning model's reasoning shows above its answer.
 
 import { call, events } from "./api.js";
 import { $, clearError, message, optionalNumber, showError } from "./ui.js";
@@ -9,6 +9,20 @@ let controller = null;
 
 function bubble(role, text) {
   return message($("chat-output"), role, text);
+}
+
+// The reasoning block of an answer, made when its first reasoning delta arrives.
+function reasoningOf(output) {
+  const details = document.createElement("details");
+  details.className = "reasoning";
+  details.dataset.testid = "chat-reasoning";
+  details.open = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "Reasoning";
+  const text = document.createElement("div");
+  details.append(summary, text);
+  output.before(details);
+  return text;
 }
 
 async function send() {
@@ -42,6 +56,7 @@ async function send() {
   $("chat-stop").disabled = false;
   status.textContent = "…";
   let reply = "";
+  let reasoning = null;
   try {
     const response = await call("/v1/chat/completions", {
       method: "POST",
@@ -52,6 +67,11 @@ async function send() {
     let finish = null;
     for await (const chunk of events(response)) {
       for (const choice of chunk.choices || []) {
+        const thought = choice.delta && (choice.delta.reasoning_content || choice.delta.reasoning);
+        if (thought) {
+          reasoning = reasoning || reasoningOf(output);
+          reasoning.textContent += thought;
+        }
         if (choice.delta && choice.delta.content) {
           reply += choice.delta.content;
           output.textContent = reply;
