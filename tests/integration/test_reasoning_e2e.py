@@ -13,31 +13,15 @@ import urllib.parse
 
 import httpx
 import openai
-import pydantic
 import pytest
 
+from tests.shapes import WEATHER, City
 from tests.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
 ANSWER = "The quick brown fox jumps over the lazy dog."
 THOUGHT = "Paris is the capital of France."
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-
-
-class City(pydantic.BaseModel):
-    name: str
-    population: int
 
 
 def ask(thought: str = THOUGHT, say: str | None = None) -> list[dict[str, str]]:

@@ -9,29 +9,11 @@ from dataclasses import replace
 
 import httpx
 import openai
-import pydantic
 import pytest
 
 from gateway.backend.fake import FakeBackend
+from tests.shapes import CALL, WEATHER, City
 from tests.unit.conftest import USER_HI, assert_openai_error, chat_body, sse_json
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
-
-
-class City(pydantic.BaseModel):
-    name: str
-    population: int
 
 
 async def test_auto_tool_call_is_parsed_into_tool_calls(

@@ -8,31 +8,14 @@ from typing import Any
 
 import httpx
 import openai
-import pydantic
 import pytest
 
 from gateway.backend.fake import FakeBackend
 from gateway.serving.reasoning_parsers import ReasoningTokens, get_parser, parser_names, split
+from tests.shapes import CALL, WEATHER, City
 from tests.unit.conftest import USER_HI, assert_openai_error, chat_body, sse_json
 
 THOUGHT = "<think> I weigh it. </think> The answer."
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
-
-
-class City(pydantic.BaseModel):
-    name: str
-    population: int
 
 
 # -- the parsers ---------------------------------------------------------------------------

@@ -72,74 +72,46 @@ class _StreamWriter:
             and open_["name"] in tools.strict
         )
 
+    def _opened(self, kind: str) -> bool:
+        return self.open is not None and self.open["type"] == kind
+
+    async def _part(self, item: dict[str, Any], part: dict[str, Any]) -> list[str]:
+        """Events that close the open item and open ``item``, with its one content ``part``."""
+        events = await self._close("completed")
+        self.open = item
+        index = self._index()
+        events.append(self.event("response.output_item.added", output_index=index, item=dict(item)))
+        item["text"] = ""
+        ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        events.append(self.event("response.content_part.added", **ids, part=part))
+        return events
+
+    def _part_delta(self, kind: str, text: str, **fields: Any) -> str:
+        """The open item's text grows by ``text``: its ``kind`` of delta event."""
+        assert self.open is not None
+        self.open["text"] += text
+        ids = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
+        return self.event(kind, **ids, delta=text, **fields)
+
     async def _text(self, text: str) -> list[str]:
         events = []
-        if self.open is None or self.open["type"] != "message":
-            events += await self._close("completed")
-            self.open = _message_item(new_id("msg"), "", "in_progress")
-            self.open["text"] = ""
-            self.logprobs = []
-            index = self._index()
-            item = {k: v for k, v in self.open.items() if k != "text"}
-            events.append(self.event("response.output_item.added", output_index=index, item=item))
+        if not self._opened("message"):
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            events.append(
-                self.event(
-                    "response.content_part.added",
-                    item_id=self.open["id"],
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                )
-            )
+            events = await self._part(_message_item(new_id("msg"), "", "in_progress"), part)
+            self.logprobs = []
         if not text:
             return events
-        self.open["text"] += text
         logprobs = self._take_logprobs()
         self.logprobs += logprobs
-        events.append(
-            self.event(
-                "response.output_text.delta",
-                item_id=self.open["id"],
-                output_index=self._index(),
-                content_index=0,
-                delta=text,
-                logprobs=logprobs,
-            )
-        )
-        return events
+        return [*events, self._part_delta("response.output_text.delta", text, logprobs=logprobs)]
 
     async def _reasoning(self, text: str) -> list[str]:
         events = []
-        if self.open is None or self.open["type"] != "reasoning":
-            events += await self._close("completed")
-            self.open = _reasoning_item(new_id("rs"), "", "in_progress")
-            index = self._index()
-            events.append(
-                self.event("response.output_item.added", output_index=index, item=dict(self.open))
-            )
-            self.open["text"] = ""
-            events.append(
-                self.event(
-                    "response.content_part.added",
-                    item_id=self.open["id"],
-                    output_index=index,
-                    content_index=0,
-                    part={"type": "reasoning_text", "text": ""},
-                )
-            )
-        self.open["text"] += text
+        if not self._opened("reasoning"):
+            part = {"type": "reasoning_text", "text": ""}
+            events = await self._part(_reasoning_item(new_id("rs"), "", "in_progress"), part)
         self.pending = []  # a reasoning_text part carries no log probabilities
-        events.append(
-            self.event(
-                "response.reasoning_text.delta",
-                item_id=self.open["id"],
-                output_index=self._index(),
-                content_index=0,
-                delta=text,
-            )
-        )
-        return events
+        return [*events, self._part_delta("response.reasoning_text.delta", text)]
 
     def _take_logprobs(self) -> list[dict[str, Any]]:
         logprobs = _logprobs(self.prepared.chat, self.pending)
