@@ -28,12 +28,20 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.backend import OPTION_PARAMETERS, Backend, ModelInfo, SamplingOptions, TokenLogprob
+from gateway.backend import (
+    OPTION_PARAMETERS,
+    Backend,
+    ChatImage,
+    ModelInfo,
+    SamplingOptions,
+    TokenLogprob,
+)
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import BackendError, InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog, model_takes
+from gateway.serving.images import ImageLimits, ImageReader, template_messages
 from gateway.serving.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -82,6 +90,8 @@ class PreparedChat:
     flexible: bool = False
     """The client set no ``max_tokens``: fewer may be granted under the key's ``tpm``."""
     started: float = field(default_factory=time.monotonic)
+    images: tuple[ChatImage, ...] = ()
+    """The images of the messages, in the order of their placeholders in the prompt."""
 
 
 def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
@@ -307,6 +317,7 @@ class ChatService:
         in_flight: int = 16,
         max_choices: int = 128,
         max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
+        images: ImageReader | None = None,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
@@ -317,6 +328,7 @@ class ChatService:
         self.in_flight = in_flight
         self.max_choices = max_choices
         self.max_schema_kb = max_schema_kb
+        self.images = images or ImageReader(ImageLimits())
 
     async def prepare(
         self,
@@ -369,6 +381,7 @@ class ChatService:
             constraint=tools.constraint or formatted,
             constraint_key=model.structured_outputs_key,
         )
+        images = await self.images.read(request.messages, model, names, session_id is not None)
         messages = openai_messages(request.messages)
         session = None
         if session_id is not None:
@@ -385,7 +398,7 @@ class ChatService:
             messages = session.messages
         prompt = render_chat(
             template,
-            for_template(messages),
+            template_messages(for_template(messages), request.messages, model),
             param=names.messages,
             tools=tools.template_tools,
             bos_token=model.bos_token or "",
@@ -405,6 +418,7 @@ class ChatService:
             logprobs=top,
             session=session,
             flexible=max_tokens is None,
+            images=images,
         )
 
     async def reserve_run(
@@ -421,6 +435,7 @@ class ChatService:
             chat.n,
             chat.flexible,
             self.in_flight,
+            chat.images,
         )
 
     async def remember(
@@ -456,7 +471,13 @@ class ChatService:
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.reserve_run(
-            self.backend, chat.model, run.meter, [chat.prompt + prefix], options, flexible=True
+            self.backend,
+            chat.model,
+            run.meter,
+            [chat.prompt + prefix],
+            options,
+            flexible=True,
+            images=chat.images,
         )
         [result] = await again.collect()
         run.include(again)

@@ -22,7 +22,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
+from gateway.backend import Backend, ChatImage, GenerationChunk, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.serving.protocol import Usage
 from gateway.serving.sse import first_or_close
@@ -31,13 +31,17 @@ from gateway.state.limits import Meter
 
 @dataclass(frozen=True)
 class Generation:
-    """One choice to generate, one backend request: a rendered prompt and its options."""
+    """One choice to generate, one backend request: a rendered prompt and its options
+    (and the images the prompt's placeholders stand for)."""
 
     prompt: str
     options: SamplingOptions
+    images: tuple[ChatImage, ...] = ()
 
 
-def generations_for(prompts: list[str], options: SamplingOptions, n: int) -> list[Generation]:
+def generations_for(
+    prompts: list[str], options: SamplingOptions, n: int, images: tuple[ChatImage, ...] = ()
+) -> list[Generation]:
     """``n`` generations per prompt, in choice order. With a seed, choice ``i`` of a prompt
     samples with ``seed + i``: the choices differ, and the same request gives the same choices."""
     generations = []
@@ -46,7 +50,7 @@ def generations_for(prompts: list[str], options: SamplingOptions, n: int) -> lis
             seeded = options
             if i and options.seed is not None:
                 seeded = replace(options, seed=options.seed + i)
-            generations.append(Generation(prompt, seeded))
+            generations.append(Generation(prompt, seeded, images))
     return generations
 
 
@@ -145,7 +149,7 @@ class GenerationRun:
         texts: list[str] = []
         finish = None
         chunks = self.backend.generate(
-            self.model, generation.prompt, generation.options, stream=False
+            self.model, generation.prompt, generation.options, False, generation.images
         )
         async with aclosing(chunks):
             async for chunk in chunks:
@@ -165,7 +169,7 @@ class GenerationRun:
         failures come in the stream). Closing the generator cancels every generation still
         running."""
         streams = [
-            self.backend.generate(self.model, g.prompt, g.options, stream=True)
+            self.backend.generate(self.model, g.prompt, g.options, True, g.images)
             for g in self.generations
         ]
         if len(streams) > self.in_flight:
@@ -190,6 +194,7 @@ async def reserve_run(
     n: int = 1,
     flexible: bool = False,
     in_flight: int = 16,
+    images: tuple[ChatImage, ...] = (),
 ) -> GenerationRun:
     """The run of ``n`` generations of each prompt on ``model``
     (:func:`generations_for`), their tokens reserved under the key's ``tpm`` (429 when
@@ -197,14 +202,14 @@ async def reserve_run(
     generation's ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the
     generations may be given fewer tokens, as many as the key has left. A model that takes
     no ``max_tokens`` is reserved one token per generation and counted in full when it
-    ends."""
-    generations = generations_for(prompts, options, n)
+    ends. ``images`` go with every prompt (chat has one)."""
+    generations = generations_for(prompts, options, n, images)
     per = options.max_tokens
     prompt = sum(estimate_tokens(p) for p in set(prompts))
     granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
     if per is not None and granted < per:
         generations = [
-            Generation(g.prompt, replace(g.options, max_tokens=granted)) for g in generations
+            replace(g, options=replace(g.options, max_tokens=granted)) for g in generations
         ]
     return GenerationRun(backend, model, meter, generations, in_flight)
 

@@ -264,6 +264,9 @@ class ParamNames:
     json_schema: str = "response_format.json_schema"
     """The ``json_schema`` format (its ``schema`` below it)."""
     messages: str = "messages"
+    image_parts: tuple[str, ...] = ()
+    """The request's image parts, in order (a converted request's names for them; empty:
+    ``messages.[i].content.[j]``)."""
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -470,6 +473,11 @@ class ModelCapabilities(BaseModel):
     """The ``response_format`` types it enforces: ``json_object``, ``json_schema``."""
     logprobs: bool = False
     max_logprobs: int = 0
+    images: bool = False
+    """It sees images (``image_url`` parts, Responses ``input_image``); other models
+    refuse them."""
+    max_images: int | None = None
+    """The most images one request may carry to it (None: ``GATEWAY_MAX_IMAGES`` alone)."""
 
 
 class Model(BaseModel):

@@ -271,6 +271,8 @@ async def test_models_show_their_capabilities(http: httpx.AsyncClient) -> None:
         "structured_outputs": ["json_object", "json_schema"],
         "logprobs": True,
         "max_logprobs": 5,
+        "images": False,
+        "max_images": None,
     }
     assert models["fake-plain"]["capabilities"]["tool_calling"] is False
     assert models["fake-tts"]["capabilities"] is None

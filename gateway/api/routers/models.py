@@ -29,6 +29,8 @@ def _capabilities(info: ModelInfo) -> ModelCapabilities | None:
         structured_outputs=formats,
         logprobs=info.logprobs,
         max_logprobs=info.max_logprobs if info.logprobs else 0,
+        images=info.images is not None,
+        max_images=info.images.max_images if info.images is not None else None,
     )
 
 
