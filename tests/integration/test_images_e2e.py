@@ -9,11 +9,12 @@ serves the images; ``localhost`` names the same server under a host that is not 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import openai
@@ -47,9 +48,9 @@ class Images(BaseHTTPRequestHandler):
     """``/cat.png`` (40x30), ``/big.png`` (over 10 MB), ``/page.html``, ``/moved`` (a
     redirect to ``/cat.png`` on ``localhost``); every path asked is kept in ``asked``."""
 
-    asked: list[str] = []
+    asked: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         Images.asked.append(self.path)
         port = self.server.server_address[1]
         if self.path == "/moved":
@@ -70,10 +71,9 @@ class Images(BaseHTTPRequestHandler):
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        try:
+        # The gateway may hang up: it refuses the large file by its length.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the gateway hung up: it refused the file (the large one, by its length)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -17,6 +17,7 @@ from PIL import Image
 from gateway.backend import ImageInput, ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
+from gateway.errors import InvalidRequestError
 from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.protocol import ChatMessage, ParamNames
 from tests.unit.conftest import assert_openai_error, make_settings, sse_json
@@ -387,10 +388,10 @@ async def test_what_an_allowed_host_may_not_do(
         assert answer is not None, "a host not allowed was asked"
         return answer
 
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(InvalidRequestError) as raised:
         await read(reader(handler, max_bytes=1000), url or "https://images.test/cat.png")
     assert words in str(raised.value)
-    assert getattr(raised.value, "param", "") == "messages.[0].content.[0].image_url.url"
+    assert raised.value.param == "messages.[0].content.[0].image_url.url"
 
 
 async def test_a_slow_host_is_cut_off() -> None:
@@ -398,5 +399,5 @@ async def test_a_slow_host_is_cut_off() -> None:
         await asyncio.sleep(5)
         return httpx.Response(200)
 
-    with pytest.raises(Exception, match="did not answer within 0.2 s"):
+    with pytest.raises(InvalidRequestError, match=r"did not answer within 0\.2 s"):
         await read(reader(handler, timeout_s=0.2), "https://images.test/cat.png")

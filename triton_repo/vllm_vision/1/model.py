@@ -1,6 +1,7 @@
 """Stand-in for a vision model served by Triton's vLLM backend, release 25.11.
 
-The rules live in ``standin_vllm.py`` and ``standin_vision.py`` at the repository root (see ``../README.md``)."""
+The rules live in ``standin_vllm.py`` and ``standin_vision.py`` at the repository root (see
+``../README.md``)."""
 
 # Shared modules sit at the repository root; no __pycache__ beside the models.
 import os
