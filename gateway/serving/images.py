@@ -203,7 +203,14 @@ class ImageReader:
                 "too_many_images",
             )
         target = model.images.formats
-        files = await asyncio.gather(*(self._file(part) for part in parts))
+        fetches = [asyncio.ensure_future(self._file(part)) for part in parts]
+        try:
+            files = await asyncio.gather(*fetches)
+        except BaseException:
+            for fetch in fetches:  # the first refusal ends the others' fetches
+                fetch.cancel()
+            await asyncio.gather(*fetches, return_exceptions=True)
+            raise
         return tuple(
             await asyncio.gather(
                 *(
