@@ -301,6 +301,7 @@ class TensorrtLlmStandin:
             tensor("guided_decoding_guide_type"),
             tensor("guided_decoding_guide"),
         )
+        table = tensor("prompt_embedding_table")  # a multimodal ensemble's encoded images
         generations = []
         for i in range(batch):
             stream = bool(_item(streaming, i, False))
@@ -327,6 +328,8 @@ class TensorrtLlmStandin:
                     batch_index=i,
                     sequence_index=sequence if count > 1 else None,
                 )
+                if table is not None and table[i].size:
+                    generation.seen = vision.describe(vision.decode(table[i]))
                 generation.validate()
                 generations.append(generation)
         return generations

@@ -12,7 +12,10 @@ with what they received, so tests can assert that every image arrived, whole and
   puts them where the image parts were); vLLM refuses a mismatch too, in its own words.
 
 The answer is ``Saw N image(s): WxH FORMAT, ...`` (the format PIL read), generated token by
-token like any other answer.
+token like any other answer. In the TensorRT-LLM multimodal ensemble the image travels as the
+real one's does, step to step: ``preprocessing_vision`` decodes it into ``PIXEL_VALUES``,
+``multimodal_encoders`` turns those into a "prompt embedding table" (here one row per image
+that holds its size: :func:`encode`), which ``tensorrt_llm`` reads (:func:`decode`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import base64
 import io
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image
 
 PLACEHOLDER = "<image>"
@@ -48,18 +52,45 @@ def vllm_images(elements: list[bytes]) -> list[Seen]:
     return [_opened(base64.b64decode(element.decode("utf-8"))) for element in elements]
 
 
+def _url_file(raw: bytes) -> bytes:
+    url = raw.decode("utf-8")
+    if not url.startswith(_JPEG_URL):
+        raise ValueError(
+            f"the stand-in fetches no URL ({url[:40]}...); the real preprocessing would "
+            "fetch it with requests.get"
+        )
+    return base64.b64decode(url.split(",")[1])
+
+
 def url_images(urls: list[bytes]) -> list[Seen]:
     """TensorRT-LLM's ``image_url_input``: JPEG data URLs only (see the module doc)."""
-    seen = []
+    return [_opened(_url_file(raw)) for raw in urls]
+
+
+def url_pixels(urls: list[bytes]) -> np.ndarray:
+    """The preprocessing's ``PIXEL_VALUES`` of one batch item's image URLs: ``[images, 3,
+    height, width]`` in [0, 1], FP16 (the images of one item must have one size)."""
+    pictures = []
     for raw in urls:
-        url = raw.decode("utf-8")
-        if not url.startswith(_JPEG_URL):
-            raise ValueError(
-                f"the stand-in fetches no URL ({url[:40]}...); the real preprocessing would "
-                "fetch it with requests.get"
-            )
-        seen.append(_opened(base64.b64decode(url.split(",")[1])))
-    return seen
+        with Image.open(io.BytesIO(_url_file(raw))) as image:
+            pictures.append(np.asarray(image.convert("RGB"), dtype=np.float16) / 255)
+    return np.stack([p.transpose(2, 0, 1) for p in pictures]).astype(np.float16)
+
+
+def encode(pixels: np.ndarray) -> np.ndarray:
+    """The multimodal encoder stand-in's "embedding" of ``[images, 3, height, width]``
+    pixels: ``[images, 4]`` rows, one per image holding its width and height, split so that
+    FP16 holds them exactly (every value below 1024)."""
+    _, _, height, width = pixels.shape
+    row = [width // 1024, width % 1024, height // 1024, height % 1024]
+    return np.array([row] * pixels.shape[0], dtype=np.float16)
+
+
+def decode(table: np.ndarray) -> list[Seen]:
+    """The rows of :func:`encode` back as images (JPEG: the one form the preprocessing
+    decodes)."""
+    rows = np.asarray(table, dtype=np.float32).reshape(-1, 4).astype(int)
+    return [Seen(int(w1 * 1024 + w0), int(h1 * 1024 + h0), "JPEG") for w1, w0, h1, h0 in rows]
 
 
 def check_placeholders(prompt: str, images: list[Seen]) -> None:

@@ -25,7 +25,8 @@ from tests.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
-VISION = ["vllm_vision", "tensorrt_llm_bls_vision"]
+TRTLLM_VISION = ["ensemble_vision", "tensorrt_llm_bls_vision"]
+VISION = ["vllm_vision", *TRTLLM_VISION]
 
 
 def picture(width: int, height: int, encoding: str = "PNG") -> bytes:
@@ -111,8 +112,9 @@ def answer(sdk: openai.OpenAI, model: str, messages: list[Any], stream: bool) ->
 def test_models_say_which_see_images(sdk: openai.OpenAI) -> None:
     capabilities = {m.id: (m.model_extra or {}).get("capabilities") for m in sdk.models.list()}
     assert capabilities["vllm_vision"]["images"] is True
-    assert capabilities["tensorrt_llm_bls_vision"]["images"] is True
-    assert capabilities["tensorrt_llm_bls_vision"]["max_images"] == 1
+    for model in TRTLLM_VISION:
+        assert capabilities[model]["images"] is True
+        assert capabilities[model]["max_images"] == 1
     assert capabilities["mock_chat"]["images"] is False
 
 
@@ -123,16 +125,27 @@ def test_vllm_gets_every_image_in_order(sdk: openai.OpenAI, stream: bool) -> Non
     assert said == "Saw 2 images: 64x32 PNG, 16x16 JPEG."
 
 
+@pytest.mark.parametrize("model", TRTLLM_VISION)
 @pytest.mark.parametrize("stream", [False, True])
-def test_tensorrt_llm_gets_a_png_as_a_jpeg_data_url(sdk: openai.OpenAI, stream: bool) -> None:
-    said = answer(sdk, "tensorrt_llm_bls_vision", asking(data_url(picture(64, 32))), stream)
+def test_tensorrt_llm_gets_a_png_as_a_jpeg_data_url(
+    sdk: openai.OpenAI, model: str, stream: bool
+) -> None:
+    """The ensemble's image goes through its steps (preprocessing's pixels, the encoder's
+    table, the engine); the BLS reads it itself."""
+    said = answer(sdk, model, asking(data_url(picture(64, 32))), stream)
     assert said == "Saw 1 image: 64x32 JPEG."
 
 
-def test_tensorrt_llm_takes_one_image_a_request(sdk: openai.OpenAI) -> None:
+def test_the_multimodal_ensemble_answers_text_alone(sdk: openai.OpenAI) -> None:
+    said = answer(sdk, "ensemble_vision", [{"role": "user", "content": "Hi"}], False)
+    assert said == "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.mark.parametrize("model", TRTLLM_VISION)
+def test_tensorrt_llm_takes_one_image_a_request(sdk: openai.OpenAI, model: str) -> None:
     url = data_url(picture(8, 8))
     with pytest.raises(openai.BadRequestError) as refused:
-        sdk.chat.completions.create(model="tensorrt_llm_bls_vision", messages=asking(url, url))
+        sdk.chat.completions.create(model=model, messages=asking(url, url))
     assert refused.value.body["param"] == "messages.[0].content.[2]"  # type: ignore[index]
     assert refused.value.body["code"] == "too_many_images"  # type: ignore[index]
 
