@@ -23,9 +23,9 @@ from __future__ import annotations
 import base64
 import io
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from PIL import Image
 
 PLACEHOLDER = "<image>"
 _JPEG_URL = "data:image/jpeg;base64,"
@@ -40,8 +40,15 @@ class Seen:
     format: str
 
 
+def _image(data: bytes) -> Any:
+    # Imported here: the text stand-ins that import this module need no Pillow.
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data))
+
+
 def _opened(data: bytes) -> Seen:
-    with Image.open(io.BytesIO(data)) as image:
+    with _image(data) as image:
         seen = Seen(image.width, image.height, image.format or "unknown")
         image.convert("RGB")  # decoded whole, as the backends do
     return seen
@@ -72,7 +79,7 @@ def url_pixels(urls: list[bytes]) -> np.ndarray:
     height, width]`` in [0, 1], FP16 (the images of one item must have one size)."""
     pictures = []
     for raw in urls:
-        with Image.open(io.BytesIO(_url_file(raw))) as image:
+        with _image(_url_file(raw)) as image:
             pictures.append(np.asarray(image.convert("RGB"), dtype=np.float16) / 255)
     return np.stack([p.transpose(2, 0, 1) for p in pictures]).astype(np.float16)
 
