@@ -246,7 +246,8 @@ def _text(index: int, message: ChatMessage) -> str | None:
             continue  # read and checked against the model by serving/images.py
         if part.type != "text":
             raise InvalidRequestError(
-                f"Content parts of type '{part.type}' are not supported; only 'text' is.",
+                f"Content parts of type '{part.type}' are not supported; only 'text' (and "
+                "'image_url', for a model that sees images) are.",
                 param=f"messages.[{index}].content",
             )
         if part.text is None:
