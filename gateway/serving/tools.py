@@ -243,7 +243,7 @@ def _text(index: int, message: ChatMessage) -> str | None:
             texts.append(part.refusal)  # what the assistant said, as OpenAI gives it back
             continue
         if part.type == "image_url":
-            continue  # read and checked against the model by serving/images.py
+            continue  # read and checked against the model by serving/images/
         if part.type != "text":
             raise InvalidRequestError(
                 f"Content parts of type '{part.type}' are not supported; only 'text' (and "

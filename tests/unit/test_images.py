@@ -1,5 +1,5 @@
 """Images in chat (image_url parts, Responses input_image) on the fake backend: what reaches
-the model, the chat template's parts, and every bound and refusal (serving/images.py)."""
+the model, the chat template's parts, and every bound and refusal (serving/images/)."""
 
 from __future__ import annotations
 

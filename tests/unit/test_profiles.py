@@ -450,7 +450,7 @@ def test_long_stop_strings_cost_only_their_own_length_per_chunk() -> None:
     assert whole == "abcd" * 2000 and not text.done
 
 
-# -- images (serving/images.py reads them; the profile puts them in the model's tensors) ----
+# -- images (serving/images/ reads them; the profile puts them in the model's tensors) ----
 
 PNG = ChatImage(b"\x89PNG-file", "png", 4, 3)
 JPEG = ChatImage(b"\xff\xd8-file", "jpeg", 2, 2)
