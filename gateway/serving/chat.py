@@ -398,7 +398,7 @@ class ChatService:
             messages = session.messages
         prompt = render_chat(
             template,
-            template_messages(for_template(messages), request.messages, model),
+            template_messages(for_template(messages), request.messages, model, template, names),
             param=names.messages,
             tools=tools.template_tools,
             bos_token=model.bos_token or "",

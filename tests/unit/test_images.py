@@ -16,9 +16,10 @@ from PIL import Image
 
 from gateway.backend import ImageInput, ModelInfo
 from gateway.backend.fake import FakeBackend
-from gateway.config import Settings
+from gateway.config import CHATML_TEMPLATE, Settings
 from gateway.errors import InvalidRequestError
 from gateway.serving.images import ImageLimits, ImageReader
+from gateway.serving.images.parts import takes_parts
 from gateway.serving.protocol import ChatMessage, ParamNames
 from tests.unit.conftest import assert_openai_error, make_settings, sse_json
 
@@ -72,6 +73,8 @@ def fake() -> FakeBackend:
             2048,
             images=ImageInput(max_images=1, formats=("jpeg",)),
         ),
+        # Said to see images, but its template prints content as a string.
+        ModelInfo("fake-vision-plain", "chat", True, CHATML_TEMPLATE, 2048, images=ImageInput()),
     ]
     return backend
 
@@ -401,3 +404,42 @@ async def test_a_slow_host_is_cut_off() -> None:
 
     with pytest.raises(InvalidRequestError, match=r"did not answer within 0\.2 s"):
         await read(reader(handler, timeout_s=0.2), "https://images.test/cat.png")
+
+
+# -- templates that can place images ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "takes"),
+    [
+        (VISION_TEMPLATE, True),
+        (
+            "{% for m in messages %}{% for c in m['content'] | selectattr('type', 'equalto', "
+            "'image') %}<image>{% endfor %}{% endfor %}",
+            True,
+        ),
+        (CHATML_TEMPLATE, False),
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
+        ("{% for m in messages %", False),
+    ],
+)
+def test_a_template_takes_parts_when_it_loops_over_content(template: str, takes: bool) -> None:
+    assert takes_parts(template) is takes
+
+
+async def test_a_vision_model_with_a_text_template_keeps_text_and_refuses_images(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    body = {"model": "fake-vision-plain", "messages": [{"role": "user", "content": "Hi"}]}
+    assert (await http.post(CHAT, json=body)).status_code == 200
+    assert fake.calls[0].prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    error = assert_openai_error(
+        await http.post(
+            CHAT, json=asking(image_part(data_url(picture(4, 4))), model="fake-vision-plain")
+        ),
+        400,
+        param="messages.[0].content.[1]",
+        code="image_not_supported",
+    )
+    assert "chat template" in error["message"]
+    assert len(fake.calls) == 1

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+
+from jinja2 import Environment, TemplateSyntaxError, nodes
 
 from gateway.backend import ModelInfo
 from gateway.config import Settings
@@ -15,6 +18,8 @@ from gateway.serving.protocol import ChatMessage, ParamNames
 DETAILS = ("auto", "low", "high")
 #: ``detail: low``: the image shrunk to fit this square (OpenAI's low-resolution size).
 LOW_DETAIL_PX = 512
+#: Parses chat templates for :func:`takes_parts` (never renders).
+_PARSER = Environment()
 
 
 @dataclass(frozen=True)
@@ -116,16 +121,51 @@ def image_parts(messages: Sequence[ChatMessage], names: ParamNames) -> list[Imag
     return found
 
 
+@lru_cache(maxsize=64)
+def takes_parts(template: str) -> bool:
+    """Whether a chat template loops over a message's content (``{% for part in
+    message['content'] %}``, filtered or not), as multimodal templates do: only then can it
+    place images, and only then is content given to it as a list of parts (the test vLLM's
+    chat utilities make of a template, read from its syntax tree)."""
+    try:
+        tree = _PARSER.parse(template)
+    except TemplateSyntaxError:
+        return False  # rendering reports it
+    for loop in tree.find_all(nodes.For):
+        for node in (loop.iter, *loop.iter.find_all((nodes.Getitem, nodes.Getattr))):
+            if isinstance(node, nodes.Getattr) and node.attr == "content":
+                return True
+            key = node.arg if isinstance(node, nodes.Getitem) else None
+            if isinstance(key, nodes.Const) and key.value == "content":
+                return True
+    return False
+
+
 def template_messages(
     messages: list[dict[str, Any]],
     request: Sequence[ChatMessage],
     model: ModelInfo,
+    template: str,
+    names: ParamNames,
 ) -> list[dict[str, Any]]:
     """``messages`` (as :func:`gateway.serving.tools.for_template` made them) for a model
-    that sees images: each content a list of Hugging Face parts, a message of ``request``
-    with image parts keeping its parts' order. Other models' messages are unchanged.
-    ``request``'s messages are the last of ``messages`` (a session's come first)."""
+    that sees images and whose ``template`` takes parts (:func:`takes_parts`): each content
+    a list of Hugging Face parts, a message of ``request`` with image parts keeping its
+    parts' order. Other models' messages are unchanged; images for a template that cannot
+    place them are a 400 (named as ``names`` does). ``request``'s messages are the last of
+    ``messages`` (a session's come first)."""
     if model.images is None:
+        return messages
+    if not takes_parts(template):
+        found = image_parts(request, names)
+        if found:
+            raise refused(
+                f"The model '{model.name}' sees images, but its chat template does not loop "
+                "over message content parts, so it has no place for them (the operator can "
+                "give it a multimodal template).",
+                found[0].param,
+                "image_not_supported",
+            )
         return messages
     offset = len(messages) - len(request)
     shaped = []
