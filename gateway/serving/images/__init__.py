@@ -108,11 +108,11 @@ class ImageReader:
                 fetch.cancel()
             await asyncio.gather(*fetches, return_exceptions=True)
             raise
+        # One at a time: a picture shrunk or converted is decoded whole (up to
+        # GATEWAY_MAX_IMAGE_MEGAPIXELS x 4 bytes), and one request holds one such at once.
         return tuple(
-            await asyncio.gather(
-                *(
-                    asyncio.to_thread(checked, data, part, target, self.limits)
-                    for data, part in zip(files, parts, strict=True)
-                )
-            )
+            [
+                await asyncio.to_thread(checked, data, part, target, self.limits)
+                for data, part in zip(files, parts, strict=True)
+            ]
         )

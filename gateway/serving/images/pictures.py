@@ -59,8 +59,7 @@ def checked(
         if not (shrink or convert):
             return ChatImage(data, encoding, width, height)
         try:
-            picture.load()
-            if shrink:
+            if shrink:  # a JPEG is decoded at a fraction of its size (Pillow's draft mode)
                 picture.thumbnail((LOW_DETAIL_PX, LOW_DETAIL_PX))
             out = target[0] if convert else encoding
             encoded = _encode(picture, out)
