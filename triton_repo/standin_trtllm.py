@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import standin_engine as engine
+import standin_vision as vision
 from json_example import example
 from vllm_contract import TokenCounter
 
@@ -116,6 +117,8 @@ class Generation:
     """Which of ``num_return_sequences`` it is (None: the only one)."""
     lora_task_id: int | None = None
     generated: list[int] = field(default_factory=list)
+    seen: str = ""
+    """A multimodal request: what it says of its images (the answer, see standin_vision)."""
 
     def validate(self) -> None:
         """The executor's checks when a request is enqueued."""
@@ -154,7 +157,7 @@ class Generation:
         """Yields ``(token, last)`` per step; ``(None, True)`` when the end id ends it (the
         end id is not output). The caller waits and checks cancellation between steps."""
         steered = engine.directives(engine.detokenize(self.prompt_ids))
-        model = engine.model_tokens(self.answer(steered.answer))
+        model = engine.model_tokens(self.answer(self.seen or steered.answer))
         while True:
             token = next(model)
             if token == self.end_id:
@@ -336,6 +339,7 @@ class TensorrtLlmStandin:
             tensor("lora_weights"),
             tensor("lora_config"),
         )
+        table = tensor("prompt_embedding_table")  # a multimodal ensemble's encoded images
         generations = []
         for i in range(batch):
             task = self.lora.task(_item(task_ids, i), weights, lora_config)
@@ -364,6 +368,8 @@ class TensorrtLlmStandin:
                     sequence_index=sequence if count > 1 else None,
                     lora_task_id=task,
                 )
+                if table is not None and table[i].size:
+                    generation.seen = vision.describe(vision.decode(table[i]))
                 generation.validate()
                 generations.append(generation)
         return generations
@@ -470,6 +476,9 @@ class BlsStandin:
         if release >= "r25.05" and raw.startswith("${"):
             raw = ""  # get_valid_param_value: an unfilled template value counts as unset
         self.accumulate = raw.lower() in ("true", "yes", "1", "t")
+        # The BLS calls its multimodal encoder (and so reads images) only when it names one.
+        encoder = params.get("multimodal_encoders_name", {}).get("string_value", "")
+        self.multimodal = bool(encoder) and not encoder.startswith("${")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.tokens = TokenCounter(pb_utils, args["model_name"])
         self.lora = LoraCache()
@@ -519,6 +528,7 @@ class BlsStandin:
         stream, exclude = tensor("stream"), tensor("exclude_input_in_output")
         end_id, min_tokens, stop_words = tensor("end_id"), tensor(min_name), tensor("stop_words")
         guide_type, guide = tensor("guided_decoding_guide_type"), tensor("guided_decoding_guide")
+        urls = tensor("image_url_input") if self.multimodal else None
         stop_ids = to_word_list_format(stop_words, text_input.shape[0])
         task_ids, weights, lora_config = (
             tensor("lora_task_id"),
@@ -544,6 +554,10 @@ class BlsStandin:
                 batch_index=i,
                 lora_task_id=task,
             )
+            if urls is not None:  # [batch, 1]: one image URL per item
+                seen = vision.url_images(list(urls[i].reshape(-1)))
+                vision.check_placeholders(_text(text_input[i][0]), seen)
+                generation.seen = vision.describe(seen)
             try:
                 generation.validate()
             except ValueError as exc:  # tensorrt_llm's error, re-raised by the BLS

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import standin_engine as engine
+import standin_vision as vision
 from json_example import example
 from vllm_contract import TokenCounter
 
@@ -305,6 +306,8 @@ class VllmStandin:
         if embeds and release < "25.11":
             raise ValueError("the vLLM backend serves embeddings from release 25.11")
         self.tasks = {"embed"} if embeds else {"generate"}
+        # Likewise whether the model is multimodal: the operator's ``vision`` parameter.
+        self.vision = parameters.get("vision", "").strip().lower() == "true"
         output = pb_utils.get_output_config_by_name(config, "text_output")
         self.output_dtype = pb_utils.triton_string_to_numpy(output["data_type"])
         self.tokens = TokenCounter(pb_utils, self.name)
@@ -439,8 +442,9 @@ class VllmStandin:
                 f"of {MAX_MODEL_LEN}. Make sure that `max_model_len` is no smaller than the "
                 "number of text tokens."
             )
+        seen = self._images(request, prompt)
         steered = engine.directives(prompt)
-        answer = self._answer(sampling, steered.answer)
+        answer = self._answer(sampling, vision.describe(seen) if seen else steered.answer)
         output = _Output()
         # vLLM holds back as many characters as a stop string could still need.
         buffer = (
@@ -506,6 +510,16 @@ class VllmStandin:
                 ),
                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
             )
+
+    def _images(self, request: Any, prompt: str) -> list[vision.Seen]:
+        """A vision model's ``image`` input, decoded as the backend does (a text model's
+        is ignored, as before)."""
+        tensor = self.pb.get_input_tensor_by_name(request, "image")
+        if not self.vision or tensor is None:
+            return []
+        seen = vision.vllm_images(list(tensor.as_numpy().reshape(-1)))
+        vision.check_placeholders(prompt, seen)
+        return seen
 
     def _answer(self, sampling: Sampling, said: str) -> str:
         """The text the model means to write: a value that fits a structured-output

@@ -33,6 +33,28 @@ OPTION_PARAMETERS = tuple(
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """How a chat model takes the images of a request."""
+
+    max_images: int | None = None
+    """The most images one request may carry to it (None: no bound of its own)."""
+    formats: tuple[str, ...] = ()
+    """The image encodings it decodes (``jpeg``, ``png``, ``gif``, ``webp``); others are
+    converted to the first. Empty: all of them."""
+
+
+@dataclass(frozen=True)
+class ChatImage:
+    """An image of a chat request, read and checked by the gateway: the encoded file, its
+    encoding (``jpeg``, ``png``, ``gif``, ``webp``) and size in pixels."""
+
+    data: bytes
+    format: str
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """A model the backend can serve, as read from its repository and configuration.
 
@@ -98,6 +120,9 @@ class ModelInfo:
     """A LoRA adapter's model id: the Triton model it runs on (None for a Triton model)."""
     adapter: str | None = None
     """A LoRA adapter's model id: the adapter's name, as the base model knows it."""
+    images: ImageInput | None = None
+    """Chat models that see images (the ``vision`` parameter, or a custom model's
+    ``openai_input_image``): how they take them. None: image parts are refused."""
 
     @property
     def runs_on(self) -> str:
@@ -270,10 +295,17 @@ class Backend(Protocol):
         ...
 
     def generate(
-        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        model: str,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
-        """Generates text for a rendered prompt. With ``stream`` false the server may answer
-        in one chunk. Closing the iterator early cancels the request on the server."""
+        """Generates text for a rendered prompt (and the ``images`` its placeholders stand
+        for, in order; only to a model whose ``ModelInfo.images`` is set). With ``stream``
+        false the server may answer in one chunk. Closing the iterator early cancels the
+        request on the server."""
         ...
 
     def synthesize(

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from gateway.backend.base import (
     AudioChunk,
+    ChatImage,
     Embeddings,
     GenerationChunk,
     ModelInfo,
@@ -65,6 +66,7 @@ class GenerateCall:
     stream: bool
     cancelled: bool = False
     tokens_sent: int = 0
+    images: tuple[ChatImage, ...] = ()
 
 
 @dataclass
@@ -153,10 +155,15 @@ class FakeBackend:
         self.model_list[index] = replace(self.model_list[index], ready=False)
 
     async def generate(
-        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        model: str,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
         self._check_up()
-        call = GenerateCall(model, prompt, options, stream)
+        call = GenerateCall(model, prompt, options, stream, images=images)
         self.calls.append(call)
         words = (self.replies.pop(0) if self.replies else self.reply).split(" ")
         limit = options.max_tokens if options.max_tokens is not None else len(words)

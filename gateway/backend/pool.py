@@ -36,6 +36,7 @@ import numpy.typing as npt
 from gateway.backend.base import (
     AudioChunk,
     Backend,
+    ChatImage,
     Embeddings,
     GenerationChunk,
     ModelInfo,
@@ -244,9 +245,14 @@ class BackendPool:
         await self.check()
 
     def generate(
-        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        model: str,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
-        return self._stream(model, lambda b: b.generate(model, prompt, options, stream))
+        return self._stream(model, lambda b: b.generate(model, prompt, options, stream, images))
 
     def synthesize(
         self, model: str, text: str, voice: str, speed: float

@@ -44,6 +44,7 @@ from tritonclient.utils import InferenceServerException
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import (
     AudioChunk,
+    ChatImage,
     Embeddings,
     GenerationChunk,
     ModelInfo,
@@ -306,10 +307,15 @@ class TritonBackend:
         return error
 
     async def generate(
-        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        model: str,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
         contract = await self.contract(model)
-        inputs, rules = contract.generate(prompt, options, stream)
+        inputs, rules = contract.generate(prompt, options, stream, images)
         reader = contract.reader(prompt, rules)
         async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
             async for outputs in results:

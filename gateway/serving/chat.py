@@ -33,12 +33,20 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.backend import OPTION_PARAMETERS, Backend, ModelInfo, SamplingOptions, TokenLogprob
+from gateway.backend import (
+    OPTION_PARAMETERS,
+    Backend,
+    ChatImage,
+    ModelInfo,
+    SamplingOptions,
+    TokenLogprob,
+)
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import BackendError, InvalidRequestError
 from gateway.metrics import ChatTimer, Metrics
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog, model_takes
+from gateway.serving.images import ImageLimits, ImageReader, template_messages
 from gateway.serving.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -95,6 +103,8 @@ class PreparedChat:
     answer_after: str | None = None
     """A reasoning model's constrained answer: see ``generation.Generation.answer_after``."""
     started: float = field(default_factory=time.monotonic)
+    images: tuple[ChatImage, ...] = ()
+    """The images of the messages, in the order of their placeholders in the prompt."""
 
     def reasoning(self) -> ReasoningParser | None:
         """A new parser for one choice of a reasoning model."""
@@ -366,6 +376,7 @@ class ChatService:
         in_flight: int = 16,
         max_choices: int = 128,
         max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
+        images: ImageReader | None = None,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
@@ -376,6 +387,7 @@ class ChatService:
         self.in_flight = in_flight
         self.max_choices = max_choices
         self.max_schema_kb = max_schema_kb
+        self.images = images or ImageReader(ImageLimits())
 
     async def prepare(
         self,
@@ -431,6 +443,7 @@ class ChatService:
             constraint_key=model.structured_outputs_key,
             lora_name=model.adapter,
         )
+        images = await self.images.read(request.messages, model, names, session_id is not None)
         messages = openai_messages(request.messages)
         session = None
         if session_id is not None:
@@ -447,7 +460,7 @@ class ChatService:
             messages = session.messages
         prompt = render_chat(
             template,
-            for_template(messages),
+            template_messages(for_template(messages), request.messages, model, template, names),
             param=names.messages,
             tools=tools.template_tools,
             bos_token=model.bos_token or "",
@@ -474,6 +487,7 @@ class ChatService:
             flexible=max_tokens is None,
             reasoner=reasoner,
             answer_after=answer_after,
+            images=images,
         )
 
     async def reserve_run(
@@ -491,6 +505,7 @@ class ChatService:
             chat.flexible,
             self.in_flight,
             chat.answer_after,
+            chat.images,
         )
 
     async def remember(
@@ -526,7 +541,13 @@ class ChatService:
         )
         prefix = text[: call.at] if call.at is not None else ""
         again = await generation.reserve_run(
-            self.backend, chat.runs_on, run.meter, [chat.prompt + prefix], options, flexible=True
+            self.backend,
+            chat.runs_on,
+            run.meter,
+            [chat.prompt + prefix],
+            options,
+            flexible=True,
+            images=chat.images,
         )
         [result] = await again.collect()
         run.include(again)

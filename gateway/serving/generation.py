@@ -25,7 +25,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.backend import Backend, GenerationChunk, SamplingOptions, TokenLogprob
+from gateway.backend import Backend, ChatImage, GenerationChunk, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.serving.protocol import CompletionTokensDetails, Usage
 from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
@@ -35,7 +35,8 @@ from gateway.state.limits import Meter
 
 @dataclass(frozen=True)
 class Generation:
-    """One choice to generate, one backend request: a rendered prompt and its options."""
+    """One choice to generate, one backend request: a rendered prompt and its options
+    (and the images the prompt's placeholders stand for)."""
 
     prompt: str
     options: SamplingOptions
@@ -45,10 +46,15 @@ class Generation:
     the answer under the constraint (and the request's own ``stop``), continuing the prompt,
     the reasoning and the marker with the tokens left: an engine behind Triton would
     constrain the reasoning too. The marker is sent between the two as a chunk of its own."""
+    images: tuple[ChatImage, ...] = ()
 
 
 def generations_for(
-    prompts: list[str], options: SamplingOptions, n: int, answer_after: str | None = None
+    prompts: list[str],
+    options: SamplingOptions,
+    n: int,
+    answer_after: str | None = None,
+    images: tuple[ChatImage, ...] = (),
 ) -> list[Generation]:
     """``n`` generations per prompt, in choice order. With a seed, choice ``i`` of a prompt
     samples with ``seed + i``: the choices differ, and the same request gives the same choices."""
@@ -58,7 +64,7 @@ def generations_for(
             seeded = options
             if i and options.seed is not None:
                 seeded = replace(options, seed=options.seed + i)
-            generations.append(Generation(prompt, seeded, answer_after))
+            generations.append(Generation(prompt, seeded, answer_after, images))
     return generations
 
 
@@ -180,7 +186,7 @@ class GenerationRun:
 
     def _chunks(self, one: Generation, stream: bool) -> AsyncGenerator[GenerationChunk, None]:
         if one.answer_after is None:
-            return self.backend.generate(self.model, one.prompt, one.options, stream)
+            return self.backend.generate(self.model, one.prompt, one.options, stream, one.images)
         return _reason_then_answer(self.backend, self.model, one, stream)
 
     async def stream(self) -> AsyncGenerator[ChoiceChunk, None]:
@@ -213,6 +219,7 @@ async def reserve_run(
     flexible: bool = False,
     in_flight: int = 16,
     answer_after: str | None = None,
+    images: tuple[ChatImage, ...] = (),
 ) -> GenerationRun:
     """The run of ``n`` generations of each prompt on ``model``
     (:func:`generations_for`), their tokens reserved under the key's ``tpm`` (429 when
@@ -220,8 +227,9 @@ async def reserve_run(
     generation's ``max_tokens``. ``flexible`` (the client set no ``max_tokens``): the
     generations may be given fewer tokens, as many as the key has left. A model that takes
     no ``max_tokens`` is reserved one token per generation and counted in full when it
-    ends. ``answer_after``: see :attr:`Generation.answer_after`."""
-    generations = generations_for(prompts, options, n, answer_after)
+    ends. ``answer_after``: see :attr:`Generation.answer_after`. ``images`` go with every
+    prompt (chat has one)."""
+    generations = generations_for(prompts, options, n, answer_after, images)
     per = options.max_tokens
     prompt = sum(estimate_tokens(p) for p in set(prompts))
     granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
@@ -243,7 +251,7 @@ async def _reason_then_answer(
     thinking = replace(options, constraint=None, stop=[marker])
     texts: list[str] = []
     used, finish = 0, None
-    chunks = backend.generate(model, generation.prompt, thinking, stream)
+    chunks = backend.generate(model, generation.prompt, thinking, stream, generation.images)
     async with aclosing(chunks):
         async for chunk in chunks:
             texts.append(chunk.text)
@@ -259,7 +267,8 @@ async def _reason_then_answer(
         reasoning += marker
         yield GenerationChunk(marker)
     answer = replace(options, max_tokens=budget - used if budget is not None else None)
-    chunks = backend.generate(model, generation.prompt + reasoning, answer, stream)
+    prompt = generation.prompt + reasoning
+    chunks = backend.generate(model, prompt, answer, stream, generation.images)
     async with aclosing(chunks):
         async for chunk in chunks:
             # The prompt was counted with the reasoning; this one only continues it.

@@ -274,6 +274,9 @@ class ParamNames:
     """The ``json_schema`` format (its ``schema`` below it)."""
     messages: str = "messages"
     reasoning_effort: str = "reasoning_effort"
+    image_parts: tuple[str, ...] = ()
+    """The request's image parts, in order (a converted request's names for them; empty:
+    ``messages.[i].content.[j]``)."""
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -509,6 +512,11 @@ class ModelCapabilities(BaseModel):
     reasoning: str | None = None
     """Its reasoning parser (``deepseek_r1``, ``qwen3``): its reasoning comes apart from its
     answer, as ``reasoning_content``; None for a model that does not reason."""
+    images: bool = False
+    """It sees images (``image_url`` parts, Responses ``input_image``); other models
+    refuse them."""
+    max_images: int | None = None
+    """The most images one request may carry to it (None: ``GATEWAY_MAX_IMAGES`` alone)."""
 
 
 class Model(BaseModel):

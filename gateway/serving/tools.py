@@ -242,9 +242,12 @@ def _text(index: int, message: ChatMessage) -> str | None:
         if part.type == "refusal" and part.refusal is not None:
             texts.append(part.refusal)  # what the assistant said, as OpenAI gives it back
             continue
+        if part.type == "image_url":
+            continue  # read and checked against the model by serving/images/
         if part.type != "text":
             raise InvalidRequestError(
-                f"Content parts of type '{part.type}' are not supported; only 'text' is.",
+                f"Content parts of type '{part.type}' are not supported; only 'text' (and "
+                "'image_url', for a model that sees images) are.",
                 param=f"messages.[{index}].content",
             )
         if part.text is None:

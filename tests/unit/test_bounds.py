@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gateway.backend import GenerationChunk, SamplingOptions
+from gateway.backend import ChatImage, GenerationChunk, SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.serving.audio_chat import MAX_AUDIO_PARTS
 from tests.unit.conftest import (
@@ -67,13 +67,18 @@ class CountingBackend(FakeBackend):
     most: int = 0
 
     async def generate(
-        self, model: str, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        model: str,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
         self.running += 1
         self.most = max(self.most, self.running)
         try:
             await asyncio.sleep(0.01)
-            async for chunk in super().generate(model, prompt, options, stream):
+            async for chunk in super().generate(model, prompt, options, stream, images):
                 yield chunk
         finally:
             self.running -= 1

@@ -254,6 +254,8 @@ async def test_models_show_their_capabilities(http: httpx.AsyncClient) -> None:
         "logprobs": True,
         "max_logprobs": 5,
         "reasoning": None,
+        "images": False,
+        "max_images": None,
     }
     assert models["fake-plain"]["capabilities"]["tool_calling"] is False
     assert models["fake-tts"]["capabilities"] is None

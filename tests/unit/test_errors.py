@@ -178,9 +178,10 @@ async def test_image_content_part_is_400(http: httpx.AsyncClient, fake: FakeBack
         await http.post(CHAT, json=chat_body(messages=messages)),
         400,
         type="invalid_request_error",
-        param="messages.[0].content",
+        param="messages.[0].content.[1]",
+        code="image_not_supported",
     )
-    assert "image_url" in error["message"]
+    assert "does not see images" in error["message"]
     assert fake.calls == []
 
 

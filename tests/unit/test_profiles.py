@@ -4,6 +4,7 @@ triton_repo/README.md for the stand-ins that run them end to end)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from pathlib import Path
@@ -16,7 +17,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from tritonclient.grpc import service_pb2
 
-from gateway.backend import SamplingOptions, TranscriptionOptions
+from gateway.backend import ChatImage, ImageInput, SamplingOptions, TranscriptionOptions
 from gateway.backend import grpc_streams as streams
 from gateway.backend.profiles import ModelConfig, TensorSpec, contract_for
 from gateway.backend.profiles.config import encode
@@ -447,3 +448,74 @@ def test_long_stop_strings_cost_only_their_own_length_per_chunk() -> None:
     pieces = [text.read(response(text_output="abcd")) for _ in range(2000)]
     whole = "".join(p.text for p in pieces if p) + text.finish().text
     assert whole == "abcd" * 2000 and not text.done
+
+
+# -- images (serving/images/ reads them; the profile puts them in the model's tensors) ----
+
+PNG = ChatImage(b"\x89PNG-file", "png", 4, 3)
+JPEG = ChatImage(b"\xff\xd8-file", "jpeg", 2, 2)
+
+
+def test_only_a_model_said_to_see_images_takes_them() -> None:
+    seeing = contract_for(vllm("25.11", vision="true"))
+    blind = contract_for(vllm("25.11"))
+    old = contract_for(vllm("24.12", vision="true"))  # no image input at this release
+    assert seeing is not None and blind is not None and old is not None
+    assert seeing.info().images == ImageInput(max_images=None, formats=())
+    assert blind.info().images is None and old.info().images is None
+    with pytest.raises(InvalidRequestError):
+        blind.generate("Hi", SamplingOptions(), stream=False, images=(PNG,))
+    limited = contract_for(vllm("25.11", vision="true", max_images="2"))
+    assert limited is not None and limited.info().images == ImageInput(max_images=2)
+
+
+def test_vllm_gets_each_image_as_plain_base64_in_order() -> None:
+    contract = contract_for(vllm("25.11", vision="true"))
+    assert contract is not None
+    inputs = decoded(contract.generate("Hi", SamplingOptions(), False, (PNG, JPEG))[0])
+    kind, shape, raw = inputs["image"]
+    assert (kind, shape) == ("BYTES", [2])
+    assert text_of(raw) == [base64.b64encode(i.data).decode() for i in (PNG, JPEG)]
+    assert "image" not in decoded(contract.generate("Hi", SamplingOptions(), False)[0])
+
+
+def test_trtllm_gets_one_jpeg_data_url_in_its_batch_row() -> None:
+    config = trtllm_ensemble()
+    config["input"].append(spec("image_url_input", "TYPE_STRING", [1]))
+    config["parameters"] = {"vision": {"string_value": "true"}}
+    contract = contract_for(ModelConfig.from_json("multimodal", config))
+    assert contract is not None
+    assert contract.info().images == ImageInput(max_images=1, formats=("jpeg",))
+    options = SamplingOptions(max_tokens=5)
+    kind, shape, raw = decoded(contract.generate("Hi", options, False, (JPEG,))[0])[
+        "image_url_input"
+    ]
+    assert (kind, shape) == ("BYTES", [1, 1])
+    assert text_of(raw) == ["data:image/jpeg;base64," + base64.b64encode(JPEG.data).decode()]
+
+
+def test_a_custom_model_maps_its_image_input() -> None:
+    config = ModelConfig.from_json(
+        "captioner",
+        {
+            "backend": "python",
+            "input": [
+                spec("prompt", "TYPE_STRING", [1], optional=False),
+                spec("pictures", "TYPE_STRING", [-1]),
+            ],
+            "output": [spec("caption", "TYPE_STRING", [1])],
+            "parameters": {
+                "openai_task": {"string_value": "chat"},
+                "openai_input_prompt": {"string_value": "prompt"},
+                "openai_input_image": {"string_value": "pictures"},
+                "openai_output_text": {"string_value": "caption"},
+            },
+        },
+    )
+    contract = contract_for(config)
+    assert contract is not None and contract.info().images == ImageInput()
+    inputs = decoded(contract.generate("Hi", SamplingOptions(), False, (PNG, JPEG))[0])
+    kind, shape, raw = inputs["pictures"]
+    assert (kind, shape) == ("BYTES", [2])
+    # The encoded files as they came, one element each (no base64).
+    assert raw == b"".join(struct.pack("<I", len(i.data)) + i.data for i in (PNG, JPEG))

@@ -265,7 +265,7 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
         ({"tools": [{"type": "function"}]}, "tools[0].name"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input[0].content[0].type",
+            "input[0].content[0]",
         ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_text", "text": None}]}]},

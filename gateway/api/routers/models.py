@@ -30,6 +30,8 @@ def _capabilities(info: ModelInfo) -> ModelCapabilities | None:
         logprobs=info.logprobs,
         max_logprobs=info.max_logprobs if info.logprobs else 0,
         reasoning=info.reasoning_parser,
+        images=info.images is not None,
+        max_images=info.images.max_images if info.images is not None else None,
     )
 
 

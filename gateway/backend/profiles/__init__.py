@@ -38,6 +38,8 @@ import numpy.typing as npt
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import (
     AudioChunk,
+    ChatImage,
+    ImageInput,
     ModelInfo,
     SamplingOptions,
     Segment,
@@ -125,6 +127,7 @@ class Contract:
             eos_token=eos,
             reasoning_parser=params.get("reasoning_parser") or None,
             adapters=self.adapters() if self.task() == "chat" else (),
+            images=self.image_input() if self.task() == "chat" else None,
         )
 
     def voices(self) -> tuple[str, ...]:
@@ -172,10 +175,37 @@ class Contract:
     # -- chat --------------------------------------------------------------------------
 
     def generate(
-        self, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> tuple[list[streams.Input], TextRules]:
         """The inputs of one generation request, and how to read its responses."""
         raise self._unsupported("text generation")
+
+    def image_input(self) -> ImageInput | None:
+        """How the model takes images, when it sees them (see :meth:`vision`)."""
+        return None
+
+    def vision(self) -> bool:
+        """The operator says the model sees images (its ``vision`` parameter): a vLLM or
+        TensorRT-LLM config declares its image input whether the model is multimodal or
+        not, so the input alone does not tell."""
+        return self.config.parameters.get("vision", "").strip().lower() in ("true", "1", "yes")
+
+    def image_bound(self, name: str) -> int | None:
+        """The most images a request may carry: the input ``name``'s fixed size, when it has
+        one, and the ``max_images`` parameter, the smaller (None: neither bounds them)."""
+        dims = self.config.inputs[name].dims
+        bounds = [b for b in (self.config.integer("max_images"),) if b]
+        if dims and -1 not in dims:
+            bounds.append(max(1, int(np.prod(dims))))
+        return min(bounds) if bounds else None
+
+    def _images_refused(self, images: tuple[ChatImage, ...]) -> None:
+        if images and self.image_input() is None:
+            raise self._unsupported("images")
 
     def reader(self, prompt: str, rules: TextRules) -> TextReader:
         return TextReader(rules, prompt, self.count)

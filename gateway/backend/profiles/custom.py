@@ -4,9 +4,11 @@
 of truth (see ``triton_repo/README.md``, "Fronting your Triton"):
 
 - ``openai_input_<field>``: the input that takes an OpenAI field. Chat: ``prompt`` (the
-  rendered prompt), ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
-  ``presence_penalty``, ``frequency_penalty``, ``stream``, and vLLM's ``top_k``,
-  ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (vLLM's meanings);
+  rendered prompt), ``image`` (BYTES: the images' encoded files, one element each, in
+  the prompt's order; mapping it says the model sees images), ``max_tokens``,
+  ``temperature``, ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
+  ``frequency_penalty``, ``stream``, and vLLM's ``top_k``, ``min_p``,
+  ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (vLLM's meanings);
   speech: ``text``, ``voice``, ``speed``; transcription: ``audio`` (FP32 samples at
   ``sample_rate``, or the encoded file as BYTES), ``language``, ``prompt``,
   ``temperature``; embeddings: ``text``, ``input_type``. Chat's ``lora`` (BYTES): the
@@ -39,6 +41,8 @@ from gateway.backend import grpc_streams as streams
 from gateway.backend.base import (
     OPTION_PARAMETERS,
     AudioChunk,
+    ChatImage,
+    ImageInput,
     SamplingOptions,
     Segment,
     TranscriptionOptions,
@@ -136,11 +140,22 @@ class CustomContract(Contract):
 
     # -- chat --------------------------------------------------------------------------
 
+    def image_input(self) -> ImageInput | None:
+        name = self.input("image")
+        if name is None or self.config.inputs[name].datatype != "BYTES":
+            return None
+        return ImageInput(max_images=self.image_bound(name))
+
     def generate(
-        self, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> tuple[list[streams.Input], TextRules]:
         if self.task() != "chat":
             raise self._unsupported("text generation")
+        self._images_refused(images)
         target = self.input("prompt")
         text = self.output_of("text")
         if target is None or text is None:
@@ -155,6 +170,10 @@ class CustomContract(Contract):
             name, value = self.input(field), getattr(options, field)
             if name is not None and value is not None:
                 inputs.append(self.config.tensor(name, value, field))
+        image_input = self.input("image")
+        if images and image_input is not None:
+            # The encoded files as they came (JPEG, PNG, GIF, WebP), one element each.
+            inputs.append(self.config.tensor(image_input, [image.data for image in images]))
         stop_input = self.input("stop")
         if stop_input is not None and options.stop:
             inputs.append(self.config.tensor(stop_input, list(options.stop), "stop"))

@@ -23,17 +23,22 @@ then ``NVIDIA/TensorRT-LLM`` ``triton_backend/``):
   ``lora_adapters`` parameter (``name=id``). The gateway never sends ``lora_weights`` or
   ``lora_config``: the task must already be in the engine's LoRA cache (an id that is not
   is the engine's error).
+- Images (the multimodal ensemble, ``all_models/multimodal/``, and the BLS; a config that
+  says ``vision: true``): ``image_url_input`` STRING [1], one image per request, as a
+  ``data:image/jpeg;base64,`` URL, the one form its preprocessing decodes (any other URL
+  it fetches itself); the gateway converts other encodings to JPEG first.
 - No finish reason: ``stop`` when the answer ended before ``max_tokens`` tokens (or at a
   stop word), ``length`` when it used them all.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
-from gateway.backend.base import SamplingOptions
+from gateway.backend.base import ChatImage, ImageInput, SamplingOptions
 from gateway.backend.profiles import Contract, register
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
@@ -119,9 +124,21 @@ class TrtllmContract(Contract):
         value = self.config.parameters.get("accumulate_tokens", "").strip().lower()
         return value in ("true", "yes", "1", "t")
 
+    def image_input(self) -> ImageInput | None:
+        if not (self.vision() and self.has("image_url_input")):
+            return None
+        # [1] per batch item: one image a request; the preprocessing decodes only JPEG data
+        # URLs (anything else it fetches with requests.get), so every image goes as one.
+        return ImageInput(max_images=self.image_bound("image_url_input"), formats=("jpeg",))
+
     def generate(
-        self, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> tuple[list[streams.Input], TextRules]:
+        self._images_refused(images)
         config = self.config
         streaming = self.streaming(stream)
         values: dict[str, object] = {
@@ -131,6 +148,11 @@ class TrtllmContract(Contract):
             "return_num_input_tokens": True,
             "return_num_output_tokens": True,
         }
+        if images:
+            values["image_url_input"] = [
+                f"data:image/jpeg;base64,{base64.b64encode(image.data).decode('ascii')}"
+                for image in images
+            ]
         inputs = config.tensors(values)
         if options.max_tokens is not None and self.has("max_tokens"):
             inputs.append(config.tensor("max_tokens", options.max_tokens, "max_tokens"))

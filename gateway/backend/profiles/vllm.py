@@ -25,7 +25,10 @@ A LoRA adapter (one of the ``lora_adapters`` parameter) goes as ``lora_name`` in
 ``multi_lora.json`` beside the model (``LoRA <name> is not supported, ...``).
 
 Every request sends ``exclude_input_in_output`` where it exists; on a release without it,
-a non-streamed answer starts with the prompt, which is cut off. An embedding model (25.11+)
+a non-streamed answer starts with the prompt, which is cut off. A model whose config says
+``vision: true`` sees images: each goes as one base64 element of the ``image`` input
+(25.01+; the backend adds the input to every config, multimodal or not, hence the
+parameter). An embedding model (25.11+)
 is told by ``openai_task: embeddings`` in its config: vLLM decides it from the
 architecture, which Triton does not report. Its vector comes back as JSON in
 ``text_output``.
@@ -33,11 +36,18 @@ architecture, which Triton does not report. Its vector comes back as JSON in
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
-from gateway.backend.base import SAMPLING_PARAMETERS, VLLM_EXTENSIONS, SamplingOptions
+from gateway.backend.base import (
+    SAMPLING_PARAMETERS,
+    VLLM_EXTENSIONS,
+    ChatImage,
+    ImageInput,
+    SamplingOptions,
+)
 from gateway.backend.profiles import Contract, register
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
@@ -101,9 +111,19 @@ class VllmContract(Contract):
             taken.add("response_format")
         return frozenset(taken)
 
+    def image_input(self) -> ImageInput | None:
+        if not (self.vision() and self.has("image")):
+            return None
+        return ImageInput(max_images=self.image_bound("image"))
+
     def generate(
-        self, prompt: str, options: SamplingOptions, stream: bool
+        self,
+        prompt: str,
+        options: SamplingOptions,
+        stream: bool,
+        images: tuple[ChatImage, ...] = (),
     ) -> tuple[list[streams.Input], TextRules]:
+        self._images_refused(images)
         config = self.config
         streaming = self.streaming(stream)
         values: dict[str, object] = {
@@ -112,6 +132,10 @@ class VllmContract(Contract):
             "sampling_parameters": options.to_json(),
             "exclude_input_in_output": True,
         }
+        if images:
+            # One plain base64 file per element (no data: prefix): the backend decodes each
+            # with PIL into vLLM's multi_modal_data, in the prompt's placeholder order.
+            values["image"] = [base64.b64encode(image.data).decode("ascii") for image in images]
         for switch in _SWITCHES:
             values[switch] = True
         logprobs = options.logprobs is not None

@@ -54,6 +54,65 @@ def _text_of(parts: str | list[ContentPart] | None, param: str) -> str:
     return "".join(texts)
 
 
+def _has_images(parts: str | list[ContentPart] | None) -> bool:
+    return isinstance(parts, list) and any(p.type == "input_image" for p in parts)
+
+
+def _with_images(
+    parts: list[ContentPart], param: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Content with ``input_image`` parts: as chat content parts (``image_url`` parts, which
+    the chat path reads, see :mod:`gateway.serving.images`), and as the items keep it."""
+    chat: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    for index, part in enumerate(parts):
+        name = f"{param}[{index}]"
+        if part.type != "input_image":
+            text = _text_of([part], param)
+            chat.append({"type": "text", "text": text})
+            kept.append({"type": "input_text", "text": text})
+            continue
+        if part.file_id is not None:
+            raise InvalidRequestError(
+                "file_id is not supported: the gateway has no Files API. Send the image in "
+                "image_url (a data: URL, or an http(s) URL on a host the operator allows).",
+                param=f"{name}.file_id",
+                code="unsupported_parameter",
+            )
+        if not isinstance(part.image_url, str) or not part.image_url:
+            raise InvalidRequestError(
+                "An input_image part needs its image_url (a data: or http(s) URL).",
+                param=f"{name}.image_url",
+            )
+        detail = part.detail if part.detail is not None else "auto"
+        chat.append({"type": "image_url", "image_url": {"url": part.image_url, "detail": detail}})
+        kept.append({"type": "input_image", "image_url": part.image_url, "detail": detail})
+    return chat, kept
+
+
+def image_names(items: str | list[InputItem], history: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The Responses names of the images of the chat messages ``history`` + ``items``
+    make, in order (see ``ParamNames.image_parts``): an image of the stored chain is named
+    by ``previous_response_id``."""
+    earlier = sum(
+        1
+        for message in history
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    )
+    names = ["previous_response_id"] * earlier
+    if isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item.content, list) and (item.type or "message") == "message":
+                names += [
+                    f"input[{index}].content[{j}]"
+                    for j, part in enumerate(item.content)
+                    if part.type == "input_image"
+                ]
+    return tuple(names)
+
+
 def input_messages(
     items: str | list[InputItem], history: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -79,18 +138,24 @@ def input_messages(
                 raise InvalidRequestError(
                     f"Unknown role '{item.role}'.", param=f"{param}.role", code="invalid_value"
                 )
-            text = _text_of(item.content, f"{param}.content")
-            messages.append({"role": item.role, "content": text})
+            part = "output_text" if item.role == "assistant" else "input_text"
+            if _has_images(item.content):
+                assert isinstance(item.content, list)
+                chat_parts, kept = _with_images(item.content, f"{param}.content")
+                messages.append({"role": item.role, "content": chat_parts})
+            else:
+                text = _text_of(item.content, f"{param}.content")
+                messages.append({"role": item.role, "content": text})
+                kept = [{"type": part, "text": text}]
             if item.role == "assistant" and reasoning:
                 messages[-1]["reasoning_content"] = reasoning
-            part = "output_text" if item.role == "assistant" else "input_text"
             stored.append(
                 {
                     "id": item.id or new_id("msg"),
                     "type": "message",
                     "role": item.role,
                     "status": "completed",
-                    "content": [{"type": part, "text": text}],
+                    "content": kept,
                 }
             )
         elif kind == "function_call":

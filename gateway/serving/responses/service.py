@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 from gateway.errors import InvalidRequestError
@@ -21,6 +22,7 @@ from gateway.serving.responses.conversion import (
     _record,
     _response_object,
     chat_request,
+    image_names,
     input_messages,
 )
 from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
@@ -47,7 +49,8 @@ class ResponsesService:
             earlier = [*previous.input_items, *previous.response["output"]]
         new, items = input_messages(request.input, history)
         messages = history + new
-        chat = await self.chat.prepare(chat_request(request, messages), names=RESPONSES_NAMES)
+        names = replace(RESPONSES_NAMES, image_parts=image_names(request.input, history))
+        chat = await self.chat.prepare(chat_request(request, messages), names=names)
         prepared = PreparedResponse(
             id=new_id("resp"),
             request=request,

@@ -3,11 +3,14 @@
 Tokenizes as the real one does with a Hugging Face tokenizer, but with the stand-ins' byte
 tokenizer (token id = UTF-8 byte, end and pad id 256): the prompt to ``INPUT_ID`` (padded with
 the pad id), stop and bad words to the engine's ``[2, L]`` word lists, end and pad ids from the
-request or the tokenizer. Multimodal inputs are not supported.
+request or the tokenizer. With a ``multimodal_model_path`` (``preprocessing_vision``) it reads
+``IMAGE_URL`` as the real one's ``load_images_from_urls`` does (``../standin_vision.py``) and
+sends ``PIXEL_VALUES`` and ``IMAGE_SIZES``; ``IMAGE_BYTES`` and ``VIDEO_BYTES`` are not supported.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -23,9 +26,13 @@ class TritonPythonModel:
         sys.path.insert(0, os.path.dirname(args["model_repository"]))
         import standin_engine
         import standin_trtllm
+        import standin_vision
 
         self.engine = standin_engine
         self.trtllm = standin_trtllm
+        self.vision = standin_vision
+        params = json.loads(args["model_config"]).get("parameters", {})
+        self.multimodal = bool(params.get("multimodal_model_path", {}).get("string_value"))
 
     def _tensor(self, request: Any, name: str) -> np.ndarray | None:
         found = pb_utils.get_input_tensor_by_name(request, name)
@@ -96,5 +103,28 @@ class TritonPythonModel:
                         "OUT_PROMPT_TABLE_EXTRA_IDS", np.zeros_like(input_id, dtype=np.uint64)
                     )
                 )
+            urls = self._tensor(request, "IMAGE_URL") if self.multimodal else None
+            if urls is not None:
+                try:
+                    tensors += self._images(query, urls)
+                except Exception as exc:  # the request's own error, as a failed load would be
+                    error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+                    responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                    continue
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def _images(self, query: np.ndarray, urls: np.ndarray) -> list[Any]:
+        """``PIXEL_VALUES`` ``[batch, images, 3, H, W]`` and ``IMAGE_SIZES`` ``[batch, 2]``;
+        the prompt must hold one ``<image>`` per image."""
+        pixels = []
+        for i in range(query.shape[0]):
+            item = list(urls[i].reshape(-1))
+            prompt = query[i][0].decode("utf-8")
+            self.vision.check_placeholders(prompt, self.vision.url_images(item))
+            pixels.append(self.vision.url_pixels(item))
+        sizes = np.array([p.shape[2:] for p in pixels], dtype=np.int64)
+        return [
+            pb_utils.Tensor("PIXEL_VALUES", np.stack(pixels)),
+            pb_utils.Tensor("IMAGE_SIZES", sizes),
+        ]

@@ -1,0 +1,445 @@
+"""Images in chat (image_url parts, Responses input_image) on the fake backend: what reaches
+the model, the chat template's parts, and every bound and refusal (serving/images/)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from gateway.backend import ImageInput, ModelInfo
+from gateway.backend.fake import FakeBackend
+from gateway.config import CHATML_TEMPLATE, Settings
+from gateway.errors import InvalidRequestError
+from gateway.serving.images import ImageLimits, ImageReader
+from gateway.serving.images.parts import takes_parts
+from gateway.serving.protocol import ChatMessage, ParamNames
+from tests.unit.conftest import assert_openai_error, make_settings, sse_json
+
+CHAT = "/v1/chat/completions"
+#: ChatML whose content is Hugging Face's list of parts (as multimodal templates take it).
+VISION_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% for p in m.content %}{% if p.type == 'image' %}<image>{% else %}{{ p.text }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def picture(
+    width: int, height: int, encoding: str = "PNG", mode: str = "RGB", noise: bool = False
+) -> bytes:
+    image = Image.new(mode, (width, height), (10, 200, 30, 0) if mode == "RGBA" else "red")
+    if noise:
+        image = Image.frombytes("RGB", (width, height), os.urandom(width * height * 3))
+    buffer = io.BytesIO()
+    image.save(buffer, format=encoding)
+    return buffer.getvalue()
+
+
+def data_url(data: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64,{base64.b64encode(data).decode()}"
+
+
+def image_part(url: str, detail: str | None = None) -> dict[str, Any]:
+    image_url: dict[str, Any] = {"url": url}
+    if detail is not None:
+        image_url["detail"] = detail
+    return {"type": "image_url", "image_url": image_url}
+
+
+def asking(*parts: dict[str, Any], model: str = "fake-vision", **fields: Any) -> dict[str, Any]:
+    content = [{"type": "text", "text": "What is it?"}, *parts]
+    return {"model": model, "messages": [{"role": "user", "content": content}], **fields}
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    backend = FakeBackend()
+    backend.model_list += [
+        ModelInfo("fake-vision", "chat", True, VISION_TEMPLATE, 2048, images=ImageInput()),
+        ModelInfo(
+            "fake-jpeg-only",
+            "chat",
+            True,
+            VISION_TEMPLATE,
+            2048,
+            images=ImageInput(max_images=1, formats=("jpeg",)),
+        ),
+        # Said to see images, but its template prints content as a string.
+        ModelInfo("fake-vision-plain", "chat", True, CHATML_TEMPLATE, 2048, images=ImageInput()),
+    ]
+    return backend
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return make_settings(max_images=3, max_image_mb=0.05, max_image_megapixels=2.0)
+
+
+async def test_an_image_reaches_a_vision_model_and_its_template_gets_parts(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    png = picture(64, 32)
+    body = asking(image_part(data_url(png)))
+    body["messages"][0]["content"].append({"type": "text", "text": "Briefly."})
+    response = await http.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    [call] = fake.calls
+    [image] = call.images
+    assert (image.format, image.width, image.height, image.data) == ("png", 64, 32, png)
+    # The parts in their order, the image where it was sent.
+    assert call.prompt == (
+        "<|im_start|>user\nWhat is it?<image>Briefly.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+async def test_a_vision_models_text_messages_are_parts_too(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [image_part(data_url(picture(8, 8)))]},
+    ]
+    response = await http.post(CHAT, json={"model": "fake-vision", "messages": messages})
+    assert response.status_code == 200, response.text
+    assert fake.calls[0].prompt == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+async def test_images_stream_too(http: httpx.AsyncClient, fake: FakeBackend) -> None:
+    body = asking(image_part(data_url(picture(5, 7, "JPEG"), "image/jpeg")), stream=True)
+    response = await http.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    assert sse_json(response.text)[-1]["choices"][0]["finish_reason"] == "stop"
+    [image] = fake.calls[0].images
+    assert (image.format, image.width, image.height) == ("jpeg", 5, 7)
+
+
+async def test_a_text_model_refuses_an_image_naming_the_part(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    error = assert_openai_error(
+        await http.post(CHAT, json=asking(image_part(data_url(picture(4, 4))), model="fake-chat")),
+        400,
+        param="messages.[0].content.[1]",
+        code="image_not_supported",
+    )
+    assert "does not see images" in error["message"]
+    assert fake.calls == []
+
+
+async def test_models_say_which_see_images(client: openai.AsyncOpenAI) -> None:
+    listed = await client.models.list()
+    models = {m.id: (m.model_extra or {}).get("capabilities") or {} for m in listed.data}
+    assert (models["fake-vision"]["images"], models["fake-vision"]["max_images"]) == (True, None)
+    assert (models["fake-jpeg-only"]["images"], models["fake-jpeg-only"]["max_images"]) == (True, 1)
+    assert models["fake-chat"]["images"] is False
+
+
+@pytest.mark.parametrize(
+    ("detail", "size"),
+    [("low", (512, 256)), ("high", (1024, 512)), ("auto", (1024, 512)), (None, (1024, 512))],
+)
+async def test_detail_low_shrinks_the_image_and_high_keeps_it(
+    http: httpx.AsyncClient, fake: FakeBackend, detail: str | None, size: tuple[int, int]
+) -> None:
+    body = asking(image_part(data_url(picture(1024, 512, "JPEG")), detail))
+    assert (await http.post(CHAT, json=body)).status_code == 200
+    [image] = fake.calls[0].images
+    assert ((image.width, image.height), image.format) == (size, "jpeg")
+    with Image.open(io.BytesIO(image.data)) as sent:
+        assert sent.size == size
+
+
+async def test_an_unknown_detail_is_refused(http: httpx.AsyncClient) -> None:
+    assert_openai_error(
+        await http.post(CHAT, json=asking(image_part(data_url(picture(4, 4)), "ultra"))),
+        400,
+        param="messages.[0].content.[1].image_url.detail",
+        code="invalid_value",
+    )
+
+
+async def test_a_jpeg_only_model_gets_a_png_as_jpeg_with_transparency_white(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    body = asking(image_part(data_url(picture(20, 10, mode="RGBA"))), model="fake-jpeg-only")
+    assert (await http.post(CHAT, json=body)).status_code == 200
+    [image] = fake.calls[0].images
+    assert (image.format, image.width, image.height) == ("jpeg", 20, 10)
+    with Image.open(io.BytesIO(image.data)) as sent:
+        assert sent.format == "JPEG"
+        assert all(channel > 240 for channel in sent.convert("RGB").getpixel((5, 5)))
+
+
+async def test_the_models_own_image_bound_is_kept(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    one = image_part(data_url(picture(4, 4)))
+    error = assert_openai_error(
+        await http.post(CHAT, json=asking(one, one, model="fake-jpeg-only")),
+        400,
+        param="messages.[0].content.[2]",
+        code="too_many_images",
+    )
+    assert "fake-jpeg-only" in error["message"]
+    assert fake.calls == []
+
+
+async def test_more_images_than_the_gateway_takes_are_refused(http: httpx.AsyncClient) -> None:
+    one = image_part(data_url(picture(4, 4)))
+    error = assert_openai_error(
+        await http.post(CHAT, json=asking(one, one, one, one)),
+        400,
+        param="messages.[0].content.[4]",
+        code="too_many_images",
+    )
+    assert "GATEWAY_MAX_IMAGES" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [
+        ("data:image/png;base64,not base64!", "invalid_image_url"),
+        ("data:image/png,rawbytes", "invalid_image_url"),
+        ("data:text/plain;base64,aGVsbG8=", "invalid_image_format"),
+        ("data:image/png;base64,aGVsbG8gdGhlcmU=", "invalid_image_format"),
+        (data_url(picture(4, 4, "BMP")), "invalid_image_format"),
+        ("ftp://example.com/cat.png", "invalid_image_url"),
+        ("https://example.com/cat.png", "invalid_image_url"),
+    ],
+)
+async def test_bad_image_urls_are_refused_by_name(
+    http: httpx.AsyncClient, fake: FakeBackend, url: str, code: str
+) -> None:
+    error = assert_openai_error(await http.post(CHAT, json=asking(image_part(url))), 400, code=code)
+    assert error["param"].startswith("messages.[0].content.[1]")
+    assert fake.calls == []
+
+
+async def test_a_url_from_a_host_not_allowed_says_so(http: httpx.AsyncClient) -> None:
+    error = assert_openai_error(
+        await http.post(CHAT, json=asking(image_part("https://example.com/cat.png"))),
+        400,
+        param="messages.[0].content.[1].image_url.url",
+    )
+    assert "GATEWAY_IMAGE_URL_HOSTS" in error["message"]
+
+
+async def test_too_large_a_file_or_picture_is_refused(http: httpx.AsyncClient) -> None:
+    noisy = picture(200, 200, noise=True)
+    assert len(noisy) > 0.05 * 1024 * 1024
+    assert_openai_error(
+        await http.post(CHAT, json=asking(image_part(data_url(noisy)))),
+        400,
+        param="messages.[0].content.[1].image_url.url",
+        code="image_too_large",
+    )
+    error = assert_openai_error(
+        await http.post(CHAT, json=asking(image_part(data_url(picture(2000, 1001))))),
+        400,
+        param="messages.[0].content.[1]",
+        code="image_too_large",
+    )
+    assert "2000x1001" in error["message"]
+
+
+async def test_an_animated_gif_is_refused(http: httpx.AsyncClient) -> None:
+    frames = [Image.new("RGB", (4, 4), color) for color in ("red", "blue")]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
+    assert_openai_error(
+        await http.post(CHAT, json=asking(image_part(data_url(buffer.getvalue(), "image/gif")))),
+        400,
+        code="invalid_image_format",
+    )
+
+
+async def test_images_only_come_in_user_messages(http: httpx.AsyncClient) -> None:
+    messages = [{"role": "system", "content": [image_part(data_url(picture(4, 4)))]}]
+    assert_openai_error(
+        await http.post(CHAT, json={"model": "fake-vision", "messages": messages}),
+        400,
+        param="messages.[0].content.[0]",
+    )
+
+
+async def test_a_session_refuses_images(http: httpx.AsyncClient, fake: FakeBackend) -> None:
+    response = await http.post(
+        CHAT, json=asking(image_part(data_url(picture(4, 4)))), headers={"X-Session-ID": "s1"}
+    )
+    error = assert_openai_error(response, 400, param="messages.[0].content.[1]")
+    assert "X-Session-ID" in error["message"]
+    assert fake.calls == []
+
+
+async def test_responses_input_image_follows_the_same_path(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    png = picture(30, 20)
+    content: Any = [
+        {"type": "input_text", "text": "What is it?"},
+        {"type": "input_image", "image_url": data_url(png), "detail": "auto"},
+    ]
+    response = await client.responses.create(
+        model="fake-vision", input=[{"role": "user", "content": content}]
+    )
+    assert response.status == "completed"
+    [image] = fake.calls[0].images
+    assert (image.data, image.width, image.height) == (png, 30, 20)
+    assert "What is it?<image>" in fake.calls[0].prompt
+
+
+@pytest.mark.parametrize(
+    ("part", "model", "param"),
+    [
+        (
+            {"type": "input_image", "file_id": "file-1", "detail": "auto"},
+            "fake-vision",
+            "input[0].content[1].file_id",
+        ),
+        (
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+            "fake-chat",
+            "input[0].content[1]",
+        ),
+        (
+            {"type": "input_image", "image_url": "https://example.com/a.png"},
+            "fake-vision",
+            "input[0].content[1].image_url",
+        ),
+        (
+            {"type": "input_image", "image_url": data_url(picture(4, 4)), "detail": "max"},
+            "fake-vision",
+            "input[0].content[1].detail",
+        ),
+    ],
+)
+async def test_responses_input_image_refusals_name_the_part(
+    http: httpx.AsyncClient, fake: FakeBackend, part: dict[str, Any], model: str, param: str
+) -> None:
+    content = [{"type": "input_text", "text": "What is it?"}, part]
+    body = {"model": model, "input": [{"role": "user", "content": content}]}
+    assert_openai_error(await http.post("/v1/responses", json=body), 400, param=param)
+    assert fake.calls == []
+
+
+# -- fetching from allowed hosts (an httpx mock transport stands for the host) -------------
+
+
+def reader(handler: Any, **limits: Any) -> ImageReader:
+    return ImageReader(
+        ImageLimits(hosts=("images.test", "127.0.0.1:8123"), **limits),
+        transport=httpx.MockTransport(handler),
+    )
+
+
+async def read(images: ImageReader, url: str) -> Any:
+    message = ChatMessage(role="user", content=[image_part(url)])  # type: ignore[list-item]
+    model = ModelInfo("vision", "chat", True, images=ImageInput())
+    return await images.read([message], model, ParamNames())
+
+
+async def test_an_allowed_host_is_fetched() -> None:
+    png = picture(6, 3)
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=png, headers={"content-type": "image/png"})
+
+    [image] = await read(reader(handler), "https://images.test/cat.png")
+    assert (image.data, image.width) == (png, 6)
+    assert str(seen[0].url) == "https://images.test/cat.png"
+    [image] = await read(reader(handler), "http://127.0.0.1:8123/cat.png")
+    assert image.height == 3
+
+
+@pytest.mark.parametrize(
+    ("answer", "url", "words"),
+    [
+        (httpx.Response(302, headers={"location": "https://evil.test/x.png"}), None, "redirect"),
+        (httpx.Response(404), None, "404"),
+        (
+            httpx.Response(200, content=b"<html>", headers={"content-type": "text/html"}),
+            None,
+            "text/html",
+        ),
+        (
+            httpx.Response(200, content=b"x" * 2000, headers={"content-type": "image/png"}),
+            None,
+            "larger than",
+        ),
+        (None, "https://other.test/cat.png", "does not fetch images from 'other.test'"),
+        (None, "http://127.0.0.1:9999/cat.png", "does not fetch images from '127.0.0.1'"),
+    ],
+)
+async def test_what_an_allowed_host_may_not_do(
+    answer: httpx.Response | None, url: str | None, words: str
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert answer is not None, "a host not allowed was asked"
+        return answer
+
+    with pytest.raises(InvalidRequestError) as raised:
+        await read(reader(handler, max_bytes=1000), url or "https://images.test/cat.png")
+    assert words in str(raised.value)
+    assert raised.value.param == "messages.[0].content.[0].image_url.url"
+
+
+async def test_a_slow_host_is_cut_off() -> None:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(5)
+        return httpx.Response(200)
+
+    with pytest.raises(InvalidRequestError, match=r"did not answer within 0\.2 s"):
+        await read(reader(handler, timeout_s=0.2), "https://images.test/cat.png")
+
+
+# -- templates that can place images ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "takes"),
+    [
+        (VISION_TEMPLATE, True),
+        (
+            "{% for m in messages %}{% for c in m['content'] | selectattr('type', 'equalto', "
+            "'image') %}<image>{% endfor %}{% endfor %}",
+            True,
+        ),
+        (CHATML_TEMPLATE, False),
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
+        ("{% for m in messages %", False),
+    ],
+)
+def test_a_template_takes_parts_when_it_loops_over_content(template: str, takes: bool) -> None:
+    assert takes_parts(template) is takes
+
+
+async def test_a_vision_model_with_a_text_template_keeps_text_and_refuses_images(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    body = {"model": "fake-vision-plain", "messages": [{"role": "user", "content": "Hi"}]}
+    assert (await http.post(CHAT, json=body)).status_code == 200
+    assert fake.calls[0].prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    error = assert_openai_error(
+        await http.post(
+            CHAT, json=asking(image_part(data_url(picture(4, 4))), model="fake-vision-plain")
+        ),
+        400,
+        param="messages.[0].content.[1]",
+        code="image_not_supported",
+    )
+    assert "chat template" in error["message"]
+    assert len(fake.calls) == 1
