@@ -205,6 +205,10 @@ class GatewayMiddleware:
     async def _settle(self, scope: Scope, status: int, started: float) -> None:
         """Counts the request and settles its admission, if it was admitted."""
         admission: Admission | None = scope["state"].get(ADMISSION)
+        if admission is not None and status == 404:
+            # The model it named may not exist: no usage or metric is kept under that name
+            # (a key could mint names without end).
+            admission.model = ""
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         if route != "/metrics":
             self.metrics.record_request(route, admission, status, time.monotonic() - started)

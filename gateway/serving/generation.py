@@ -244,29 +244,45 @@ async def _reason_then_answer(
     backend: Backend, model: str, generation: Generation, stream: bool
 ) -> AsyncGenerator[GenerationChunk, None]:
     """One choice of a reasoning model's constrained answer (see
-    :attr:`Generation.answer_after`): the reasoning's chunks, the marker, the answer's."""
+    :attr:`Generation.answer_after`): the reasoning's chunks, the marker, the answer's. The
+    reasoning ends at the marker whether the engine stops there or not (one that keeps
+    generating is stopped: the rest is dropped); ``min_tokens`` applies to the whole choice
+    (an engine that honours it ignores stop strings until then, so the reasoning step has
+    none, and the answer what is left of it)."""
     marker = generation.answer_after
     assert marker is not None
     options = generation.options
-    thinking = replace(options, constraint=None, stop=[marker])
+    thinking = replace(options, constraint=None, stop=[marker], min_tokens=None)
     texts: list[str] = []
-    used, finish = 0, None
+    used, finish, said, ended = 0, None, "", False
     chunks = backend.generate(model, generation.prompt, thinking, stream, generation.images)
     async with aclosing(chunks):
         async for chunk in chunks:
-            texts.append(chunk.text)
             used += chunk.completion_tokens
             finish = chunk.finish_reason or finish
+            window = said + chunk.text  # a marker may be split over chunks
+            at = window.find(marker)
+            if at >= 0:
+                chunk = replace(chunk, text=chunk.text[: at + len(marker) - len(said)])
+                ended = True
+            texts.append(chunk.text)
+            said = window[-(len(marker) - 1) :]
             yield replace(chunk, finish_reason=None) if chunk.finish_reason else chunk
+            if ended:
+                break  # leaving closes the request
     budget = options.max_tokens
-    if finish == "length" or (budget is not None and used >= budget):
+    if (not ended and finish == "length") or (budget is not None and used >= budget):
         yield GenerationChunk("", finish_reason="length")  # no token left for the answer
         return
     reasoning = "".join(texts)
-    if not reasoning.endswith(marker):  # engines leave out the stop string they met
+    if not ended:  # engines leave out the stop string they met
         reasoning += marker
         yield GenerationChunk(marker)
-    answer = replace(options, max_tokens=budget - used if budget is not None else None)
+    left = budget - used if budget is not None else None
+    least = max((options.min_tokens or 0) - used, 0)
+    if left is not None:
+        least = min(least, left)
+    answer = replace(options, max_tokens=left, min_tokens=least or None)
     prompt = generation.prompt + reasoning
     chunks = backend.generate(model, prompt, answer, stream, generation.images)
     async with aclosing(chunks):

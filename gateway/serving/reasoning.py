@@ -16,16 +16,25 @@ template: a variable the template reads is set, one it does not read is refused 
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, get_args
 
 from gateway.backend import ModelInfo
 from gateway.errors import BackendError, InvalidRequestError
-from gateway.serving.protocol import ChatCompletionRequest, ParamNames
+from gateway.serving.protocol import ChatCompletionRequest, ParamNames, ReasoningEffort
 from gateway.serving.reasoning_parsers import ReasoningParser, get_parser, parser_names
 from gateway.serving.templating import template_variables
 
 #: Template variables the gateway sets itself: ``chat_template_kwargs`` cannot set them.
 RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+#: The most ``chat_template_kwargs`` may hold: its JSON size, and how deep it nests.
+MAX_KWARGS_BYTES = 16 * 1024
+MAX_KWARGS_DEPTH = 8
+#: The variables whose values the gateway knows, and what they must be.
+_SWITCHES = {
+    "enable_thinking": "true or false",
+    "reasoning_effort": "one of " + ", ".join(get_args(ReasoningEffort)),
+}
 
 
 def template_switches(
@@ -38,8 +47,19 @@ def template_switches(
     ``none`` asks nothing of a model that does not reason (no ``reasoning_parser``)."""
     reads = template_variables(template)
     switches: dict[str, Any] = {}
-    for key, value in (request.chat_template_kwargs or {}).items():
+    kwargs = request.chat_template_kwargs or {}
+    if len(json.dumps(kwargs)) > MAX_KWARGS_BYTES or _depth(kwargs) > MAX_KWARGS_DEPTH:
+        raise InvalidRequestError(
+            f"chat_template_kwargs holds at most {MAX_KWARGS_BYTES // 1024} KB of JSON, "
+            f"nested at most {MAX_KWARGS_DEPTH} deep.",
+            param="chat_template_kwargs",
+        )
+    for key, value in kwargs.items():
         param = f"chat_template_kwargs.{key}"
+        if not _valid(key, value):
+            raise InvalidRequestError(
+                f"{param} must be {_SWITCHES[key]}.", param=param, code="invalid_value"
+            )
         if key in RESERVED:
             raise InvalidRequestError(
                 f"'{key}' is set by the gateway from the request; it cannot be a "
@@ -69,6 +89,22 @@ def template_switches(
             code="unsupported_parameter",
         )
     return switches
+
+
+def _valid(key: str, value: Any) -> bool:
+    if key == "enable_thinking":
+        return isinstance(value, bool)
+    if key == "reasoning_effort":
+        return isinstance(value, str) and value in get_args(ReasoningEffort)
+    return True
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
 
 
 def _agree(switches: dict[str, Any], key: str, value: Any, names: ParamNames) -> None:

@@ -302,6 +302,12 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 param=f"messages.[{index}].role",
             )
         reasoning = message.reasoning_content or message.reasoning
+        if message.reasoning and message.reasoning_content not in (None, message.reasoning):
+            raise InvalidRequestError(
+                "reasoning_content and reasoning are two names of one text: send one, or the "
+                "same text in both.",
+                param=f"messages.[{index}].reasoning",
+            )
         if reasoning and role != "assistant":
             raise InvalidRequestError(
                 "Only assistant messages carry reasoning_content or reasoning.",

@@ -369,3 +369,69 @@ async def test_a_session_keeps_the_answer_without_its_reasoning(
     assert (await http.post("/v1/chat/completions", json=body, headers=headers)).is_success
     stored = (await http.get(f"/v1/sessions/think-{stream}")).json()["messages"]
     assert stored[-1] == {"role": "assistant", "content": "The answer."}
+
+
+async def test_min_tokens_counts_over_the_reasoning_and_the_answer(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    """An engine honouring min_tokens ignores stop strings until then: the reasoning step
+    gets none, the answer what is left of it, within what is left of max_tokens."""
+    fake.replies = ["<think> a b c </think>", '{"answer": 1}']
+    await client.chat.completions.create(
+        model="fake-reasoner",
+        messages=USER_HI,
+        max_tokens=40,
+        response_format={"type": "json_object"},
+        extra_body={"min_tokens": 35},
+    )
+    thinking, answer = fake.calls[-2:]
+    assert thinking.options.min_tokens is None
+    left = 40 - thinking.tokens_sent
+    assert answer.options.max_tokens == left
+    assert answer.options.min_tokens == min(35 - thinking.tokens_sent, left)
+
+
+def test_a_long_run_of_blank_lines_costs_time_in_its_own_length() -> None:
+    parser = get_parser("qwen3")
+    assert parser is not None
+    p = parser("x")
+    fed = [p.feed("\n") for _ in range(50_000)]
+    assert not any(d.reasoning or d.content for d in fed)
+    told = p.feed("then</think>ok")
+    assert (told.reasoning, told.content) == ("then", "ok")
+    assert len(p._space) == 0  # the whitespace before "then" went out with it
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"enable_thinking": "false"}, "chat_template_kwargs.enable_thinking"),  # a truthy string
+        ({"enable_thinking": 0}, "chat_template_kwargs.enable_thinking"),
+        ({"enable_thinking": True, "x": [[[[[[[[[1]]]]]]]]]}, "chat_template_kwargs"),
+        ({"enable_thinking": "x" * 20_000}, "chat_template_kwargs"),
+    ],
+)
+async def test_template_switch_values_are_checked(
+    http: httpx.AsyncClient, fake: FakeBackend, kwargs: dict[str, Any], param: str
+) -> None:
+    body = chat_body(model="fake-reasoner", chat_template_kwargs=kwargs)
+    assert_openai_error(await http.post("/v1/chat/completions", json=body), 400, param=param)
+    assert not fake.calls
+
+
+async def test_two_different_reasonings_on_one_message_are_refused(
+    http: httpx.AsyncClient,
+) -> None:
+    answer = {"role": "assistant", "content": "A.", "reasoning": "x", "reasoning_content": "y"}
+    body = chat_body(model="fake-reasoner", messages=[*USER_HI, answer, *USER_HI])
+    response = await http.post("/v1/chat/completions", json=body)
+    assert_openai_error(response, 400, param="messages.[1].reasoning")
+
+
+async def test_an_unknown_model_is_a_404_before_any_audio_is_heard(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    body = chat_body(model="no-such-model", messages=[{"role": "user", "content": [audio]}])
+    assert_openai_error(await http.post("/v1/chat/completions", json=body), 404)
+    assert not fake.transcribe_calls

@@ -41,6 +41,7 @@ async def create_chat_completion(
     chat, audio_chat = services.chat, services.audio_chat
     audio = AudioChat.involved(body)
     if audio:
+        await services.catalog.get(body.model, "chat")  # a 404 before any audio is heard
         resolved = audio_chat.resolve_inputs(body, admission.key, meter)
         body = await cancel_on_disconnect(request, resolved)
     prepared = await chat.prepare(body, session_id, owner=admission.key.id)

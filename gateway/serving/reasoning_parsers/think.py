@@ -10,6 +10,9 @@ empty reasoning itself) starts in the answer, so thinking that was switched off 
 whole text as the answer, as vLLM's ``qwen3`` parser does given ``enable_thinking: false``.
 Whitespace around the reasoning and at the start of the answer is left out (the newlines
 models write around the markers); anything else is told as written.
+
+Each piece costs time in its own length (plus the markers'), never in the text so far: a
+model stuck writing blank lines holds back a run of whitespace, kept as a list of pieces.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class ThinkTags(ReasoningParser):
         self._opening = self._reasoning
         """A leading ``<think>`` may still come (it is not reasoning)."""
         self._held = ""
+        """What may be the start of a marker (shorter than the marker)."""
+        self._space: list[str] = []
+        """Whitespace held back in the reasoning: told if more reasoning follows it."""
         self._started = False
         """The current part (reasoning or answer) has told text."""
         if not self._reasoning:
@@ -49,11 +55,11 @@ class ThinkTags(ReasoningParser):
         self._held = ""
         out = ReasoningDelta()
         if self._opening:
-            stripped = held.lstrip()
-            if stripped.startswith(self.start):
-                held = stripped[len(self.start) :]
+            held = held.lstrip()  # whitespace before the reasoning is left out anyway
+            if held.startswith(self.start):
+                held = held[len(self.start) :]
                 self._opening = False
-            elif not stripped or self.start.startswith(stripped):
+            elif not held or self.start.startswith(held):
                 self._held = held  # may still be the opening marker
                 return out
             else:
@@ -61,13 +67,20 @@ class ThinkTags(ReasoningParser):
         if self._reasoning:
             at = held.find(self.end)
             if at < 0:
-                # Held back: what may be the start of the marker, and the whitespace
-                # before it (it ends the reasoning if the marker follows).
-                told = held[: len(held) - _partial(held, self.end)].rstrip()
-                out.reasoning = self._told(told)
-                self._held = held[len(told) :]
+                keep = _partial(held, self.end)
+                body = held[: len(held) - keep]
+                self._held = held[len(held) - keep :]
+                said = body.rstrip()
+                if said:
+                    out.reasoning = self._told("".join(self._space) + said)
+                    self._space = []
+                if len(said) < len(body):
+                    self._space.append(body[len(said) :])
                 return out
-            out.reasoning = self._told(held[:at].rstrip())
+            said = held[:at].rstrip()
+            if said:
+                out.reasoning = self._told("".join(self._space) + said)
+            self._space = []
             rest = held[at + len(self.end) :]
             self._reasoning, self._started = False, False
             self.content_at = self.fed - len(rest)
@@ -86,7 +99,7 @@ class ThinkTags(ReasoningParser):
         return stripped
 
     def finish(self) -> ReasoningDelta:
-        held, self._held = self._held, ""
+        held, self._held, self._space = self._held, "", []
         if self._reasoning:
             return ReasoningDelta(reasoning=self._told(held.rstrip()))
         return ReasoningDelta(content=self._told(held))

@@ -174,8 +174,9 @@ def input_messages(
                 last["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                if reasoning:
-                    messages[-1]["reasoning_content"] = reasoning
+            if reasoning:
+                previous = messages[-1].get("reasoning_content", "")
+                messages[-1]["reasoning_content"] = previous + reasoning
             stored.append(
                 {
                     "id": item.id or new_id("fc"),
