@@ -88,6 +88,9 @@ class ModelInfo:
     bos_token: str | None = None
     eos_token: str | None = None
     """Special tokens of its tokenizer, for chat templates that refer to them."""
+    translates: bool = False
+    """Transcription models: they translate speech into English (``translates`` parameter
+    and a ``task`` input), so ``/v1/audio/translations`` may use them."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ class TranscriptionOptions:
     word_timestamps: bool = False
     file: bytes | None = None
     """The uploaded file as it came, for models that take the encoded file."""
+    task: str = "transcribe"
+    """``transcribe``, or ``translate`` (into English; only for a model that translates)."""
 
 
 class Backend(Protocol):

@@ -46,6 +46,8 @@ def _public(info: ModelInfo, created: int) -> Model:
         parameters=sorted(info.takes),
         ignored_parameters=sorted(info.ignores),
         chat_template=info.chat_template is not None if info.task == "chat" else None,
+        languages=list(info.languages) if info.task == "transcription" else None,
+        translates=info.translates if info.task == "transcription" else None,
     )
 
 

@@ -120,10 +120,15 @@ class Contract:
             default_max_tokens=config.integer("default_max_tokens"),
             bos_token=bos,
             eos_token=eos,
+            translates=self.translates(),
         )
 
     def voices(self) -> tuple[str, ...]:
         return self.config.names("voices")
+
+    def translates(self) -> bool:
+        """Transcription models: whether they translate into English."""
+        return False
 
     def sample_rate(self) -> int | None:
         return self.config.integer("sample_rate")
