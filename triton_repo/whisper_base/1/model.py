@@ -3,7 +3,8 @@
 The tensors of ``whisper_stt`` (../../README.md) plus an optional ``task`` input:
 ``transcribe`` (the default) or ``translate`` (into English, Whisper's own translation).
 Without a ``language`` the model detects it from the first 30 seconds, and every segment
-reports the language it was transcribed as. The weights come from two pip packages and are
+reports the language it was transcribed as. Temperature 0 (the default) falls back to
+hotter decoding where a stretch's text loops or is unlikely, as OpenAI's does. The weights come from two pip packages and are
 joined into a cache folder on the first load (``assemble.py`` beside this file). Decoupled:
 one response per segment, then an empty final response; ``is_cancelled()`` is checked
 between segments.
@@ -20,6 +21,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 TASKS = ("transcribe", "translate")
+FALLBACK = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 class TritonPythonModel:
@@ -68,7 +70,10 @@ class TritonPythonModel:
             language=language,  # None: detected
             task=task,
             initial_prompt=self.io.read_string(pb_utils, request, "prompt") or None,
-            temperature=temperature,
+            # 0 is OpenAI's "raise the temperature until the thresholds are met": a stretch
+            # that decodes into a loop or below the log-probability threshold is decoded
+            # again hotter (without it this model repeats itself on synthetic speech).
+            temperature=FALLBACK if temperature == 0.0 else temperature,
             word_timestamps=want_words,
         )
         for segment in segments:
