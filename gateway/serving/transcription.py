@@ -15,6 +15,11 @@ event's ``text``, which is the subtitle document for ``srt`` and ``vtt`` (each d
 and the plain text otherwise; with ``verbose_json`` each delta also carries its ``segment``
 and (``timestamp_granularities[]`` ``word``) its ``words``, and the done event every field
 of the ``verbose_json`` body (segments, words, language, duration).
+
+A multilingual model gets no ``language`` unless the client gives one, and detects it;
+``verbose_json`` names the language each model reports by its English name, as OpenAI does.
+A translation (``/v1/audio/translations``) is the same job with the ``translate`` task, on
+a model that declares it translates; its output is English.
 """
 
 from __future__ import annotations
