@@ -90,4 +90,5 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json | system-deps
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(MAKE) system-deps
 	$(BIN)/pip install -q -e ".[models,dev]"
+	$(BIN)/pip install -q --no-deps pyopenjtalk-plus==0.4.1.post10 sudachipy==0.7.0
 	touch $@

@@ -199,3 +199,53 @@ def test_a_realtime_session_transcribes_other_languages(
 
     transcript = asyncio.run(transcribe())
     assert len(words(transcript) & {"buenos", "días", "café", "leche", "favor"}) >= 3, transcript
+
+
+# -- a Japanese voice: kokoro_ja through the custom mapping --------------------------------
+
+GREETING = "こんにちは。今日はいい天気ですね。"
+
+
+@pytest.fixture(scope="module")
+def japanese(stack: GatewayProcess, sdk: openai.OpenAI) -> Iterator[openai.OpenAI]:
+    with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=300) as http:
+        loaded = http.post("/admin/models/kokoro_ja/load")
+        assert loaded.status_code == 200, loaded.text
+        try:
+            yield sdk
+        finally:
+            http.post("/admin/models/kokoro_ja/unload")
+
+
+def seconds_of(wav: bytes) -> float:
+    return decode_to_pcm(wav).size / 16_000
+
+
+def test_a_japanese_voice_speaks_what_whisper_base_reads_back(japanese: openai.OpenAI) -> None:
+    """Kokoro's Japanese, spoken through /v1/audio/speech (an OpenAI voice name is its
+    default voice), transcribed by whisper_base with the language detected."""
+    wav = japanese.audio.speech.create(
+        model="kokoro_ja", voice="alloy", input=GREETING, response_format="wav"
+    ).content
+    heard = japanese.audio.transcriptions.create(
+        model=MODEL, file=("ja.wav", wav), response_format="verbose_json"
+    )
+    assert heard.language == "japanese", heard.text
+    assert "こんにちは" in heard.text and "天気" in heard.text, heard.text
+    english = japanese.audio.translations.create(model=MODEL, file=("ja.wav", wav)).text
+    assert words(english) & {"good", "day", "today", "weather", "hello"}, english
+
+
+def test_the_japanese_voices_and_speed_are_the_models(japanese: openai.OpenAI) -> None:
+    normal = japanese.audio.speech.create(
+        model="kokoro_ja", voice="jm_kumo", input=GREETING, response_format="wav"
+    ).content
+    fast = japanese.audio.speech.create(
+        model="kokoro_ja", voice="jm_kumo", input=GREETING, response_format="wav", speed=1.5
+    ).content
+    assert seconds_of(fast) < 0.85 * seconds_of(normal)
+    with pytest.raises(openai.BadRequestError) as refused:
+        japanese.audio.speech.create(model="kokoro_ja", voice="joe", input=GREETING)
+    assert refused.value.param == "voice"
+    voices = {m.id: m.model_extra or {} for m in japanese.models.list()}["kokoro_ja"]["voices"]
+    assert voices == ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]

@@ -4,10 +4,10 @@ The tensors of ``whisper_stt`` (../../README.md) plus an optional ``task`` input
 ``transcribe`` (the default) or ``translate`` (into English, Whisper's own translation).
 Without a ``language`` the model detects it from the first 30 seconds, and every segment
 reports the language it was transcribed as. Temperature 0 (the default) falls back to
-hotter decoding where a stretch's text loops or is unlikely, as OpenAI's does. The weights come from two pip packages and are
-joined into a cache folder on the first load (``assemble.py`` beside this file). Decoupled:
-one response per segment, then an empty final response; ``is_cancelled()`` is checked
-between segments.
+hotter decoding where a stretch's text loops or is unlikely, as OpenAI's does. The weights
+come from two pip packages and are joined into a cache folder on the first load
+(``assemble.py`` beside this file). Decoupled: one response per segment, then an empty final
+response; ``is_cancelled()`` is checked between segments.
 """
 
 from __future__ import annotations
