@@ -4,6 +4,7 @@ mapping (the real model: tests/integration/test_multilingual_e2e.py)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -217,3 +218,24 @@ def test_a_transcription_model_without_the_task_input_gets_no_task_tensor() -> N
     assert set(sent) == {"audio"}
     with pytest.raises(Exception, match="does not translate"):
         model.transcribe(np.zeros(1600, np.float32), TranscriptionOptions(task="translate"))
+
+
+async def test_input_audio_parts_go_to_the_multilingual_model_chosen_and_are_detected() -> None:
+    """Chat's ``input_audio`` parts have no language field (OpenAI's): with
+    GATEWAY_VOICE_TRANSCRIPTION_MODEL naming a multilingual model, each part goes to it and
+    its language is detected (none is sent)."""
+    fake = Multilingual()
+    settings = make_settings(
+        models=["fake-chat", "fake-multi"], voice_transcription_model="fake-multi"
+    )
+    part = {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(tone_file(1.0)).decode(), "format": "wav"},
+    }
+    body = {"model": "fake-chat", "messages": [{"role": "user", "content": [part]}]}
+    async with serve(settings, fake) as (_, http, _sdk):
+        answer = await http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    [(model, _, options)] = fake.transcribe_calls
+    assert (model, options.language, options.task) == ("fake-multi", None, "transcribe")
+    assert "Segment 1 says hello." in fake.calls[-1].prompt  # the transcript reached chat
