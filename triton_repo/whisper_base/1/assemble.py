@@ -27,11 +27,7 @@ SMALL_FILES = ("config.json", "tokenizer.json", "vocabulary.json")
 
 
 def cache_root() -> Path:
-    """``$GATEWAY_MODEL_CACHE``, else ``$XDG_CACHE_HOME/triton-gateway``, else
-    ``~/.cache/triton-gateway``."""
-    given = os.environ.get("GATEWAY_MODEL_CACHE")
-    if given:
-        return Path(given)
+    """``$XDG_CACHE_HOME/triton-gateway``, else ``~/.cache/triton-gateway``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(base) / "triton-gateway"
 
