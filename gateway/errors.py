@@ -224,9 +224,10 @@ def _is_union_tag(part: str) -> bool:
 
 def _validation_param(loc: tuple[Any, ...]) -> str | None:
     # ("body", "messages", 0, "content") -> "messages.[0].content", as OpenAI names params.
-    parts = [
-        p for p in loc if p not in _LOCATIONS and not (isinstance(p, str) and _is_union_tag(p))
-    ]
+    # The first name is a field of the body, never a union's tag: a multipart form's field
+    # may be named like one (``timestamp_granularities[]``, ``chunking_strategy[type]``).
+    named = [p for p in loc if p not in _LOCATIONS]
+    parts = named[:1] + [p for p in named[1:] if not (isinstance(p, str) and _is_union_tag(p))]
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in parts) or None
 
 

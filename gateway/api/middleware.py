@@ -285,6 +285,7 @@ _INFERENCE_ROUTES = frozenset(
         "/v1/embeddings",
         "/v1/audio/speech",
         "/v1/audio/transcriptions",
+        "/v1/audio/translations",
         "/v1/realtime",
     }
 )

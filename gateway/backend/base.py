@@ -123,6 +123,9 @@ class ModelInfo:
     images: ImageInput | None = None
     """Chat models that see images (the ``vision`` parameter, or a custom model's
     ``openai_input_image``): how they take them. None: image parts are refused."""
+    translates: bool = False
+    """Transcription models: they translate speech into English (``translates`` parameter
+    and a ``task`` input), so ``/v1/audio/translations`` may use them."""
 
     @property
     def runs_on(self) -> str:
@@ -264,6 +267,8 @@ class TranscriptionOptions:
     word_timestamps: bool = False
     file: bytes | None = None
     """The uploaded file as it came, for models that take the encoded file."""
+    task: str = "transcribe"
+    """``transcribe``, or ``translate`` (into English; only for a model that translates)."""
 
 
 class Backend(Protocol):

@@ -233,8 +233,9 @@ class FakeBackend:
                 Word(w, round(start + i * step, 3), round(start + (i + 1) * step, 3))
                 for i, w in enumerate(text.split())
             )
+            language = options.language or "en"  # the language given, else "detected"
             yield Segment(
-                text, start, end, words if options.word_timestamps else (), -0.2, 0.01, "en"
+                text, start, end, words if options.word_timestamps else (), -0.2, 0.01, language
             )
 
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:

@@ -547,6 +547,10 @@ class Model(BaseModel):
     """The Triton model that serves it (vLLM's field, where vLLM shows the weights' path)."""
     parent: str | None = None
     """A LoRA adapter: the id of its base model (vLLM's field); null for a base model."""
+    languages: list[str] | None = None
+    """Transcription models: the language codes they take (empty: any)."""
+    translates: bool | None = None
+    """Transcription models: whether ``/v1/audio/translations`` takes them."""
 
 
 class ModelList(BaseModel):
@@ -645,3 +649,13 @@ class TranscriptionRequest(Strict):
             if getattr(self, param.removesuffix("[]")):
                 return param, f"{param} is not supported by this gateway: {why}."
         return None
+
+
+class TranslationRequest(Strict):
+    """The form fields of ``/v1/audio/translations`` but the file: OpenAI's, and no other
+    (a field it does not declare, ``language`` or ``stream`` included, is refused by name)."""
+
+    model: str = Field(min_length=1)
+    prompt: str | None = Field(None, description="Text in English to guide the model's style")
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"

@@ -15,6 +15,11 @@ event's ``text``, which is the subtitle document for ``srt`` and ``vtt`` (each d
 and the plain text otherwise; with ``verbose_json`` each delta also carries its ``segment``
 and (``timestamp_granularities[]`` ``word``) its ``words``, and the done event every field
 of the ``verbose_json`` body (segments, words, language, duration).
+
+A multilingual model gets no ``language`` unless the client gives one, and detects it;
+``verbose_json`` names the language each model reports by its English name, as OpenAI does.
+A translation (``/v1/audio/translations``) is the same job with the ``translate`` task, on
+a model that declares it translates; its output is English.
 """
 
 from __future__ import annotations
@@ -39,13 +44,13 @@ from gateway.serving.audio import (
     decode_to_pcm,
 )
 from gateway.serving.catalog import ModelCatalog, model_takes
-from gateway.serving.protocol import ChunkingStrategy, TranscriptionRequest
+from gateway.serving.languages import name_of
+from gateway.serving.protocol import ChunkingStrategy, TranscriptionRequest, TranslationRequest
 from gateway.serving.sse import event, first_or_close, with_error_event
 from gateway.serving.vad import SpeechStarted, TurnDetector, VadSettings
 from gateway.state.limits import Meter
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
-_LANGUAGE_NAMES = {"en": "english"}  # verbose_json names the language, as OpenAI does
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,10 @@ class PreparedTranscription:
     @property
     def duration(self) -> float:
         return self.audio.size / STT_RATE
+
+    @property
+    def translation(self) -> bool:
+        return self.options.task == "translate"
 
 
 def speech_spans(
@@ -153,14 +162,21 @@ def _words_json(s: Segment) -> list[dict[str, Any]]:
 
 
 def to_verbose_json(job: PreparedTranscription, segments: list[Segment]) -> dict[str, Any]:
-    language = segments[0].language if segments else (job.options.language or "")
+    """OpenAI's ``verbose_json``: ``language`` is the English name of the language the model
+    heard (the one given, or the one it detected); a translation's is always ``english``,
+    and it has no ``usage`` (OpenAI's translation objects have none)."""
+    if job.translation:
+        language = "en"
+    else:
+        language = segments[0].language if segments else (job.options.language or "")
     body: dict[str, Any] = {
-        "task": "transcribe",
-        "language": _LANGUAGE_NAMES.get(language, language),
+        "task": job.options.task,
+        "language": name_of(language),
         "duration": round(job.duration, 3),
         "text": _text(segments),
-        "usage": {"type": "duration", "seconds": math.ceil(job.duration)},
     }
+    if not job.translation:
+        body["usage"] = {"type": "duration", "seconds": math.ceil(job.duration)}
     if "segment" in job.granularities:
         body["segments"] = [_segment_json(job, i, s) for i, s in enumerate(segments)]
     if "word" in job.granularities:
@@ -235,13 +251,7 @@ class TranscriptionService:
                 "timestamp_granularities[] requires response_format 'verbose_json'.",
                 param="timestamp_granularities[]",
             )
-        try:
-            audio = await asyncio.to_thread(decode_to_pcm, upload, STT_RATE, self.max_audio_seconds)
-        except UndecodableAudioError as exc:
-            code = "audio_too_long" if isinstance(exc, AudioTooLongError) else "invalid_audio"
-            raise InvalidRequestError(
-                f"Invalid audio file: {exc}.", param="file", code=code
-            ) from exc
+        audio = await self._decode(upload)
         spans = None
         if request.chunking_strategy is not None:
             spans = await asyncio.to_thread(speech_spans, audio, request.chunking_strategy)
@@ -262,6 +272,47 @@ class TranscriptionService:
             granularities=chosen,
             spans=spans,
         )
+
+    async def prepare_translation(
+        self, request: TranslationRequest, upload: bytes
+    ) -> PreparedTranscription:
+        """A translation into English: a transcription job with the ``translate`` task, on
+        a model that translates (400 naming ``model`` otherwise)."""
+        model, prompt, temperature = request.model, request.prompt, request.temperature
+        info = await self.catalog.get(model, "transcription")
+        if not info.translates:
+            raise InvalidRequestError(
+                f"The model '{model}' does not translate speech (it only transcribes; its "
+                "Triton config does not declare translates). Use /v1/audio/transcriptions, "
+                "or a model that translates.",
+                param="model",
+                code="model_not_supported",
+            )
+        if prompt and not model_takes(info, "prompt"):
+            prompt = None
+        if temperature and not model_takes(info, "temperature"):
+            temperature = 0.0
+        audio = await self._decode(upload)
+        options = TranscriptionOptions(
+            prompt=prompt or None, temperature=temperature, file=upload, task="translate"
+        )
+        return PreparedTranscription(
+            model=model,
+            audio=audio,
+            options=options,
+            response_format=request.response_format,
+            granularities=frozenset({"segment"}),
+        )
+
+    async def _decode(self, upload: bytes) -> npt.NDArray[np.float32]:
+        """The upload as 16 kHz mono samples (in a worker thread); 400 naming ``file``."""
+        try:
+            return await asyncio.to_thread(decode_to_pcm, upload, STT_RATE, self.max_audio_seconds)
+        except UndecodableAudioError as exc:
+            code = "audio_too_long" if isinstance(exc, AudioTooLongError) else "invalid_audio"
+            raise InvalidRequestError(
+                f"Invalid audio file: {exc}.", param="file", code=code
+            ) from exc
 
     def _segments(
         self, job: PreparedTranscription, meter: Meter | None
@@ -296,6 +347,8 @@ class TranscriptionService:
             return to_vtt(segments), "text/vtt; charset=utf-8"
         if job.response_format == "verbose_json":
             return json.dumps(to_verbose_json(job, segments)), "application/json"
+        if job.translation:
+            return json.dumps({"text": _text(segments)}), "application/json"
         usage = {"type": "duration", "seconds": math.ceil(job.duration)}
         return json.dumps({"text": _text(segments), "usage": usage}), "application/json"
 

@@ -146,12 +146,6 @@ async def test_transcription_needs_a_transcription_model(client: openai.AsyncOpe
         await client.audio.transcriptions.create(model="fake-chat", file=("a.wav", tone_file(1)))
 
 
-async def test_translations_say_clearly_they_are_not_supported(client: openai.AsyncOpenAI) -> None:
-    with pytest.raises(openai.NotFoundError) as raised:
-        await client.audio.translations.create(model="fake-stt", file=("a.wav", tone_file(1)))
-    assert raised.value.code == "not_supported"
-
-
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

@@ -11,8 +11,8 @@ from pydantic import Field
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
-from gateway.errors import NotSupportedError, PayloadTooLargeError
-from gateway.serving.protocol import SpeechRequest, TranscriptionRequest
+from gateway.errors import PayloadTooLargeError
+from gateway.serving.protocol import SpeechRequest, TranscriptionRequest, TranslationRequest
 from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
@@ -20,6 +20,12 @@ router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
 class TranscriptionForm(TranscriptionRequest):
     """The whole multipart form, so that a field it does not declare is refused too."""
+
+    file: UploadFile = Field(description="The audio file (any format FFmpeg decodes)")
+
+
+class TranslationForm(TranslationRequest):
+    """The whole multipart form of a translation (a field it does not declare is refused)."""
 
     file: UploadFile = Field(description="The audio file (any format FFmpeg decodes)")
 
@@ -52,16 +58,9 @@ async def create_transcription(
     form: Annotated[TranscriptionForm, Form()],
 ) -> Response:
     meter = admission.use_model(form.model)
-    settings, transcriber = services.settings, services.transcription
-    file = form.file
-    limit = int(settings.max_audio_upload_mb * 1024 * 1024)
-    if file.size is not None and file.size > limit:
-        raise PayloadTooLargeError(
-            f"The audio file is {file.size / 1e6:.1f} MB; the limit is "
-            f"{settings.max_audio_upload_mb:g} MB.",
-            param="file",
-        )
-    job = await cancel_on_disconnect(request, transcriber.prepare(form, await file.read()))
+    transcriber = services.transcription
+    upload = await _upload(form.file, services.settings.max_audio_upload_mb)
+    job = await cancel_on_disconnect(request, transcriber.prepare(form, upload))
     if form.stream:
         events = await transcriber.stream(job, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -69,9 +68,32 @@ async def create_transcription(
     return Response(body, media_type=media_type)
 
 
-@router.post("/translations")
-async def create_translation() -> Response:
-    raise NotSupportedError(
-        "Translation is not supported: no model here translates audio. "
-        "Use /v1/audio/transcriptions.",
-    )
+@router.post(
+    "/translations",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}, "text/plain": {}}}},
+)
+async def create_translation(
+    services: ServicesDep,
+    admission: AdmissionDep,
+    request: Request,
+    form: Annotated[TranslationForm, Form()],
+) -> Response:
+    """Speech in any language the model knows, as English text (OpenAI's parameters only)."""
+    meter = admission.use_model(form.model)
+    transcriber = services.transcription
+    upload = await _upload(form.file, services.settings.max_audio_upload_mb)
+    job = await cancel_on_disconnect(request, transcriber.prepare_translation(form, upload))
+    body, media_type = await cancel_on_disconnect(request, transcriber.complete(job, meter))
+    return Response(body, media_type=media_type)
+
+
+async def _upload(file: UploadFile, limit_mb: float) -> bytes:
+    """The uploaded file's bytes; 413 naming ``file`` over ``limit_mb``."""
+    limit = int(limit_mb * 1024 * 1024)
+    if file.size is not None and file.size > limit:
+        raise PayloadTooLargeError(
+            f"The audio file is {file.size / 1e6:.1f} MB; the limit is {limit_mb:g} MB.",
+            param="file",
+        )
+    return await file.read()

@@ -51,6 +51,8 @@ def _public(info: ModelInfo, created: int) -> Model:
         chat_template=info.chat_template is not None if info.task == "chat" else None,
         root=info.runs_on,
         parent=info.base,
+        languages=list(info.languages) if info.task == "transcription" else None,
+        translates=info.translates if info.task == "transcription" else None,
     )
 
 

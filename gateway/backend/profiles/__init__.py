@@ -128,6 +128,7 @@ class Contract:
             reasoning_parser=params.get("reasoning_parser") or None,
             adapters=self.adapters() if self.task() == "chat" else (),
             images=self.image_input() if self.task() == "chat" else None,
+            translates=self.translates(),
         )
 
     def voices(self) -> tuple[str, ...]:
@@ -164,6 +165,10 @@ class Contract:
                 ", ".join(names),
                 why,
             )
+
+    def translates(self) -> bool:
+        """Transcription models: whether they translate into English."""
+        return False
 
     def sample_rate(self) -> int | None:
         return self.config.integer("sample_rate")

@@ -11,14 +11,16 @@ of truth (see ``triton_repo/README.md``, "Fronting your Triton"):
   ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (vLLM's meanings);
   speech: ``text``, ``voice``, ``speed``; transcription: ``audio`` (FP32 samples at
   ``sample_rate``, or the encoded file as BYTES), ``language``, ``prompt``,
-  ``temperature``; embeddings: ``text``, ``input_type``. Chat's ``lora`` (BYTES): the
-  name of the LoRA adapter a request asked for (one of ``lora_adapters``), absent without.
+  ``temperature``, ``task`` (``transcribe`` or ``translate``); embeddings: ``text``,
+  ``input_type``. Chat's ``lora`` (BYTES): the name of the LoRA adapter a request asked
+  for (one of ``lora_adapters``), absent without.
 - ``openai_output_<field>``: the output that returns it. Chat: ``text``,
   ``finish_reason``, ``prompt_tokens``, ``completion_tokens``; speech: ``audio`` (FP32 in
   [-1, 1] or INT16 samples), ``sample_rate``; transcription: ``text``; embeddings:
   ``embedding``, ``prompt_tokens``.
 - ``openai_output_text_mode``: ``delta`` (each response holds new text, the default) or
-  ``cumulative``; ``sample_rate``: the rate of audio tensors.
+  ``cumulative``; ``sample_rate``: the rate of audio tensors; ``translates``: ``true`` for a
+  transcription model that also translates into English (it needs the ``task`` input).
 
 A field without a parameter uses the tensor of the gateway's own contract when the model
 declares it (``text_input`` / ``text_output``; ``text``, ``voice``, ``speed`` -> ``audio``,
@@ -51,7 +53,7 @@ from gateway.backend.base import (
 from gateway.backend.profiles import Contract, register
 from gateway.backend.profiles.config import ModelConfig, TensorSpec
 from gateway.backend.profiles.text import TextRules
-from gateway.errors import BackendError
+from gateway.errors import BackendError, InvalidRequestError
 
 #: The tensors of the gateway's own contract (``triton_repo/README.md``), used for a field
 #: the config does not map.
@@ -64,6 +66,7 @@ DEFAULT_INPUTS = {
         "prompt": "prompt",
         "temperature": "temperature",
         "word_timestamps": "word_timestamps",
+        "task": "task",
     },
     "embeddings": {"text": "text_input", "input_type": "input_type"},
 }
@@ -137,6 +140,10 @@ class CustomContract(Contract):
             self.unusable_adapters(names, "no openai_input_lora input takes the adapter's name")
             return ()
         return names
+
+    def translates(self) -> bool:
+        declared = self.config.parameters.get("translates", "").strip().lower() == "true"
+        return declared and self.task() == "transcription" and self.input("task") is not None
 
     # -- chat --------------------------------------------------------------------------
 
@@ -254,7 +261,16 @@ class CustomContract(Contract):
             "prompt": options.prompt,
             "temperature": options.temperature,
             "word_timestamps": options.word_timestamps,
+            # Sent where the model has the input, so a transcription is never taken for a
+            # translation by a model whose own default differs.
+            "task": options.task,
         }
+        if options.task != "transcribe" and not self.translates():
+            raise InvalidRequestError(
+                f"The model '{self.config.name}' does not translate.",
+                param="model",
+                code="model_not_supported",
+            )
         for field, value in optional.items():
             name = self.input(field)
             if name is not None and value is not None:
