@@ -163,9 +163,10 @@ class Settings(BaseSettings):
     """Timeout of Triton control calls (health, repository index, model config)."""
 
     max_audio_upload_mb: float = Field(25.0, gt=0)
-    """Largest audio file ``/v1/audio/transcriptions`` accepts (OpenAI's limit is 25 MB)."""
+    """Largest audio file ``/v1/audio/transcriptions`` and ``/translations`` accept (OpenAI's
+    limit is 25 MB)."""
 
-    # Images in chat (image_url parts, Responses input_image; docs/chat.md#images).
+    # Images in chat (image_url parts, Responses input_image; docs/chat.md#images-image_url-parts).
     image_url_hosts: Annotated[list[str], NoDecode] = []
     """Hosts whose ``http(s)`` image URLs the gateway fetches (comma-separated host names,
     ``host:port`` to allow one port only). Empty (the default): only ``data:`` URLs are

@@ -116,11 +116,11 @@ class ModelInfo:
     adapters: tuple[str, ...] = ()
     """Chat models: the names of the LoRA adapters it serves (``lora_adapters`` parameter),
     each a model id of its own (see :mod:`gateway.serving.catalog`)."""
-    base: str | None = None
+    lora_base: str | None = None
     """A LoRA adapter's model id: the Triton model it runs on (None for a Triton model)."""
-    adapter: str | None = None
+    lora_adapter: str | None = None
     """A LoRA adapter's model id: the adapter's name, as the base model knows it."""
-    images: ImageInput | None = None
+    image_input: ImageInput | None = None
     """Chat models that see images (the ``vision`` parameter, or a custom model's
     ``openai_input_image``): how they take them. None: image parts are refused."""
     translates: bool = False
@@ -130,7 +130,7 @@ class ModelInfo:
     @property
     def runs_on(self) -> str:
         """The Triton model a request for this model id goes to."""
-        return self.base or self.name
+        return self.lora_base or self.name
 
 
 @dataclass(frozen=True)
@@ -308,7 +308,7 @@ class Backend(Protocol):
         images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
         """Generates text for a rendered prompt (and the ``images`` its placeholders stand
-        for, in order; only to a model whose ``ModelInfo.images`` is set). With ``stream``
+        for, in order; only to a model whose ``ModelInfo.image_input`` is set). With ``stream``
         false the server may answer in one chunk. Closing the iterator early cancels the
         request on the server."""
         ...

@@ -35,10 +35,11 @@ class AdminService:
     async def _not_adapter(self, name: str, action: str) -> None:
         """400 for a LoRA adapter's id: its base model is what Triton loads."""
         model = (await self.catalog.cached()).get(name)
-        if model is not None and model.base is not None:
+        if model is not None and model.lora_base is not None:
+            base = model.lora_base
             raise InvalidRequestError(
-                f"'{name}' is the LoRA adapter '{model.adapter}' of the model '{model.base}', "
-                f"not a Triton model: {action} '{model.base}' (its adapters come and go with it).",
+                f"'{name}' is the LoRA adapter '{model.lora_adapter}' of the model '{base}', "
+                f"not a Triton model: {action} '{base}' (its adapters come and go with it).",
                 param="name",
                 code="lora_adapter",
             )

@@ -60,7 +60,7 @@ def with_adapters(models: list[ModelInfo], separator: str) -> dict[str, ModelInf
                 )
                 continue
             listed[model_id] = dataclasses.replace(
-                model, name=model_id, adapters=(), base=model.name, adapter=adapter
+                model, name=model_id, adapters=(), lora_base=model.name, lora_adapter=adapter
             )
     return listed
 
@@ -166,7 +166,7 @@ class DefaultModels:
             return configured
         models = await self.catalog.cached()
         # A LoRA adapter is never the default: only a model the operator loaded.
-        ready = [m.name for m in models.values() if m.task == task and m.ready and not m.base]
+        ready = [m.name for m in models.values() if m.task == task and m.ready and not m.lora_base]
         if not ready:
             raise BackendUnavailableError(
                 f"No {task} model is loaded, and audio needs one: load one with the admin "

@@ -60,7 +60,7 @@ from gateway.serving.protocol import (
     ToolCall,
     TopLogprobItem,
 )
-from gateway.serving.reasoning import reasoning_parser, template_switches
+from gateway.serving.reasoning import parser_of, template_switches
 from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
 from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
@@ -421,7 +421,7 @@ class ChatService:
                 code="chat_template_missing",
             )
         switches = template_switches(request, model, template, names)
-        reasoner = reasoning_parser(model)
+        reasoner = parser_of(model)
         max_tokens = request.max_completion_tokens or request.max_tokens
         param = names.max_tokens
         check_max_tokens(model, max_tokens, param)
@@ -441,7 +441,7 @@ class ChatService:
             logprobs=top,
             constraint=tools.constraint or formatted,
             constraint_key=model.structured_outputs_key,
-            lora_name=model.adapter,
+            lora_name=model.lora_adapter,
         )
         images = await self.images.read(request.messages, model, names, session_id is not None)
         messages = openai_messages(request.messages)

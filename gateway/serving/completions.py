@@ -112,7 +112,7 @@ class CompletionService:
             logprobs=top,
             constraint=response_constraint(request.response_format, model, self.max_schema_kb),
             constraint_key=model.structured_outputs_key,
-            lora_name=model.adapter,
+            lora_name=model.lora_adapter,
         )
         for prompt in prompts:
             if not prompt:

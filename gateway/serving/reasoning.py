@@ -117,7 +117,7 @@ def _agree(switches: dict[str, Any], key: str, value: Any, names: ParamNames) ->
     switches[key] = value
 
 
-def reasoning_parser(model: ModelInfo) -> type[ReasoningParser] | None:
+def parser_of(model: ModelInfo) -> type[ReasoningParser] | None:
     """The parser of a reasoning model (None for another model)."""
     if model.reasoning_parser is None:
         return None

@@ -13,7 +13,6 @@ import asyncio
 import base64
 import functools
 import re
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -40,16 +39,14 @@ def words(text: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def sdk(stack: GatewayProcess) -> Iterator[openai.OpenAI]:
-    """whisper_base loaded for this module (its first load joins its weights into the
-    cache), unloaded after it."""
+def sdk(stack: GatewayProcess) -> openai.OpenAI:
+    """whisper_base loaded through the admin API (its first load joins its weights into the
+    cache). It stays loaded for the rest of the session, as the other stand-ins do:
+    unloading it and kokoro_ja cost 11 s of the suite."""
     with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=300) as http:
         loaded = http.post(f"/admin/models/{MODEL}/load")
         assert loaded.status_code == 200, loaded.text
-        try:
-            yield stack.client()
-        finally:
-            http.post(f"/admin/models/{MODEL}/unload")
+    return stack.client()
 
 
 @pytest.mark.parametrize(
@@ -112,10 +109,12 @@ def test_a_language_the_model_does_not_list_is_400(sdk: openai.OpenAI) -> None:
             {"good", "morning", "coffee", "milk", "please"},
         ),
         (
-            "Bonjour, je voudrais un café et un croissant, s'il vous plaît.",
+            # Whisper base, given "un café et un croissant", loops on "a coffee" and falls
+            # back to hotter decoding (13 s here); this one it translates at once.
+            "Bonjour, je voudrais un café, s'il vous plaît.",
             "fr",
             120,
-            {"good", "morning", "hello", "coffee", "croissant", "please"},
+            {"good", "morning", "hello", "coffee", "please"},
         ),
     ],
 )
@@ -207,14 +206,11 @@ GREETING = "こんにちは。今日はいい天気ですね。"
 
 
 @pytest.fixture(scope="module")
-def japanese(stack: GatewayProcess, sdk: openai.OpenAI) -> Iterator[openai.OpenAI]:
+def japanese(stack: GatewayProcess, sdk: openai.OpenAI) -> openai.OpenAI:
     with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=300) as http:
         loaded = http.post("/admin/models/kokoro_ja/load")
         assert loaded.status_code == 200, loaded.text
-        try:
-            yield sdk
-        finally:
-            http.post("/admin/models/kokoro_ja/unload")
+    return sdk
 
 
 def seconds_of(wav: bytes) -> float:

@@ -64,17 +64,19 @@ def asking(*parts: dict[str, Any], model: str = "fake-vision", **fields: Any) ->
 def fake() -> FakeBackend:
     backend = FakeBackend()
     backend.model_list += [
-        ModelInfo("fake-vision", "chat", True, VISION_TEMPLATE, 2048, images=ImageInput()),
+        ModelInfo("fake-vision", "chat", True, VISION_TEMPLATE, 2048, image_input=ImageInput()),
         ModelInfo(
             "fake-jpeg-only",
             "chat",
             True,
             VISION_TEMPLATE,
             2048,
-            images=ImageInput(max_images=1, formats=("jpeg",)),
+            image_input=ImageInput(max_images=1, formats=("jpeg",)),
         ),
         # Said to see images, but its template prints content as a string.
-        ModelInfo("fake-vision-plain", "chat", True, CHATML_TEMPLATE, 2048, images=ImageInput()),
+        ModelInfo(
+            "fake-vision-plain", "chat", True, CHATML_TEMPLATE, 2048, image_input=ImageInput()
+        ),
     ]
     return backend
 
@@ -346,7 +348,7 @@ def reader(handler: Any, **limits: Any) -> ImageReader:
 
 async def read(images: ImageReader, url: str) -> Any:
     message = ChatMessage(role="user", content=[image_part(url)])  # type: ignore[list-item]
-    model = ModelInfo("vision", "chat", True, images=ImageInput())
+    model = ModelInfo("vision", "chat", True, image_input=ImageInput())
     return await images.read([message], model, ParamNames())
 
 

@@ -111,7 +111,7 @@ def test_adapter_ids_run_on_their_base_and_a_real_model_keeps_its_name() -> None
     listed = with_adapters([base, clash, unloaded], ":")
     assert sorted(listed) == ["llama", "llama:chat", "llama:sql", "other"]
     adapter = listed["llama:sql"]
-    assert (adapter.base, adapter.adapter, adapter.runs_on) == ("llama", "sql", "llama")
+    assert (adapter.lora_base, adapter.lora_adapter, adapter.runs_on) == ("llama", "sql", "llama")
     assert adapter.context_length == 8192 and adapter.adapters == ()
     assert listed["llama:chat"] is clash and listed["llama"].runs_on == "llama"
     assert "llama@sql" in with_adapters([base], "@")

@@ -461,12 +461,12 @@ def test_only_a_model_said_to_see_images_takes_them() -> None:
     blind = contract_for(vllm("25.11"))
     old = contract_for(vllm("24.12", vision="true"))  # no image input at this release
     assert seeing is not None and blind is not None and old is not None
-    assert seeing.info().images == ImageInput(max_images=None, formats=())
-    assert blind.info().images is None and old.info().images is None
+    assert seeing.info().image_input == ImageInput(max_images=None, formats=())
+    assert blind.info().image_input is None and old.info().image_input is None
     with pytest.raises(InvalidRequestError):
         blind.generate("Hi", SamplingOptions(), stream=False, images=(PNG,))
     limited = contract_for(vllm("25.11", vision="true", max_images="2"))
-    assert limited is not None and limited.info().images == ImageInput(max_images=2)
+    assert limited is not None and limited.info().image_input == ImageInput(max_images=2)
 
 
 def test_vllm_gets_each_image_as_plain_base64_in_order() -> None:
@@ -485,7 +485,7 @@ def test_trtllm_gets_one_jpeg_data_url_in_its_batch_row() -> None:
     config["parameters"] = {"vision": {"string_value": "true"}}
     contract = contract_for(ModelConfig.from_json("multimodal", config))
     assert contract is not None
-    assert contract.info().images == ImageInput(max_images=1, formats=("jpeg",))
+    assert contract.info().image_input == ImageInput(max_images=1, formats=("jpeg",))
     options = SamplingOptions(max_tokens=5)
     kind, shape, raw = decoded(contract.generate("Hi", options, False, (JPEG,))[0])[
         "image_url_input"
@@ -513,7 +513,7 @@ def test_a_custom_model_maps_its_image_input() -> None:
         },
     )
     contract = contract_for(config)
-    assert contract is not None and contract.info().images == ImageInput()
+    assert contract is not None and contract.info().image_input == ImageInput()
     inputs = decoded(contract.generate("Hi", SamplingOptions(), False, (PNG, JPEG))[0])
     kind, shape, raw = inputs["pictures"]
     assert (kind, shape) == ("BYTES", [2])

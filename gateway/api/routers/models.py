@@ -30,8 +30,8 @@ def _capabilities(info: ModelInfo) -> ModelCapabilities | None:
         logprobs=info.logprobs,
         max_logprobs=info.max_logprobs if info.logprobs else 0,
         reasoning=info.reasoning_parser,
-        images=info.images is not None,
-        max_images=info.images.max_images if info.images is not None else None,
+        images=info.image_input is not None,
+        max_images=info.image_input.max_images if info.image_input is not None else None,
     )
 
 
@@ -50,7 +50,7 @@ def _public(info: ModelInfo, created: int) -> Model:
         ignored_parameters=sorted(info.ignores),
         chat_template=info.chat_template is not None if info.task == "chat" else None,
         root=info.runs_on,
-        parent=info.base,
+        parent=info.lora_base,
         languages=list(info.languages) if info.task == "transcription" else None,
         translates=info.translates if info.task == "transcription" else None,
     )

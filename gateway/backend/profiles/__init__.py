@@ -127,7 +127,7 @@ class Contract:
             eos_token=eos,
             reasoning_parser=params.get("reasoning_parser") or None,
             adapters=self.adapters() if self.task() == "chat" else (),
-            images=self.image_input() if self.task() == "chat" else None,
+            image_input=self.image_input() if self.task() == "chat" else None,
             translates=self.translates(),
         )
 

@@ -71,7 +71,7 @@ class ImageReader:
         if not parts:
             return ()
         first = parts[0]
-        if model.images is None:
+        if model.image_input is None:
             raise refused(
                 f"The model '{model.name}' does not see images (its capabilities in "
                 "/v1/models say which models do); send this message as text only.",
@@ -86,8 +86,8 @@ class ImageReader:
                 "image_not_supported",
             )
         bound = self.limits.max_images
-        if model.images.max_images is not None and model.images.max_images < bound:
-            bound = model.images.max_images
+        if model.image_input.max_images is not None and model.image_input.max_images < bound:
+            bound = model.image_input.max_images
         if len(parts) > bound:
             whose = (
                 "the gateway takes (GATEWAY_MAX_IMAGES)"
@@ -99,7 +99,7 @@ class ImageReader:
                 parts[bound].param,
                 "too_many_images",
             )
-        target = model.images.formats
+        target = model.image_input.formats
         fetches = [asyncio.ensure_future(self.sources.file(part)) for part in parts]
         try:
             files = await asyncio.gather(*fetches)

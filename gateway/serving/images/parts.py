@@ -154,7 +154,7 @@ def template_messages(
     parts' order. Other models' messages are unchanged; images for a template that cannot
     place them are a 400 (named as ``names`` does). ``request``'s messages are the last of
     ``messages`` (a session's come first)."""
-    if model.images is None:
+    if model.image_input is None:
         return messages
     if not takes_parts(template):
         found = image_parts(request, names)
