@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from base64 import b64encode
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -52,6 +54,11 @@ class ChatImage:
     format: str
     width: int
     height: int
+
+    @cached_property
+    def base64(self) -> str:
+        """The file in base64, made once however many choices send it."""
+        return b64encode(self.data).decode("ascii")
 
 
 @dataclass(frozen=True)

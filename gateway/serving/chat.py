@@ -443,7 +443,9 @@ class ChatService:
             constraint_key=model.structured_outputs_key,
             lora_name=model.lora_adapter,
         )
-        images = await self.images.read(request.messages, model, names, session_id is not None)
+        images = await self.images.read(
+            request.messages, model, names, session_id is not None, request.n
+        )
         messages = openai_messages(request.messages)
         session = None
         if session_id is not None:

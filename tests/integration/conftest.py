@@ -83,7 +83,8 @@ def stack(
             "GATEWAY_MAX_AUDIO_UPLOAD_MB": str(UPLOAD_LIMIT_MB),
             "GATEWAY_MAX_REQUEST_MB": str(UPLOAD_LIMIT_MB + 1),
             "GATEWAY_TOKENIZERS": json.dumps({m: str(tokenizer) for m in TOKENIZED_MODELS}),
-            "GATEWAY_IMAGE_URL_HOSTS": "127.0.0.1",  # test_images_e2e's loopback server
+            # test_images_e2e's loopback server, on whatever port it got.
+            "GATEWAY_IMAGE_URL_HOSTS": "127.0.0.1:*",
         },
     ).start()
     try:

@@ -339,10 +339,18 @@ async def test_responses_input_image_refusals_name_the_part(
 # -- fetching from allowed hosts (an httpx mock transport stands for the host) -------------
 
 
+async def public(host: str, port: int) -> list[str]:
+    """DNS for the tests' hosts: ``inside.test`` points at the gateway's own machine, every
+    other name at a public address."""
+    return ["127.0.0.1"] if host == "inside.test" else ["93.184.215.14"]
+
+
 def reader(handler: Any, **limits: Any) -> ImageReader:
+    hosts = ("images.test", "127.0.0.1:8123", "anyport.test:*", "inside.test")
     return ImageReader(
-        ImageLimits(hosts=("images.test", "127.0.0.1:8123"), **limits),
+        ImageLimits(hosts=hosts, **limits),
         transport=httpx.MockTransport(handler),
+        resolver=public,
     )
 
 
@@ -365,6 +373,8 @@ async def test_an_allowed_host_is_fetched() -> None:
     assert str(seen[0].url) == "https://images.test/cat.png"
     [image] = await read(reader(handler), "http://127.0.0.1:8123/cat.png")
     assert image.height == 3
+    [image] = await read(reader(handler), "http://anyport.test:8080/cat.png")  # name:*
+    assert seen[-1].headers["accept-encoding"] == "identity"
 
 
 @pytest.mark.parametrize(
@@ -384,6 +394,20 @@ async def test_an_allowed_host_is_fetched() -> None:
         ),
         (None, "https://other.test/cat.png", "does not fetch images from 'other.test'"),
         (None, "http://127.0.0.1:9999/cat.png", "does not fetch images from '127.0.0.1'"),
+        # A bare name allows its scheme's default port only (no scanning the host's ports).
+        (None, "https://images.test:6379/cat.png", "does not fetch images from 'images.test'"),
+        # An allowed name that points inside the network (DNS of an attacker, rebinding).
+        (None, "https://inside.test/cat.png", "resolves to an address inside the network"),
+        (
+            # A few KB that would inflate to gigabytes: refused, never inflated.
+            httpx.Response(
+                200,
+                stream=httpx.ByteStream(b"\x1f\x8b" + b"\0" * 100),
+                headers={"content-type": "image/png", "content-encoding": "gzip"},
+            ),
+            None,
+            "Content-Encoding 'gzip'",
+        ),
     ],
 )
 async def test_what_an_allowed_host_may_not_do(
@@ -445,3 +469,15 @@ async def test_a_vision_model_with_a_text_template_keeps_text_and_refuses_images
     )
     assert "chat template" in error["message"]
     assert len(fake.calls) == 1
+
+
+async def test_n_choices_send_every_image_each_so_n_times_images_is_bounded(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """This app's GATEWAY_MAX_IMAGES is 3."""
+    body = asking(image_part(data_url(picture(4, 4))), n=4)
+    assert_openai_error(await http.post(CHAT, json=body), 400, param="n", code="too_many_images")
+    body["n"] = 3
+    answer = await http.post(CHAT, json=body)
+    assert answer.status_code == 200, answer.text
+    assert len(fake.calls) == 3 and all(len(call.images) == 1 for call in fake.calls)

@@ -33,7 +33,6 @@ then ``NVIDIA/TensorRT-LLM`` ``triton_backend/``):
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
 
@@ -150,8 +149,7 @@ class TrtllmContract(Contract):
         }
         if images:
             values["image_url_input"] = [
-                f"data:image/jpeg;base64,{base64.b64encode(image.data).decode('ascii')}"
-                for image in images
+                f"data:image/jpeg;base64,{image.base64}" for image in images
             ]
         inputs = config.tensors(values)
         if options.max_tokens is not None and self.has("max_tokens"):

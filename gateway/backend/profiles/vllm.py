@@ -36,7 +36,6 @@ architecture, which Triton does not report. Its vector comes back as JSON in
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
 
@@ -135,7 +134,7 @@ class VllmContract(Contract):
         if images:
             # One plain base64 file per element (no data: prefix): the backend decodes each
             # with PIL into vLLM's multi_modal_data, in the prompt's placeholder order.
-            values["image"] = [base64.b64encode(image.data).decode("ascii") for image in images]
+            values["image"] = [image.base64 for image in images]
         for switch in _SWITCHES:
             values[switch] = True
         logprobs = options.logprobs is not None

@@ -43,10 +43,15 @@ from gateway.serving.images.parts import (
     template_messages,
 )
 from gateway.serving.images.pictures import checked
-from gateway.serving.images.sources import ImageSources
+from gateway.serving.images.sources import ImageSources, Resolver, resolve
 from gateway.serving.protocol import ChatMessage, ParamNames
 
 __all__ = ["ImageLimits", "ImagePart", "ImageReader", "image_parts", "template_messages"]
+
+
+#: Pictures the process reads at once (each a thread of the default pool, which audio
+#: decoding shares): the memory of GATEWAY_MAX_IMAGE_MEGAPIXELS x 4 bytes, this many times.
+DECODES = 2
 
 
 class ImageReader:
@@ -54,10 +59,14 @@ class ImageReader:
     transport for the URL fetches (tests give a mock one)."""
 
     def __init__(
-        self, limits: ImageLimits, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        limits: ImageLimits,
+        transport: httpx.AsyncBaseTransport | None = None,
+        resolver: Resolver = resolve,
     ) -> None:
         self.limits = limits
-        self.sources = ImageSources(limits, transport)
+        self.sources = ImageSources(limits, transport, resolver)
+        self._decoding = asyncio.Semaphore(DECODES)
 
     async def read(
         self,
@@ -65,8 +74,10 @@ class ImageReader:
         model: ModelInfo,
         names: ParamNames,
         session: bool = False,
+        n: int = 1,
     ) -> tuple[ChatImage, ...]:
-        """The images of ``messages`` for ``model``, in order, or a 400 naming the part."""
+        """The images of ``messages`` for ``model``, in order, or a 400 naming the part.
+        Each of ``n`` choices sends them all: ``n`` x images is bounded as images are."""
         parts = image_parts(messages, names)
         if not parts:
             return ()
@@ -99,6 +110,14 @@ class ImageReader:
                 parts[bound].param,
                 "too_many_images",
             )
+        if n > 1 and n * len(parts) > self.limits.max_images:
+            raise refused(
+                f"Each of the n={n} choices sends the request's {len(parts)} image(s) to the "
+                f"model: {n * len(parts)} in all, and at most {self.limits.max_images} go "
+                "with one request (GATEWAY_MAX_IMAGES). Lower n.",
+                "n",
+                "too_many_images",
+            )
         target = model.image_input.formats
         fetches = [asyncio.ensure_future(self.sources.file(part)) for part in parts]
         try:
@@ -109,10 +128,10 @@ class ImageReader:
             await asyncio.gather(*fetches, return_exceptions=True)
             raise
         # One at a time: a picture shrunk or converted is decoded whole (up to
-        # GATEWAY_MAX_IMAGE_MEGAPIXELS x 4 bytes), and one request holds one such at once.
-        return tuple(
-            [
-                await asyncio.to_thread(checked, data, part, target, self.limits)
-                for data, part in zip(files, parts, strict=True)
-            ]
-        )
+        # GATEWAY_MAX_IMAGE_MEGAPIXELS x 4 bytes), and one request holds one such at once;
+        # the process decodes at most DECODES at once, whatever the requests.
+        checks = []
+        for data, part in zip(files, parts, strict=True):
+            async with self._decoding:
+                checks.append(await asyncio.to_thread(checked, data, part, target, self.limits))
+        return tuple(checks)

@@ -23,7 +23,8 @@ def checked(
     if len(data) > limits.max_bytes:
         raise too_large(limits, part.param)
     try:
-        picture = Image.open(io.BytesIO(data))
+        # Only these formats' parsers run on a client's bytes.
+        picture = Image.open(io.BytesIO(data), formats=[f.upper() for f in FORMATS])
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as exc:
         raise refused(
             "The image is not a JPEG, PNG, GIF or WebP file the gateway can read.",
@@ -32,6 +33,8 @@ def checked(
         ) from exc
     with picture:
         encoding = (picture.format or "").lower()
+        if encoding == "mpo":  # a phone's JPEG with more pictures after the first: a JPEG
+            encoding = "jpeg"
         width, height = picture.size
         if encoding not in FORMATS:
             raise refused(

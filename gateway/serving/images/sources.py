@@ -1,11 +1,22 @@
 """Where an image's file comes from: a ``data:`` URL, or an ``http(s)`` URL on a host the
-operator allows, fetched within the limits and without following redirects."""
+operator allows, fetched within the limits and without following redirects.
+
+An allowed host is a name (its scheme's default port only), ``name:port`` (that port) or
+``name:*`` (any port); an IP address is allowed only where it is listed. A name is resolved
+before the fetch and refused when it points inside the network (loopback, private,
+link-local, reserved): a listed public name cannot be made to reach the gateway's
+neighbours. The body is taken as sent (``Accept-Encoding: identity``; a compressed one is
+refused), so the size bound is the bytes held in memory.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -22,16 +33,35 @@ MEDIA_TYPES = {
 }
 _CHUNK = 64 * 1024
 
+#: Resolves a host name and port to its IP addresses.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
 
 class ImageSources:
     """Reads image files within :class:`ImageLimits`. ``transport``: an httpx transport for
-    the URL fetches (tests give a mock one)."""
+    the URL fetches, and ``resolver`` the names' lookup (tests give their own)."""
 
     def __init__(
-        self, limits: ImageLimits, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        limits: ImageLimits,
+        transport: httpx.AsyncBaseTransport | None = None,
+        resolver: Resolver = resolve,
     ) -> None:
         self.limits = limits
         self.transport = transport
+        self.resolver = resolver
 
     async def file(self, part: ImagePart) -> bytes:
         """The part's file: its data URL decoded (in a thread), or its URL fetched."""
@@ -75,9 +105,36 @@ class ImageSources:
             ) from exc
 
     def _allowed(self, url: httpx.URL) -> bool:
+        """A bare name allows its scheme's default port only; ``name:port`` that port;
+        ``name:*`` any."""
         host = url.host.lower()
         port = url.port or (443 if url.scheme == "https" else 80)
-        return any(entry in (host, f"{host}:{port}") for entry in self.limits.hosts)
+        bare = port == (443 if url.scheme == "https" else 80)
+        return any(
+            (entry == host and bare) or entry in (f"{host}:{port}", f"{host}:*")
+            for entry in self.limits.hosts
+        )
+
+    async def _outside(self, url: httpx.URL, param: str) -> None:
+        """A 400 for a name that resolves inside the network (an IP address was listed
+        as such: it is taken as it is)."""
+        if _ip(url.host) is not None:
+            return
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            addresses = await self.resolver(url.host, port)
+        except OSError as exc:
+            raise refused(
+                f"The image URL's host '{url.host}' does not resolve.", param, "invalid_image_url"
+            ) from exc
+        if not addresses or any(not ipaddress.ip_address(a).is_global for a in addresses):
+            raise refused(
+                f"The image URL's host '{url.host}' resolves to an address inside the network; "
+                "the gateway fetches from such an address only where GATEWAY_IMAGE_URL_HOSTS "
+                "lists the address itself.",
+                param,
+                "invalid_image_url",
+            )
 
     async def _fetch(self, raw: str, param: str) -> bytes:
         try:
@@ -100,6 +157,7 @@ class ImageSources:
             )
         try:
             async with asyncio.timeout(self.limits.timeout_s):
+                await self._outside(url, param)
                 return await self._download(url, param)
         except TimeoutError as exc:
             raise refused(
@@ -123,7 +181,9 @@ class ImageSources:
                 timeout=self.limits.timeout_s,
                 trust_env=False,  # no proxy from the environment: the host is the one allowed
             ) as client,
-            client.stream("GET", url, headers={"Accept": "image/*"}) as response,
+            client.stream(
+                "GET", url, headers={"Accept": "image/*", "Accept-Encoding": "identity"}
+            ) as response,
         ):
             if response.is_redirect:
                 # Where it points is not repeated: it may name a host the client should not
@@ -146,11 +206,20 @@ class ImageSources:
                     param,
                     "invalid_image_format",
                 )
+            coding = response.headers.get("content-encoding", "identity").strip().lower()
+            if coding not in ("", "identity"):
+                # Inflated, a few KB could be gigabytes: only the bytes as sent are bounded.
+                raise refused(
+                    f"The image URL answered with Content-Encoding '{coding}'; the gateway "
+                    "asks for the file as it is and takes it only so.",
+                    param,
+                    "invalid_image_url",
+                )
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > self.limits.max_bytes:
                 raise too_large(self.limits, param)
             data = bytearray()
-            async for chunk in response.aiter_bytes(_CHUNK):
+            async for chunk in response.aiter_bytes(_CHUNK):  # identity: nothing inflates
                 data += chunk
                 if len(data) > self.limits.max_bytes:
                     raise too_large(self.limits, param)
