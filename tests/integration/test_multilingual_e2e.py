@@ -249,5 +249,9 @@ def test_the_japanese_voices_and_speed_are_the_models(japanese: openai.OpenAI) -
     with pytest.raises(openai.BadRequestError) as refused:
         japanese.audio.speech.create(model="kokoro_ja", voice="joe", input=GREETING)
     assert refused.value.param == "voice"
+    # Its reading frontend slows down much faster than the text grows: the model takes
+    # 1,000 characters at most, and says so.
+    with pytest.raises(openai.BadRequestError, match="at most 1000"):
+        japanese.audio.speech.create(model="kokoro_ja", voice="jm_kumo", input="あ" * 1001)
     voices = {m.id: m.model_extra or {} for m in japanese.models.list()}["kokoro_ja"]["voices"]
     assert voices == ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]

