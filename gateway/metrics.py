@@ -137,10 +137,9 @@ class Metrics:
     def record_request(
         self, route: str, admission: Admission | None, status: int, elapsed: float
     ) -> None:
-        """Counts a finished request: its route, model, status, duration and usage. A 404
-        is counted under no model: the model a client named may not exist, and each new
-        name would be a new series (a key could mint them without end)."""
-        model = admission.model if admission is not None and status != 404 else ""
+        """Counts a finished request: its route, model, status, duration and usage (a 404's
+        admission names no model: the middleware clears it, see ``GatewayMiddleware._settle``)."""
+        model = admission.model if admission is not None else ""
         self.requests.labels(route, model, str(status)).inc()
         self.duration.labels(route, model).observe(elapsed)
         if admission is not None:

@@ -206,8 +206,8 @@ class GatewayMiddleware:
         """Counts the request and settles its admission, if it was admitted."""
         admission: Admission | None = scope["state"].get(ADMISSION)
         if admission is not None and status == 404:
-            # The model it named may not exist: no usage or metric is kept under that name
-            # (a key could mint names without end).
+            # The model it named may not exist: no usage or metric series is kept under
+            # that name (a key could mint names without end).
             admission.model = ""
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         if route != "/metrics":

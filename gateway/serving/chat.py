@@ -696,13 +696,9 @@ class ChatService:
                     text = told.content
                     if not text:
                         continue
-                if state.parser is None:
-                    state.content.append(text)
-                    yield writer.content(index, text, self._logprobs_json(chat, state))
-                    continue
-                for event in self._parsed(chat, writer, index, state, state.parser.feed(text)):
+                for event in self._answer(chat, writer, index, state, text):
                     yield event
-                if state.parser.closed:
+                if state.parser is not None and state.parser.closed:
                     for event in await self._close_choice(chat, writer, run, index, state):
                         yield event
                     if all(s.ended for s in states):
@@ -719,6 +715,15 @@ class ChatService:
             run.reasoning_tokens = sum(s.reasoning_tokens.count for s in states)
         if chat.include_usage:
             yield writer.usage(run.usage())
+
+    def _answer(
+        self, chat: PreparedChat, writer: ChunkWriter, index: int, state: _ChoiceState, text: str
+    ) -> list[str]:
+        """Events for a piece of the answer: content, or what the tool parser reads in it."""
+        if state.parser is None:
+            state.content.append(text)
+            return [writer.content(index, text, self._logprobs_json(chat, state))]
+        return self._parsed(chat, writer, index, state, state.parser.feed(text))
 
     def _reasoning(
         self, chat: PreparedChat, writer: ChunkWriter, index: int, state: _ChoiceState, text: str
@@ -776,11 +781,8 @@ class ChatService:
             told = state.reasoner.finish()
             if told.reasoning:
                 events.append(self._reasoning(chat, writer, index, state, told.reasoning))
-            if told.content and state.parser is None:
-                state.content.append(told.content)
-                events.append(writer.content(index, told.content, self._logprobs_json(chat, state)))
-            elif told.content:
-                events += self._parsed(chat, writer, index, state, state.parser.feed(told.content))
+            if told.content:
+                events += self._answer(chat, writer, index, state, told.content)
         if state.parser is not None:
             assert chat.tools is not None
             events += self._parsed(chat, writer, index, state, state.parser.finish())

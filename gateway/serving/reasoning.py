@@ -17,6 +17,7 @@ template: a variable the template reads is set, one it does not read is refused 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, get_args
 
 from gateway.backend import ModelInfo
@@ -30,10 +31,14 @@ RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
 #: The most ``chat_template_kwargs`` may hold: its JSON size, and how deep it nests.
 MAX_KWARGS_BYTES = 16 * 1024
 MAX_KWARGS_DEPTH = 8
-#: The variables whose values the gateway knows, and what they must be.
-_SWITCHES = {
-    "enable_thinking": "true or false",
-    "reasoning_effort": "one of " + ", ".join(get_args(ReasoningEffort)),
+_EFFORTS = get_args(ReasoningEffort)
+#: The variables whose values the gateway knows: what they must be, and how that is told.
+_SWITCHES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "enable_thinking": (lambda value: isinstance(value, bool), "true or false"),
+    "reasoning_effort": (
+        lambda value: isinstance(value, str) and value in _EFFORTS,
+        "one of " + ", ".join(_EFFORTS),
+    ),
 }
 
 
@@ -56,10 +61,9 @@ def template_switches(
         )
     for key, value in kwargs.items():
         param = f"chat_template_kwargs.{key}"
-        if not _valid(key, value):
-            raise InvalidRequestError(
-                f"{param} must be {_SWITCHES[key]}.", param=param, code="invalid_value"
-            )
+        valid, told = _SWITCHES.get(key, (None, ""))
+        if valid is not None and not valid(value):
+            raise InvalidRequestError(f"{param} must be {told}.", param=param, code="invalid_value")
         if key in RESERVED:
             raise InvalidRequestError(
                 f"'{key}' is set by the gateway from the request; it cannot be a "
@@ -89,14 +93,6 @@ def template_switches(
             code="unsupported_parameter",
         )
     return switches
-
-
-def _valid(key: str, value: Any) -> bool:
-    if key == "enable_thinking":
-        return isinstance(value, bool)
-    if key == "reasoning_effort":
-        return isinstance(value, str) and value in get_args(ReasoningEffort)
-    return True
 
 
 def _depth(value: Any) -> int:

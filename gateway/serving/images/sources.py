@@ -42,6 +42,10 @@ async def resolve(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+def _default_port(url: httpx.URL) -> int:
+    return 443 if url.scheme == "https" else 80
+
+
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(host.strip("[]"))
@@ -108,8 +112,9 @@ class ImageSources:
         """A bare name allows its scheme's default port only; ``name:port`` that port;
         ``name:*`` any."""
         host = url.host.lower()
-        port = url.port or (443 if url.scheme == "https" else 80)
-        bare = port == (443 if url.scheme == "https" else 80)
+        default = _default_port(url)
+        port = url.port or default
+        bare = port == default
         return any(
             (entry == host and bare) or entry in (f"{host}:{port}", f"{host}:*")
             for entry in self.limits.hosts
@@ -120,7 +125,7 @@ class ImageSources:
         as such: it is taken as it is)."""
         if _ip(url.host) is not None:
             return
-        port = url.port or (443 if url.scheme == "https" else 80)
+        port = url.port or _default_port(url)
         try:
             addresses = await self.resolver(url.host, port)
         except OSError as exc:

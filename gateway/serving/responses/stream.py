@@ -219,8 +219,12 @@ class _StreamWriter:
             text = told.content
             if not text:
                 return events
+        return events + await self._answer(text, parser)
+
+    async def _answer(self, text: str, parser: Any) -> list[str]:
+        """Events for a piece of the answer: text, or what the tool parser reads in it."""
         delta = parser.feed(text) if parser is not None else ParserDelta(content=text)
-        return events + await self._delta(delta)
+        return await self._delta(delta)
 
     async def _delta(self, delta: ParserDelta) -> list[str]:
         events = await self._text(delta.content) if delta.content else []
@@ -254,8 +258,7 @@ class _StreamWriter:
                 for item in await self._reasoning(told.reasoning):
                     yield item
             if told.content:
-                delta = parser.feed(told.content) if parser is not None else None
-                for item in await self._delta(delta or ParserDelta(content=told.content)):
+                for item in await self._answer(told.content, parser):
                     yield item
             run.reasoning_tokens = self.reasoning_tokens.count
         if parser is not None:
