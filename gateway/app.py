@@ -99,7 +99,9 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         active = backend
         if active is None:
             active = _triton(settings, metrics)
-        redis = connect(settings.redis_url, settings.redis_timeout_s)
+        redis = connect(
+            settings.redis_url, settings.redis_timeout_s, settings.redis_max_connections
+        )
         migration = await _migrate(redis)
         services = build_services(settings, active, redis, metrics)
         app.state.services = services  # read through api.dependencies.ServicesDep

@@ -119,7 +119,7 @@ def _print_key(key: ApiKey, as_json: bool) -> None:
 
 
 async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
-    redis = connect(settings.redis_url, settings.redis_timeout_s)
+    redis = connect(settings.redis_url, settings.redis_timeout_s, settings.redis_max_connections)
     keys = KeyStore(redis)
     try:
         await migrate(redis)

@@ -232,6 +232,10 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(1.0, gt=0)
     """Connect and command timeout for Redis (per try; a command is tried twice): when it is
     down, requests that need it fail with 503 instead of hanging."""
+    redis_max_connections: int = Field(128, ge=1)
+    """Connections one replica keeps open to Redis (to each node of a Cluster). A command
+    that finds them all busy waits for one up to ``redis_timeout_s``, then fails with 503
+    like a Redis that does not answer."""
     admin_key: SecretStr | None = None
     """A bootstrap key with the admin role (at least 32 characters, not a placeholder).
     Unset: ``gateway up`` generates one and prints it."""

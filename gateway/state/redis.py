@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     ClusterDownError,
@@ -62,9 +62,20 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{name}:***@{hosts}"))
 
 
-def connect(url: str, timeout_s: float) -> Redis:
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """The Sentinel's pool (it follows the master) that waits for a free connection, as
+    :class:`BlockingConnectionPool` does, instead of failing at once."""
+
+
+def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
     """A client with short timeouts and one immediate retry: the retry replaces a pooled
     connection that died with a restarted Redis; a Redis that is really down fails at once.
+
+    At most ``max_connections`` connections are open at once; a command that finds them all
+    busy waits up to ``timeout_s`` for one, then fails like a Redis that does not answer
+    (redis-py's own pool would refuse it at once: from redis-py 8 it holds 100 by default).
+    A Cluster's client keeps that many per node and refuses past it (redis-py's Cluster
+    client has no waiting pool).
 
     ``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]`` asks those
     Sentinels for the master of ``service_name`` and follows it through a failover: while
@@ -85,19 +96,30 @@ def connect(url: str, timeout_s: float) -> Redis:
     }
     scheme = urlsplit(url).scheme
     if scheme == CLUSTER_SCHEME:
-        return _cluster(url, timeout_s)
+        return _cluster(url, timeout_s, max_connections)
     if scheme != SENTINEL_SCHEME:
-        return Redis.from_url(url, **options)
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout_s, **options
+        )
+        return Redis.from_pool(pool)
     nodes, service, db, password = parse_sentinel_url(url)
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
         nodes,
         sentinel_kwargs={"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s},
     )
-    master: Redis = sentinels.master_for(service, db=db, password=password, **options)
+    master: Redis = sentinels.master_for(
+        service,
+        connection_pool_class=_BlockingSentinelPool,
+        db=db,
+        password=password,
+        max_connections=max_connections,
+        timeout=timeout_s,
+        **options,
+    )
     return master
 
 
-def _cluster(url: str, timeout_s: float) -> Redis:
+def _cluster(url: str, timeout_s: float, max_connections: int) -> Redis:
     nodes, password = _nodes(url)
     if urlsplit(url).path.strip("/"):
         raise ValueError(f"{redacted(url)!r}: a Redis Cluster has one database; give no path")
@@ -107,6 +129,7 @@ def _cluster(url: str, timeout_s: float) -> Redis:
         decode_responses=True,
         socket_connect_timeout=timeout_s,
         socket_timeout=timeout_s,
+        max_connections=max_connections,
     )
     return cast(Redis, cluster)
 

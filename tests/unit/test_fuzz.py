@@ -12,6 +12,7 @@ import httpx
 import pytest
 import schemathesis
 import uvicorn
+from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 
 from gateway.app import create_app
@@ -42,10 +43,14 @@ schema = schemathesis.openapi.from_dict(_schema())
 
 
 @pytest.fixture(scope="module")
-def base_url(redis_server: object) -> Iterator[str]:
-    """The app under uvicorn in a thread, with every fake model."""
+def app(redis_server: object) -> FastAPI:
     models = ["fake-chat", "fake-plain", *MODELS.values()]
-    app = create_app(make_settings(models=models), backend=FakeBackend())
+    return create_app(make_settings(models=models), backend=FakeBackend())
+
+
+@pytest.fixture(scope="module")
+def base_url(app: FastAPI) -> Iterator[str]:
+    """The app under uvicorn in a thread, with every fake model."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -79,7 +84,9 @@ def test_no_request_gets_a_server_error(case: schemathesis.Case, base_url: str) 
         assert set(error) == {"message", "type", "param", "code"}, response.text
 
 
-def test_the_fuzzed_app_still_serves(base_url: str) -> None:
+def test_the_fuzzed_app_still_serves_and_holds_no_redis_connection(
+    app: FastAPI, base_url: str
+) -> None:
     answer = httpx.post(
         f"{base_url}/v1/chat/completions",
         json={"model": "fake-chat", "messages": [{"role": "user", "content": "Hi"}]},
@@ -87,3 +94,6 @@ def test_the_fuzzed_app_still_serves(base_url: str) -> None:
         timeout=10,
     )
     assert answer.status_code == 200, answer.text
+    # A connection a request kept would be gone for good: enough of them stop the replica.
+    pool = app.state.services.redis.connection_pool
+    assert not pool._in_use_connections, f"{len(pool._in_use_connections)} connections kept"

@@ -158,7 +158,7 @@ async def test_stored_conversations_leave_redis_room_for_every_keys_requests(
 )
 def test_a_refused_redis_url_is_shown_without_its_password(url: str) -> None:
     with pytest.raises(ValueError) as refused:
-        connect(url, 1.0)
+        connect(url, 1.0, 8)
     assert "s3cret-pw" not in str(refused.value)
     assert "127.0.0.1" in str(refused.value)
 

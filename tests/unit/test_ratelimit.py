@@ -234,6 +234,22 @@ async def test_redis_down_fails_fast_with_503_lets_nothing_in_and_recovers(
         own.stop()
 
 
+async def test_more_requests_than_redis_connections_wait_for_one_and_are_all_counted() -> None:
+    # Two connections for 40 requests at once, each admitted, reserved and settled in Redis:
+    # the pool makes them wait their turn (redis-py's default pool refuses at once).
+    async with serve(make_settings(redis_max_connections=2)) as (app, http, _s):
+        key = (await new_key(http, rpm=100, tpm=100_000))["key"]
+        answers = await asyncio.gather(
+            *(http.post(CHAT, json=chat_body(), headers=bearer(key)) for _ in range(40))
+        )
+        assert [a.status_code for a in answers] == [200] * 40, answers[0].text
+        created = (await http.get("/admin/keys")).json()["data"][0]
+        usage = (await http.get(f"/admin/keys/{created['id']}/usage")).json()
+        assert usage["requests"] == 40
+        assert usage["completion_tokens"] == 40 * len(REPLY.split())
+        assert app.state.services.redis.connection_pool.max_connections == 2
+
+
 def test_reset_durations_read_like_openais() -> None:
     assert [duration(s) for s in (0, 0.2, 17, 59.5, 60, 61, 3600)] == [
         "0s", "1s", "17s", "1m0s", "1m0s", "1m1s", "60m0s",
@@ -243,7 +259,7 @@ def test_reset_durations_read_like_openais() -> None:
 async def test_a_long_request_keeps_its_concurrency_slot(redis_server: EmbeddedRedis) -> None:
     # Leases of 0.6 s, renewed every 0.2 s: the request outlives several of them, and the
     # lease set itself (which expires a second after a lease) must outlive them too.
-    redis = connect(redis_server.url, 1.0)
+    redis = connect(redis_server.url, 1.0, 8)
     gatekeeper = Gatekeeper(redis, Limits(redis), lease_s=0.6)
     key = (await KeyStore(redis).create(KeyCreate(name="long", max_concurrency=1))).key
     try:
@@ -261,7 +277,7 @@ async def test_two_reservations_of_one_request_settle_to_exactly_what_it_used(
     redis_server: EmbeddedRedis,
 ) -> None:
     # A strict tool call generated again reserves a second time, maybe in another second.
-    redis = connect(redis_server.url, 1.0)
+    redis = connect(redis_server.url, 1.0, 8)
     gatekeeper = Gatekeeper(redis, Limits(redis), lease_s=60)
     key = (await KeyStore(redis).create(KeyCreate(name="twice", tpm=1000))).key
     try:

@@ -181,7 +181,7 @@ def test_plan_keeps_the_newest_turns_that_fit_the_stored_size() -> None:
 
 
 async def test_a_saved_session_never_exceeds_the_stored_size(redis_server: EmbeddedRedis) -> None:
-    redis = connect(redis_server.url, 1.0)
+    redis = connect(redis_server.url, 1.0, 8)
     sessions = SessionStore(redis, ttl_s=60, max_stored_kb=1)
     try:
         for index in range(4):
