@@ -127,6 +127,12 @@ class Metrics:
             "Realtime responses by chat model and final status",
             ("model", "status"),
         )
+        self.realtime_speculations = counter(
+            "gateway_realtime_speculations_total",
+            "Realtime: answers started before the user's turn was confirmed, by outcome "
+            "(taken by the turn's response, or dropped: the user went on)",
+            ("outcome",),
+        )
         self.realtime_first_audio = histogram(
             "gateway_realtime_first_audio_seconds",
             "Realtime: from the end of the user's turn to the first audio of the answer",

@@ -20,6 +20,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 TASKS = ("transcribe", "translate")
+SAMPLE_RATE = 16_000
+#: Whisper's window: the encoder reads 30 s of audio, the speech padded with silence.
+WINDOW_S = 30.0
+FRAMES_PER_S = 100
+#: Speech shorter than this keeps the whole window (a lone short word was lost in a 10 s
+#: one), and longer speech keeps this much of the window free.
+MIN_WINDOWED_S = 1.5
+WINDOW_MARGIN_S = 2.0
 #: Temperature 0 as OpenAI means it: a stretch that decodes into a loop or below the
 #: log-probability threshold is decoded again hotter.
 FALLBACK = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -47,7 +55,21 @@ class Whisper:
         self.default_language = default_language
         self.fallback = fallback
         threads = int(params.get("n_threads", "0")) or (os.cpu_count() or 1)
-        self.model = WhisperModel(weights, device="cpu", compute_type="int8", cpu_threads=threads)
+        self.window_s = float(params.get("encoder_window_s", str(WINDOW_S)))
+        if not 0 < self.window_s <= WINDOW_S:
+            raise ValueError(f"encoder_window_s must be in (0, {WINDOW_S}]")
+
+        class Windowed(WhisperModel):  # type: ignore[misc]
+            """Encodes ``frames`` mel frames instead of Whisper's 3,000 (30 s) when set."""
+
+            frames: int | None = None
+
+            def encode(self, features: Any) -> Any:
+                if self.frames is not None and features.shape[-1] > self.frames:
+                    features = features[..., : self.frames]
+                return super().encode(features)
+
+        self.model = Windowed(weights, device="cpu", compute_type="int8", cpu_threads=threads)
 
     def execute(self, requests: list[Any]) -> None:
         self.io.serve_each(pb_utils, requests, self._transcribe, self.name)
@@ -71,6 +93,11 @@ class Whisper:
             raise ValueError(f"temperature must be between 0 and 1, got {temperature}")
         words_tensor = pb_utils.get_input_tensor_by_name(request, "word_timestamps")
         want_words = bool(words_tensor.as_numpy().reshape(-1)[0]) if words_tensor else False
+        # Short speech in a shorter window: the encoder's cost follows the window, not the
+        # speech (see encoder_window_s in README.md).
+        seconds = audio.size / SAMPLE_RATE
+        windowed = MIN_WINDOWED_S <= seconds <= self.window_s - WINDOW_MARGIN_S
+        self.model.frames = int(self.window_s * FRAMES_PER_S) if windowed else None
         segments, info = self.model.transcribe(
             np.ascontiguousarray(audio, dtype=np.float32),
             language=language or self.default_language,  # None: detected

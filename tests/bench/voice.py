@@ -4,9 +4,10 @@ audio, over the Realtime API, against the same chain called on Triton directly.
 Run with ``make bench`` (or ``python -m tests.bench.voice``). It starts the real stack
 (nginx, SmolLM2, Piper, Whisper), synthesizes a spoken question with Piper and then:
 
-- **realtime**: ``client.realtime.connect()`` sessions through nginx; the question is sent
-  at real-time pace in 20 ms pieces, then silence, and the answer is awaited. The end of
-  speech is when the last voiced sample of the question was sent. Breakdown: the VAD's wait
+- **realtime**: ``client.realtime.connect()`` sessions through nginx; the question (its
+  trailing silence trimmed) is sent at real-time pace in 100 ms appends, as a browser's
+  microphone sends it, then silence flows at the same pace, and the answer is awaited. The
+  end of speech is when the last voiced sample of the question was sent. Breakdown: the VAD's wait
   (to ``speech_stopped``), the transcription (to ``...transcription.completed``), the first
   sentence of the answer's text (the last transcript delta before the first audio), and its
   first audio.
@@ -42,7 +43,7 @@ from tests.stack import GatewayProcess, wav_bytes
 
 QUESTION = "What is the capital of France?"
 RATE = 24_000
-PIECE = RATE * 2 // 50  # 20 ms of pcm16
+PIECE = RATE * 2 // 10  # 100 ms of pcm16
 MAX_TOKENS = 40
 
 
@@ -80,13 +81,14 @@ async def spoken_turn(
             while True:
                 for offset in range(0, len(pcm), PIECE):
                     piece = pcm[offset : offset + PIECE]
-                    await connection.input_audio_buffer.append(
-                        audio=base64.b64encode(piece).decode()
-                    )
                     sent += len(piece)
+                    # A microphone has a piece once it is recorded: sent at its end.
                     delay = start + sent / 2 / RATE - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
+                    await connection.input_audio_buffer.append(
+                        audio=base64.b64encode(piece).decode()
+                    )
                 if not forever:
                     return
 
@@ -177,6 +179,7 @@ async def run(stack: GatewayProcess, runs: int) -> None:
         model="piper_tts", voice="alloy", input=QUESTION, response_format="pcm"
     )
     question = speech.content
+    question = question[: round(last_voiced_s(question) * RATE) * 2]  # Piper's tail trimmed
     await spoken_turn(client, question, 500)  # warm-up: every model has run once
 
     print(f"\nSpoken question: '{QUESTION}' ({len(question) / 2 / RATE:.2f} s), {runs} runs each,")

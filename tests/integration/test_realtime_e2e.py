@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -323,3 +324,114 @@ async def test_limits_and_usage_count_sessions_and_responses(
     question_s = len(question) / 2 / PCM_RATE
     assert question_s * 0.8 <= usage["audio_seconds_in"] <= question_s + 1.5
     assert usage["audio_seconds_out"] > 0
+
+
+def speculations(stack: GatewayProcess, outcome: str) -> float:
+    """The replicas' count of answers started before their turn ended, by outcome."""
+    text = httpx.get(stack.internal_url + "/metrics", timeout=5).text
+    found = re.search(
+        rf'^gateway_realtime_speculations_total{{outcome="{outcome}"}} (\S+)$', text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+async def send_live(connection: AsyncRealtimeConnection, pcm: bytes) -> None:
+    """``pcm`` at real-time pace, as a microphone sends it."""
+    started = time.monotonic()
+    for index, start in enumerate(range(0, len(pcm), CHUNK)):
+        audio = base64.b64encode(pcm[start : start + CHUNK]).decode()
+        await connection.input_audio_buffer.append(audio=audio)
+        await asyncio.sleep(max(0.0, started + (index + 1) * 0.1 - time.monotonic()))
+
+
+async def answered_live(
+    connection: AsyncRealtimeConnection, speech: bytes, silence_s: float
+) -> list[Any]:
+    """Sends ``speech`` at once, then silence at real-time pace, until the answer is done."""
+    await send_audio(connection, speech)
+    listening = asyncio.create_task(send_live(connection, silence(silence_s)))
+    try:
+        return await events_until(connection, "response.done")
+    finally:
+        listening.cancel()
+
+
+async def key_usage(stack: GatewayProcess, key_id: str, requests: int) -> dict[str, Any]:
+    """The key's usage once ``requests`` are recorded (they are, just after each ends)."""
+    deadline = time.monotonic() + 10
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=stack.headers) as http:
+        while True:
+            usage: dict[str, Any] = (await http.get(f"/admin/keys/{key_id}/usage")).json()
+            if usage["requests"] >= requests or time.monotonic() > deadline:
+                return usage
+            await asyncio.sleep(0.2)
+
+
+VOICE = ["smollm2", "whisper_stt", "piper_tts"]
+
+
+async def test_the_answer_made_while_the_user_is_silent_is_sent_and_billed_once(
+    stack: GatewayProcess, question: bytes
+) -> None:
+    created = stack.create_key("ahead", models=VOICE)
+    taken, dropped = speculations(stack, "taken"), speculations(stack, "dropped")
+    async with connect(stack, created["key"]) as connection:
+        # A long silence_duration_ms: the early guess and the answer to it surely start
+        # before the turn ends, however busy the machine is.
+        vad = {"turn_detection": {"type": "server_vad", "silence_duration_ms": 1500}}
+        session = {"type": "realtime", "max_output_tokens": 24, "audio": {"input": vad}}
+        await connection.session.update(session=session)  # type: ignore[arg-type]
+        events = await answered_live(connection, silence(0.3) + question, 3.0)
+    assert speculations(stack, "taken") == taken + 1
+    assert speculations(stack, "dropped") == dropped
+    # The client sees the turn as always: the answer's events after its turn's.
+    order = [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.input_audio_transcription.completed",
+        "response.created",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.done",
+    ]
+    positions = [first(events, kind) for kind in order]
+    assert positions == sorted(positions), types(events)
+    response = events[-1].response
+    assert response.status in ("completed", "incomplete")
+    assert pcm_seconds(events) > 0.3
+    # The session, the turn's transcription and the response: the answer made ahead is the
+    # response's, counted once, exactly as the client was told.
+    usage = await key_usage(stack, created["id"], 3)
+    assert usage["requests"] == 3
+    assert usage["prompt_tokens"] == response.usage.input_tokens
+    assert usage["completion_tokens"] == response.usage.output_tokens
+    assert usage["audio_seconds_out"] == pytest.approx(pcm_seconds(events), abs=0.05)
+
+
+async def test_an_answer_started_when_the_user_paused_is_dropped_and_not_billed(
+    stack: GatewayProcess, question: bytes
+) -> None:
+    created = stack.create_key("paused", models=VOICE)
+    taken, dropped = speculations(stack, "taken"), speculations(stack, "dropped")
+    async with connect(stack, created["key"]) as connection:
+        vad = {"turn_detection": {"type": "server_vad", "silence_duration_ms": 2500}}
+        session = {"type": "realtime", "max_output_tokens": 24, "audio": {"input": vad}}
+        await connection.session.update(session=session)  # type: ignore[arg-type]
+        # A pause of 1.5 s, shorter than the turn's silence: the guess at the question so
+        # far is made and answered, then the user goes on and the answer is dropped.
+        await send_audio(connection, silence(0.3) + question)
+        await send_live(connection, silence(1.5))
+        assert speculations(stack, "dropped") == dropped
+        events = await answered_live(connection, question, 4.0)
+    # Dropped as the user went on; the guess at the whole question was then answered.
+    assert speculations(stack, "dropped") == dropped + 1
+    assert speculations(stack, "taken") == taken + 1
+    assert types(events).count("response.created") == 1
+    assert types(events).count("input_audio_buffer.committed") == 1
+    response = events[-1].response
+    usage = await key_usage(stack, created["id"], 3)
+    # Nothing of the dropped answer: only the session, the turn and its one response.
+    assert usage["requests"] == 3
+    assert usage["prompt_tokens"] == response.usage.input_tokens
+    assert usage["completion_tokens"] == response.usage.output_tokens
+    assert usage["audio_seconds_out"] == pytest.approx(pcm_seconds(events), abs=0.05)

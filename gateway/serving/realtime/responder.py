@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
 from gateway.serving import generation
+from gateway.serving.chat import PreparedChat
 from gateway.serving.protocol import ChatCompletionRequest
 from gateway.serving.realtime.buffer import Audio
 from gateway.serving.realtime.events import (
@@ -33,8 +34,9 @@ from gateway.serving.realtime.events import (
     _object,
     _refuse_tools,
 )
+from gateway.serving.realtime.speculation import Speculation, ask_of
 from gateway.serving.realtime.transcription import _transcript
-from gateway.serving.voice import TextDelta, Voice, spoken
+from gateway.serving.voice import Spoken, TextDelta, Voice, spoken
 from gateway.state.admission import Admission
 
 if TYPE_CHECKING:
@@ -107,6 +109,32 @@ async def _new_response(session: RealtimeSession, spec: dict[str, Any]) -> Respo
     )
 
 
+def chat_request(
+    session: RealtimeSession, response: Response, items: list[Item]
+) -> ChatCompletionRequest:
+    """The chat request that answers ``items`` as ``response`` asks."""
+    messages: list[dict[str, Any]] = []
+    if response.instructions:
+        messages.append({"role": "system", "content": response.instructions})
+    for item in items:
+        text = item.text()
+        if text:
+            messages.append({"role": item.role, "content": text})
+    if not any(m["role"] == "user" for m in messages):
+        raise ClientEventError(
+            "The conversation has no user message to respond to.",
+            code="conversation_empty",
+        )
+    return ChatCompletionRequest.model_validate(
+        {
+            "model": response.model,
+            "messages": messages,
+            "max_tokens": response.max_output_tokens,
+            "temperature": session.config.temperature,
+        }
+    )
+
+
 class _Responder:
     """One response: admitted, generated, spoken, and its events."""
 
@@ -121,6 +149,8 @@ class _Responder:
         self.details: dict[str, Any] | None = None
         self.generation_run: generation.GenerationRun | None = None
         self.started = False
+        self.speculation: Speculation | None = None
+        """The turn's answer made ahead, while it may be this response's."""
 
     def _json(self, status: str) -> dict[str, Any]:
         usage = None
@@ -168,7 +198,14 @@ class _Responder:
         uses = [(self.response.model, "session.model", _ANSWERS)]
         if self.audio:
             uses.append((session.speech_model, "response.output_modalities", _SPEAKS))
-        admission = await session._admit(uses)
+        # The turn's answer made ahead, if any: this response takes it or it is dropped.
+        self.speculation, session.speculation = session.speculation, None
+        try:
+            admission = await session._admit(uses)
+        except BaseException:
+            if self.speculation is not None:
+                self.speculation.drop()
+            raise
         try:
             await session.emit("response.created", response=self._json("in_progress"))
             await self._generate(admission)
@@ -198,29 +235,12 @@ class _Responder:
     async def _generate(self, admission: Admission) -> None:
         session = self.session
         response = self.response
-        messages: list[dict[str, Any]] = []
-        if response.instructions:
-            messages.append({"role": "system", "content": response.instructions})
-        for item in await self._answered():
-            text = item.text()
-            if text:
-                messages.append({"role": item.role, "content": text})
-        if not any(m["role"] == "user" for m in messages):
-            raise ClientEventError(
-                "The conversation has no user message to respond to.",
-                code="conversation_empty",
-            )
-        request = ChatCompletionRequest.model_validate(
-            {
-                "model": response.model,
-                "messages": messages,
-                "max_tokens": response.max_output_tokens,
-                "temperature": session.config.temperature,
-            }
-        )
+        request = chat_request(session, response, await self._answered())
         chat = await session.services.chat.prepare(request)
         self.generation_run = await session.services.chat.reserve_run(chat, admission.meter)
-        pieces = await self.generation_run.stream()
+        made = await self._adopted(request)
+        if made is None:
+            made = await self._made(chat, admission)
         self.started = True
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
         self.item.content = [
@@ -243,23 +263,46 @@ class _Responder:
             )
             await session.conversation._keep_bounded()
         await session.emit("response.content_part.added", part=part, **self._where())
-        texts = generation.texts(pieces, self.generation_run, chat.reasoning())
         if not self.audio:
-            async with aclosing(texts):
-                async for text in texts:
+            async with aclosing(made):
+                async for text in made:
                     self._add_text(text)
                     await session.emit("response.output_text.delta", delta=text, **self._where())
         else:
-            await self._speak(texts, admission)
+            await self._speak(made)
         if self.generation_run.finish_reasons.get(0) == "length":
             self.status = "incomplete"
             self.details = {"type": "incomplete", "reason": "max_output_tokens"}
 
-    async def _speak(self, texts: AsyncGenerator[str, None], admission: Admission) -> None:
+    async def _made(self, chat: PreparedChat, admission: Admission) -> AsyncGenerator[Any, None]:
+        """The answer's text pieces (audio: and its audio, as :func:`spoken` yields them),
+        generated now."""
+        run = self.generation_run
+        assert run is not None
+        texts = generation.texts(await run.stream(), run, chat.reasoning())
+        if not self.audio:
+            return texts
         session = self.session
         voice = Voice(session.speech_model, self.response.voice, session.config.speed)
-        backend = session.services.backend
-        stream = spoken(backend, voice, texts, "pcm", admission.meter)
+        return spoken(session.services.backend, voice, texts, "pcm", admission.meter)
+
+    async def _adopted(self, request: ChatCompletionRequest) -> AsyncGenerator[Any, None] | None:
+        """What the turn's speculation made, if it is this response's answer (then its run
+        is this response's); None to generate anew (a speculation that is not is dropped)."""
+        speculation = self.speculation
+        if speculation is None:
+            return None
+        ask = ask_of(self.session, request, self.response.voice, self.audio)
+        assert self.generation_run is not None
+        if not await speculation.matches(ask, self.generation_run):
+            speculation.drop()
+            self.speculation = None
+            return None
+        self.generation_run = speculation.run
+        return speculation.pieces()
+
+    async def _speak(self, stream: AsyncGenerator[Spoken, None]) -> None:
+        session = self.session
         async with aclosing(stream):
             async for piece in stream:
                 if isinstance(piece, TextDelta):
@@ -295,6 +338,9 @@ class _Responder:
     async def _finish(self, admission: Admission) -> None:
         session = self.session
         services = session.services
+        if self.speculation is not None:  # taken: what it used is this response's
+            self.speculation.drop()
+            self.speculation.settle_into(admission.meter)
         await services.settle(admission)
         if services.metrics is not None:
             services.metrics.realtime_responses.labels(admission.model, self.status).inc()

@@ -31,6 +31,7 @@ from gateway.serving.realtime.events import (
     _Use,
 )
 from gateway.serving.realtime.responder import Response, _response_cancel, _response_create
+from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcription import _transcribe_item, _Transcription
 from gateway.serving.realtime.turns import Turns
 from gateway.state.admission import Admission
@@ -154,6 +155,8 @@ class RealtimeSession:
         self.responses: dict[str, Response] = {}
         """Every response queued or running, out-of-band ones included."""
         self.closed = False
+        self.speculation: Speculation | None = None
+        """The answer of the turn just ended, made ahead, until a response takes it."""
         self._handlers: dict[str, tuple[_Handler, frozenset[str]]] = {
             "session.update": (self._session_update, frozenset({"session"})),
             "input_audio_buffer.append": (self.turns._append, frozenset({"audio"})),
@@ -209,6 +212,8 @@ class RealtimeSession:
             if response.task is not None:
                 response.task.cancel()
         self.turns._drop_early_transcription()
+        if self.speculation is not None:
+            self.speculation.drop()
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)

@@ -18,6 +18,7 @@ from gateway.serving.realtime.events import _TRANSCRIBES, Item
 
 if TYPE_CHECKING:
     from gateway.serving.realtime.session import RealtimeSession
+    from gateway.serving.realtime.speculation import Speculation
 
 
 @dataclass
@@ -28,6 +29,13 @@ class _EarlyTranscription:
     from_ms: int
     voiced_windows: int  # the detector's mark when it was made
     task: asyncio.Task[str | None]
+    speculation: Speculation | None = None
+    """The answer to it, started once it was in."""
+
+    def drop(self) -> None:
+        self.task.cancel()
+        if self.speculation is not None:
+            self.speculation.drop()
 
 
 class _Transcription:

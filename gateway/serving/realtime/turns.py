@@ -9,9 +9,21 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.serving.realtime.buffer import MIN_COMMIT_MS, InputAudio, _b64, _check_seconds
-from gateway.serving.realtime.events import ClientEventError, _id
-from gateway.serving.realtime.responder import _cancel, _new_response, _queue_response
+from gateway.serving.realtime.buffer import (
+    MIN_COMMIT_MS,
+    Audio,
+    InputAudio,
+    _b64,
+    _check_seconds,
+)
+from gateway.serving.realtime.events import ClientEventError, Item, _id
+from gateway.serving.realtime.responder import (
+    _cancel,
+    _new_response,
+    _queue_response,
+    chat_request,
+)
+from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcription import (
     _early_transcript,
     _EarlyTranscription,
@@ -22,6 +34,10 @@ from gateway.serving.vad import SpeechStarted, SpeechStopped, TurnDetector, VadE
 
 if TYPE_CHECKING:
     from gateway.serving.realtime.session import RealtimeSession
+
+#: How long the user must have been quiet before the turn so far is transcribed (and then
+#: answered, ahead: see speculation.py); half of ``silence_duration_ms`` when that is less.
+GUESS_AFTER_MS = 100
 
 
 class Turns:
@@ -62,7 +78,12 @@ class Turns:
             return
         if not detector.speaking:
             self.buffer.drop_before(detector.position_ms - detector.settings.prefix_padding_ms)
-        elif self._early_transcription is None:
+            return
+        early = self._early_transcription
+        if early is not None and early.voiced_windows != detector.voiced_windows:
+            # The user went on after a pause: the guess, and the answer to it, are stale.
+            self._drop_early_transcription()
+        if self._early_transcription is None:
             await self._maybe_transcribe_early()
 
     def _ingest(self, data: str) -> list[VadEvent]:
@@ -92,18 +113,40 @@ class Turns:
         detector = self.detector
         if detector is None or not detector.silent_ms or self._speech_item is None:
             return
-        if detector.silent_ms < min(200, detector.settings.silence_duration_ms // 2):
+        if detector.silent_ms < min(GUESS_AFTER_MS, detector.settings.silence_duration_ms // 2):
             return
         from_ms = max(self._speech_start_ms, self.buffer.start_ms)
         audio = await asyncio.to_thread(self.buffer.audio, from_ms)
         if self._turn is None:
             self._turn = _new_transcription(self.session)
-        task = asyncio.create_task(_early_transcript(self._turn, audio))
+        task = asyncio.create_task(self._guess(self._turn, audio))
         self._early_transcription = _EarlyTranscription(from_ms, detector.voiced_windows, task)
+
+    async def _guess(self, turn: _Transcription, audio: Audio) -> str | None:
+        """The early transcript, and the answer to it started at once (see
+        :mod:`~gateway.serving.realtime.speculation`) when the turn, if it ends here, will
+        be answered by itself."""
+        text = await _early_transcript(turn, audio)
+        early = self._early_transcription
+        session = self.session
+        if (
+            text
+            and early is not None
+            and early.task is asyncio.current_task()
+            and session.config.create_response
+            and session.response is None
+            and not session.closed
+        ):
+            response = await _new_response(session, {})
+            items = [*session.conversation.items, _guessed_item(text)]
+            request = chat_request(session, response, items)
+            audio_out = response.modalities == ["audio"]
+            early.speculation = Speculation(session, request, response.voice, audio_out)
+        return text
 
     def _drop_early_transcription(self) -> None:
         if self._early_transcription is not None:
-            self._early_transcription.task.cancel()
+            self._early_transcription.drop()
             self._early_transcription = None
 
     async def _end_turn(self) -> None:
@@ -134,14 +177,29 @@ class Turns:
         from_ms = max(self._speech_start_ms, self.buffer.start_ms)
         voiced = self.detector.voiced_windows if self.detector is not None else -1
         if early is not None and (early.from_ms != from_ms or early.voiced_windows != voiced):
-            early.task.cancel()
+            early.drop()
             early = None
+        speculation = early.speculation if early is not None else None
         audio = await asyncio.to_thread(self.buffer.take, from_ms)
         turn, self._turn = self._turn, None
         self._speech_item = None
-        await self.session._commit(item_id, audio, early.task if early else None, turn)
-        if self.session.config.create_response:
-            _queue_response(self.session, await _new_response(self.session, {}), time.monotonic())
+        session = self.session
+        try:
+            await session._commit(item_id, audio, early.task if early else None, turn)
+        except BaseException:
+            if speculation is not None:
+                speculation.drop()
+            raise
+        answered = session.config.create_response and session.response is None
+        if speculation is not None:
+            if session.speculation is not None:
+                session.speculation.drop()
+            # The response queued next takes it (or drops it, if it asks otherwise).
+            session.speculation = speculation if answered else None
+            if not answered:
+                speculation.drop()
+        if session.config.create_response:
+            _queue_response(session, await _new_response(session, {}), time.monotonic())
 
     async def _commit_event(self, event: dict[str, Any]) -> None:
         if self.buffer.end_ms - self.buffer.start_ms < MIN_COMMIT_MS:
@@ -167,3 +225,10 @@ class Turns:
         if self.detector is not None:
             self.detector.reset()
         await self.session.emit("input_audio_buffer.cleared")
+
+
+def _guessed_item(transcript: str) -> Item:
+    """The user item a turn ending now would add, with its guessed transcript."""
+    return Item(
+        _id("item"), "user", [{"type": "input_audio", "transcript": transcript}], "completed"
+    )
