@@ -260,12 +260,13 @@ class Gatekeeper:
             raise AuthenticationError(_KEY_REFUSALS[result[1]])
         return public_record(result[0]), result[2:]
 
-    async def finish(self, admission: Admission) -> None:
-        """Releases the lease, counts the tokens in the window and records usage. Never
-        raises: the response is already sent, and a lease not released expires."""
+    async def finish(self, admission: Admission, record: bool = True) -> None:
+        """Releases the lease, counts the tokens in the window and records usage (not when
+        ``record`` is false: see :meth:`Limits.settle`). Never raises: the response is
+        already sent, and a lease not released expires."""
         self._held.pop(admission.lease, None)
         await self.limits.settle(
-            admission.key.id, admission.lease, admission.meter, admission.model
+            admission.key.id, admission.lease, admission.meter, admission.model, record
         )
 
     async def _keep(self) -> None:

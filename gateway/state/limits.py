@@ -85,7 +85,7 @@ return {'ok', tostring(grant), tostring(sec)}
 _FINISH = """
 local sec = tonumber(redis.call('TIME')[1])
 local left = tonumber(ARGV[1])
-for i = 8, #ARGV, 2 do
+for i = 9, #ARGV, 2 do
   local at, reserved = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
   local share = math.min(left, reserved)
   left = left - share
@@ -100,6 +100,7 @@ if left > 0 then
   redis.call('EXPIRE', KEYS[1], 61)
 end
 if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end
+if ARGV[8] == '0' then return 1 end
 redis.call('HINCRBY', KEYS[3], 'requests', 1)
 redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[4])
@@ -215,11 +216,14 @@ class Limits:
         meter.reservations.append((int(result[2]), prompt + generations * granted))
         return granted
 
-    async def settle(self, key_id: str, lease: str, meter: Meter, model: str = "") -> None:
+    async def settle(
+        self, key_id: str, lease: str, meter: Meter, model: str = "", record: bool = True
+    ) -> None:
         """Releases ``lease`` (if any), settles the reservations to the tokens used, counts
         them in the window and records usage, under ``model`` too when the request used
-        tokens or audio (so a name that is no model, a 404, adds nothing). Never raises: the
-        response is already sent, and a lease not released expires."""
+        tokens or audio (so a name that is no model, a 404, adds nothing). ``record`` false:
+        no usage is recorded (work no client asked for: the limits still count it). Never
+        raises: the response is already sent, and a lease not released expires."""
         _, tokens, leases = limit_keys(key_id)
         used = bool(
             meter.prompt_tokens
@@ -238,6 +242,7 @@ class Limits:
                     round(meter.audio_seconds_in, 3),
                     round(meter.audio_seconds_out, 3),
                     model if used else "",
+                    int(record),
                     *(n for reservation in meter.reservations for n in reservation),
                 ],
             )

@@ -33,6 +33,7 @@ from gateway.serving.realtime.events import (
     _modalities,
     _object,
     _refuse_tools,
+    _Use,
 )
 from gateway.serving.realtime.speculation import Speculation, ask_of
 from gateway.serving.realtime.transcription import _transcript
@@ -64,6 +65,8 @@ class Response:
     task: asyncio.Task[None] | None = None
     turn_ended: float | None = None
     """When the user's turn ended (monotonic), for the first-audio latency metric."""
+    speculation: Speculation | None = None
+    """The answer of its turn made ahead, held until it starts (see speculation.py)."""
 
 
 async def _new_response(session: RealtimeSession, spec: dict[str, Any]) -> Response:
@@ -107,6 +110,14 @@ async def _new_response(session: RealtimeSession, spec: dict[str, Any]) -> Respo
         input=inputs,
         metadata=_metadata(spec.get("metadata"), "response.metadata"),
     )
+
+
+def response_uses(session: RealtimeSession, response: Response) -> list[_Use]:
+    """The models ``response`` uses, as the key must allow them."""
+    uses = [(response.model, "session.model", _ANSWERS)]
+    if response.modalities == ["audio"]:
+        uses.append((session.speech_model, "response.output_modalities", _SPEAKS))
+    return uses
 
 
 def chat_request(
@@ -195,17 +206,9 @@ class _Responder:
 
     async def run(self) -> None:
         session = self.session
-        uses = [(self.response.model, "session.model", _ANSWERS)]
-        if self.audio:
-            uses.append((session.speech_model, "response.output_modalities", _SPEAKS))
-        # The turn's answer made ahead, if any: this response takes it or it is dropped.
-        self.speculation, session.speculation = session.speculation, None
-        try:
-            admission = await session._admit(uses)
-        except BaseException:
-            if self.speculation is not None:
-                self.speculation.drop()
-            raise
+        admission = await self._take_speculation()
+        if admission is None:
+            admission = await session._admit(response_uses(session, self.response))
         try:
             await session.emit("response.created", response=self._json("in_progress"))
             await self._generate(admission)
@@ -236,10 +239,14 @@ class _Responder:
         session = self.session
         response = self.response
         request = chat_request(session, response, await self._answered())
-        chat = await session.services.chat.prepare(request)
-        self.generation_run = await session.services.chat.reserve_run(chat, admission.meter)
-        made = await self._adopted(request)
-        if made is None:
+        speculation = self.speculation
+        made: AsyncGenerator[Any, None]
+        if speculation is not None and speculation.run is not None:
+            self.generation_run = speculation.run
+            made = speculation.pieces()
+        else:
+            chat = await session.services.chat.prepare(request)
+            self.generation_run = await session.services.chat.reserve_run(chat, admission.meter)
             made = await self._made(chat, admission)
         self.started = True
         part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
@@ -286,20 +293,28 @@ class _Responder:
         voice = Voice(session.speech_model, self.response.voice, session.config.speed)
         return spoken(session.services.backend, voice, texts, "pcm", admission.meter)
 
-    async def _adopted(self, request: ChatCompletionRequest) -> AsyncGenerator[Any, None] | None:
-        """What the turn's speculation made, if it is this response's answer (then its run
-        is this response's); None to generate anew (a speculation that is not is dropped)."""
-        speculation = self.speculation
+    async def _take_speculation(self) -> Admission | None:
+        """The admission of the turn's answer made ahead, which this response takes if it
+        asks exactly what was guessed; None otherwise (it is dropped)."""
+        speculation, self.response.speculation = self.response.speculation, None
         if speculation is None:
             return None
-        ask = ask_of(self.session, request, self.response.voice, self.audio)
-        assert self.generation_run is not None
-        if not await speculation.matches(ask, self.generation_run):
+        session, response = self.session, self.response
+        ask = None
+        if response.conversation and response.input is None:
+            try:
+                request = chat_request(session, response, list(session.conversation.items))
+            except ClientEventError:
+                request = None
+            if request is not None:
+                ask = ask_of(session, request, response.voice, self.audio)
+        if ask is None:
             speculation.drop()
-            self.speculation = None
             return None
-        self.generation_run = speculation.run
-        return speculation.pieces()
+        admission = await speculation.take(ask)
+        if admission is not None:
+            self.speculation = speculation
+        return admission
 
     async def _speak(self, stream: AsyncGenerator[Spoken, None]) -> None:
         session = self.session
@@ -338,9 +353,8 @@ class _Responder:
     async def _finish(self, admission: Admission) -> None:
         session = self.session
         services = session.services
-        if self.speculation is not None:  # taken: what it used is this response's
+        if self.speculation is not None:  # taken (what it used is this response's): stop it
             self.speculation.drop()
-            self.speculation.settle_into(admission.meter)
         await services.settle(admission)
         if services.metrics is not None:
             services.metrics.realtime_responses.labels(admission.model, self.status).inc()
@@ -387,8 +401,13 @@ async def _response_create(session: RealtimeSession, event: dict[str, Any]) -> N
 
 def _queue_response(session: RealtimeSession, response: Response, turn_ended: float | None) -> None:
     if response.conversation and session.response is not None:
+        _forget(session, response)
         return  # one at a time; a VAD turn during a response that went on is heard next
-    session._check_room()
+    try:
+        session._check_room()
+    except ClientEventError:
+        _forget(session, response)
+        raise
     response.turn_ended = turn_ended
     if response.conversation:
         session.response = response
@@ -420,10 +439,14 @@ def _forget(session: RealtimeSession, response: Response) -> None:
     session.responses.pop(response.id, None)
     if session.response is response:
         session.response = None
+    if response.speculation is not None:  # it never started: its answer made ahead goes
+        response.speculation.drop()
+        response.speculation = None
 
 
 async def _run_response(session: RealtimeSession, response: Response) -> None:
     if session.responses.get(response.id) is not response:
+        _forget(session, response)
         return
     response.task = asyncio.current_task()
     try:

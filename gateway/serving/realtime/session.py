@@ -31,7 +31,6 @@ from gateway.serving.realtime.events import (
     _Use,
 )
 from gateway.serving.realtime.responder import Response, _response_cancel, _response_create
-from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcription import _transcribe_item, _Transcription
 from gateway.serving.realtime.turns import Turns
 from gateway.state.admission import Admission
@@ -56,7 +55,7 @@ _OPENAI_MODEL_PREFIXES = ("gpt-", "whisper-")
 #: sees.
 Admit = Callable[[], Awaitable[Admission]]
 #: Settles an admission once its request has ended: its tokens and usage (never raises).
-Settle = Callable[[Admission], Awaitable[None]]
+Settle = Callable[[Admission, bool], Awaitable[None]]
 
 
 class RealtimeServices:
@@ -116,9 +115,14 @@ class RealtimeServices:
 
     async def settle(self, admission: Admission) -> None:
         """Records what a session's request used (never raises)."""
-        await self.finish(admission)
+        await self.finish(admission, True)
         if self.metrics is not None:
             self.metrics.record_usage(admission)
+
+    async def release(self, admission: Admission) -> None:
+        """Ends a request of the gateway's own making (an answer made ahead and dropped):
+        the key's limits count what it used, its usage does not (never raises)."""
+        await self.finish(admission, False)
 
 
 _Handler = Callable[[dict[str, Any]], Awaitable[None]]
@@ -155,8 +159,6 @@ class RealtimeSession:
         self.responses: dict[str, Response] = {}
         """Every response queued or running, out-of-band ones included."""
         self.closed = False
-        self.speculation: Speculation | None = None
-        """The answer of the turn just ended, made ahead, until a response takes it."""
         self._handlers: dict[str, tuple[_Handler, frozenset[str]]] = {
             "session.update": (self._session_update, frozenset({"session"})),
             "input_audio_buffer.append": (self.turns._append, frozenset({"audio"})),
@@ -212,8 +214,9 @@ class RealtimeSession:
             if response.task is not None:
                 response.task.cancel()
         self.turns._drop_early_transcription()
-        if self.speculation is not None:
-            self.speculation.drop()
+        for response in list(self.responses.values()):
+            if response.speculation is not None:  # queued, never started
+                response.speculation.drop()
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -252,7 +255,7 @@ class RealtimeSession:
         try:
             _require(admission.key, uses)
         except GatewayError:
-            await services.finish(admission)
+            await services.finish(admission, True)
             raise
         admission.model = uses[0][0]
         return admission

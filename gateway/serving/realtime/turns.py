@@ -6,6 +6,7 @@ user item committed (its audio transcribed) and, with ``server_vad``, answered."
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from gateway.serving.realtime.responder import (
     _new_response,
     _queue_response,
     chat_request,
+    response_uses,
 )
 from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcription import (
@@ -35,9 +37,11 @@ from gateway.serving.vad import SpeechStarted, SpeechStopped, TurnDetector, VadE
 if TYPE_CHECKING:
     from gateway.serving.realtime.session import RealtimeSession
 
+logger = logging.getLogger(__name__)
+
 #: How long the user must have been quiet before the turn so far is transcribed (and then
 #: answered, ahead: see speculation.py); half of ``silence_duration_ms`` when that is less.
-GUESS_AFTER_MS = 100
+GUESS_AFTER_MS = 200
 
 
 class Turns:
@@ -137,11 +141,15 @@ class Turns:
             and session.response is None
             and not session.closed
         ):
-            response = await _new_response(session, {})
-            items = [*session.conversation.items, _guessed_item(text)]
-            request = chat_request(session, response, items)
-            audio_out = response.modalities == ["audio"]
-            early.speculation = Speculation(session, request, response.voice, audio_out)
+            try:
+                response = await _new_response(session, {})
+                items = [*session.conversation.items, _guessed_item(text)]
+                request = chat_request(session, response, items)
+                audio_out = response.modalities == ["audio"]
+                uses = response_uses(session, response)
+                early.speculation = Speculation(session, request, response.voice, audio_out, uses)
+            except Exception:  # the guess is still the turn's transcript
+                logger.exception("could not start the answer to a guessed turn")
         return text
 
     def _drop_early_transcription(self) -> None:
@@ -184,22 +192,19 @@ class Turns:
         turn, self._turn = self._turn, None
         self._speech_item = None
         session = self.session
+        response = None
         try:
             await session._commit(item_id, audio, early.task if early else None, turn)
-        except BaseException:
-            if speculation is not None:
+            if session.config.create_response:
+                response = await _new_response(session, {})
+        finally:
+            if speculation is not None and response is None:
                 speculation.drop()
-            raise
-        answered = session.config.create_response and session.response is None
-        if speculation is not None:
-            if session.speculation is not None:
-                session.speculation.drop()
-            # The response queued next takes it (or drops it, if it asks otherwise).
-            session.speculation = speculation if answered else None
-            if not answered:
-                speculation.drop()
-        if session.config.create_response:
-            _queue_response(session, await _new_response(session, {}), time.monotonic())
+        if response is not None:
+            # The turn's response takes the answer made ahead, or drops it if it asks
+            # otherwise (or never starts).
+            response.speculation = speculation
+            _queue_response(session, response, time.monotonic())
 
     async def _commit_event(self, event: dict[str, Any]) -> None:
         if self.buffer.end_ms - self.buffer.start_ms < MIN_COMMIT_MS:
