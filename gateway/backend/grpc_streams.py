@@ -84,6 +84,16 @@ def request(model: str, inputs: Sequence[Input]) -> Any:
     return message
 
 
+#: Little-endian readers of a tensor's first element, by Triton datatype.
+_FORMATS = {
+    "INT8": "<b", "INT16": "<h", "INT32": "<i", "INT64": "<q",
+    "UINT8": "<B", "UINT16": "<H", "UINT32": "<I", "UINT64": "<Q",
+    "FP32": "<f", "FP64": "<d", "BOOL": "<?",
+}  # fmt: skip
+_UNPACK = {name: struct.Struct(f).unpack_from for name, f in _FORMATS.items()}
+_SIZES = {name: struct.calcsize(f) for name, f in _FORMATS.items()}
+
+
 class Outputs:
     """One response's output tensors, read from their raw contents."""
 
@@ -126,8 +136,17 @@ class Outputs:
         return values.reshape(tuple(described.shape))
 
     def first_number(self, name: str) -> float | None:
-        values = self.array(name)
-        return float(values.reshape(-1)[0]) if values is not None and values.size else None
+        """The first element of a numeric output (read on every streamed response, so
+        without numpy for the common types)."""
+        found = self._outputs.get(name)
+        if found is None:
+            return None
+        described, raw = found
+        unpack = _UNPACK.get(described.datatype)
+        if unpack is None:
+            values = self.array(name)
+            return float(values.reshape(-1)[0]) if values is not None and values.size else None
+        return float(unpack(raw)[0]) if len(raw) >= _SIZES[described.datatype] else None
 
 
 class ModelError(Exception):
