@@ -18,6 +18,8 @@ A Redis URL may carry a password: messages show it as :func:`redacted`.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import functools
 import re
 import time
@@ -25,13 +27,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     ClusterDownError,
+    MaxConnectionsError,
     OutOfMemoryError,
     RedisClusterException,
     ResponseError,
@@ -62,9 +65,59 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{name}:***@{hosts}"))
 
 
-class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
-    """The Sentinel's pool (it follows the master) that waits for a free connection, as
-    :class:`BlockingConnectionPool` does, instead of failing at once."""
+class _Waiting(ConnectionPool):
+    """redis-py's pool, but a command that finds every connection busy waits for one (up to
+    ``wait_s``) instead of failing at once. redis-py's ``BlockingConnectionPool`` waits too,
+    but takes a lock and a timeout on every command: about 20 µs more each (measured here:
+    85 against 105 µs per GET); this one costs nothing until the pool is full."""
+
+    def __init__(self, *args: Any, wait_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wait_s = wait_s
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            try:
+                return await super().get_connection()  # type: ignore[no-untyped-call]
+            except MaxConnectionsError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                freed = asyncio.get_running_loop().create_future()
+                self._waiters.append(freed)
+                try:
+                    await asyncio.wait_for(freed, left)
+                except TimeoutError:
+                    pass
+                except BaseException:
+                    self._pass_on(freed)
+                    raise
+                finally:
+                    if freed in self._waiters:
+                        self._waiters.remove(freed)
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _pass_on(self, freed: asyncio.Future[None]) -> None:
+        """A waiter that was woken but will not take the connection wakes the next."""
+        if freed.done() and not freed.cancelled():
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+
+
+class _WaitingSentinelPool(_Waiting, SentinelConnectionPool):
+    """The Sentinel's pool (it follows the master), waiting for a busy connection."""
 
 
 def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
@@ -98,9 +151,7 @@ def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
     if scheme == CLUSTER_SCHEME:
         return _cluster(url, timeout_s, max_connections)
     if scheme != SENTINEL_SCHEME:
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=timeout_s, **options
-        )
+        pool = _Waiting.from_url(url, max_connections=max_connections, wait_s=timeout_s, **options)
         return Redis.from_pool(pool)
     nodes, service, db, password = parse_sentinel_url(url)
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
@@ -109,11 +160,11 @@ def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
     )
     master: Redis = sentinels.master_for(
         service,
-        connection_pool_class=_BlockingSentinelPool,
+        connection_pool_class=_WaitingSentinelPool,
         db=db,
         password=password,
         max_connections=max_connections,
-        timeout=timeout_s,
+        wait_s=timeout_s,
         **options,
     )
     return master

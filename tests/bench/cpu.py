@@ -15,8 +15,13 @@ Redis path: key lookup, admission, usage) and reads that replica's ``utime + sti
 Beside each, measured in the same run, the floor it is compared with: the CPU this process
 spends on the same Triton request with ``tritonclient.grpc.aio`` (what a program calling
 Triton directly pays; read with ``getrusage``), and the CPU of a bare uvicorn ASGI app that
-answers every request with a constant (what any HTTP request costs here). The "before"
-column is the figure of issue #12, taken on this machine before the work on it.
+answers every request with a constant (what any HTTP request costs here).
+
+The "before" column is a replica of older code measured in the same run: ``--baseline REF``
+(default :data:`BASELINE`, the code before the current performance work) is checked out in a
+temporary git worktree and served by one more replica, started with the first replica's own
+environment (same Redis, Triton and settings) on another port; each figure is measured on
+both replicas in turn, twice, and the mean of each is shown. ``--baseline none`` skips it.
 
 The client runs in this process on the same 2 cores, so what matters is CPU time, not wall
 time: the numbers hold however busy the machine is (within the noise of a shared host).
@@ -32,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -88,8 +93,48 @@ async def measure(
     return cpu_seconds(pid) - before, counted
 
 
-#: Issue #12's figures, measured on this machine with this benchmark before the work on it.
-BEFORE = {"chat": "3.65 ms", "chunk": "263 µs", "health": "0.56 ms", "rss": "124 / 124 MB"}
+#: The code before issue 27 (the second performance pass): the "before" replica's.
+BASELINE = "39fba93"
+
+
+@contextmanager
+def baseline_replica(stack: GatewayProcess, ref: str) -> Iterator[tuple[int, str]]:
+    """A replica of the code at ``ref`` beside the stack's (its pid and host:port)."""
+    address = stack.replica_addresses()[0]
+    environ = Path(f"/proc/{stack.replica_pid(address)}/environ").read_bytes()
+    env = dict(item.split("=", 1) for item in environ.decode().split("\0") if "=" in item)
+    root = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder, "baseline")
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "add", "--detach", "--quiet", str(tree), ref],
+            check=True,
+        )
+        # Only the settings the older code has (it refuses the others by name).
+        known = (tree / "gateway" / "config.py").read_text()
+        env = {
+            name: value
+            for name, value in env.items()
+            if not name.startswith("GATEWAY_")
+            or f"    {name.removeprefix('GATEWAY_').lower()}:" in known
+        }
+        port = free_port()
+        replica = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
+             str(port)],
+            cwd=tree,
+            env={**env, "PYTHONPATH": str(tree)},
+        )  # fmt: skip
+        try:
+            yield replica.pid, f"127.0.0.1:{port}"
+        finally:
+            replica.terminate()
+            replica.wait()
+            subprocess.run(
+                ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                check=False,
+            )
+
 
 BARE_APP = """
 async def app(scope, receive, send):
@@ -165,76 +210,134 @@ async def bare_floor(bare_app: tuple[int, str], scale: float) -> float:
         return seconds / count
 
 
-async def run(stack: GatewayProcess, bare_app: tuple[int, str], scale: float) -> list[str]:
+class Replica:
+    """The calls the benchmark makes to one replica, and its CPU on them."""
+
+    def __init__(self, pid: int, address: str, headers: dict[str, str]) -> None:
+        self.pid = pid
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        self.http = httpx.AsyncClient(
+            base_url=f"http://{address}", timeout=60, limits=limits, headers=headers
+        )
+
+    async def ready(self) -> None:
+        for _ in range(600):
+            try:
+                if (await self.http.get("/health/ready")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+        raise RuntimeError("the replica did not get ready")
+
+    async def chat(self) -> int:
+        body = {"model": "mock_chat", "messages": MESSAGES, "max_tokens": 16}
+        response = await self.http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return 1
+
+    def stream(self, tokens: int) -> Callable[[], Awaitable[int]]:
+        async def call() -> int:
+            body = {"model": "mock_chat", "messages": MESSAGES, "max_tokens": tokens}
+            chunks = 0
+            async with self.http.stream(
+                "POST", "/v1/chat/completions", json={**body, "stream": True}
+            ) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    chunks += line.startswith("data: {") and '"content":"' in line
+            return chunks
+
+        return call
+
+    async def health(self) -> int:
+        response = await self.http.get("/health/live")
+        assert response.status_code == 200
+        return 1
+
+    async def warm(self) -> None:
+        await load(self.chat, 8, 200)  # connections, caches, imports
+        await load(self.stream(256), 4, 8)
+
+    async def per_chat(self, scale: float) -> float:
+        seconds, count = await measure(self.pid, self.chat, 8, int(2000 * scale))
+        return seconds / count
+
+    async def per_chunk(self, scale: float) -> float:
+        streams = int(60 * scale)
+        long_s, long_chunks = await measure(self.pid, self.stream(256), 4, streams)
+        short_s, short_chunks = await measure(self.pid, self.stream(1), 4, streams)
+        return (long_s - short_s) / (long_chunks - short_chunks)
+
+    async def per_health(self, scale: float) -> float:
+        seconds, count = await measure(self.pid, self.health, 8, int(3000 * scale))
+        return seconds / count
+
+
+async def both(
+    figure: Callable[[Replica], Awaitable[float]], now: Replica, before: Replica | None
+) -> tuple[float, float | None]:
+    """``figure`` of each replica, measured in turn twice (means)."""
+    mine, theirs = [], []
+    for _ in range(2):
+        if before is not None:
+            theirs.append(await figure(before))
+        mine.append(await figure(now))
+    return sum(mine) / len(mine), (sum(theirs) / len(theirs) if theirs else None)
+
+
+def shown(value: float | None, unit: float, fmt: str) -> str:
+    return "-" if value is None else format(value * unit, fmt)
+
+
+async def run(
+    stack: GatewayProcess,
+    bare_app: tuple[int, str],
+    scale: float,
+    baseline: tuple[int, str] | None,
+) -> list[str]:
     address = stack.replica_addresses()[0]
-    pid = stack.replica_pid(address)
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+    headers = stack.user_headers()
+    now = Replica(stack.replica_pid(address), address, headers)
+    before = Replica(baseline[0], baseline[1], headers) if baseline else None
     direct_request, direct_chunk = await direct_floors(stack.triton_grpc, scale)
     bare = await bare_floor(bare_app, scale)
-    async with httpx.AsyncClient(
-        base_url=f"http://{address}", timeout=60, limits=limits, headers=stack.user_headers()
-    ) as http:
-
-        async def chat() -> int:
-            body = {"model": "mock_chat", "messages": MESSAGES, "max_tokens": 16}
-            response = await http.post("/v1/chat/completions", json=body)
-            assert response.status_code == 200, response.text
-            return 1
-
-        def stream(tokens: int) -> Callable[[], Awaitable[int]]:
-            async def call() -> int:
-                body = {"model": "mock_chat", "messages": MESSAGES, "max_tokens": tokens}
-                chunks = 0
-                async with http.stream(
-                    "POST", "/v1/chat/completions", json={**body, "stream": True}
-                ) as response:
-                    assert response.status_code == 200
-                    async for line in response.aiter_lines():
-                        chunks += line.startswith("data: {") and '"content":"' in line
-                return chunks
-
-            return call
-
-        async def health() -> int:
-            response = await http.get("/health/live")
-            assert response.status_code == 200
-            return 1
-
-        await load(chat, 8, 200)  # warm up: connections, caches, imports
-        await load(stream(256), 4, 8)
-        rows = []
-        n = int(2000 * scale)
-        seconds, count = await measure(pid, chat, 8, n)
-        rows.append(
-            f"| CPU per non-streaming chat request (user key) | {BEFORE['chat']} | "
-            f"**{seconds / count * 1000:.2f} ms** | {seconds / count / direct_request:.2f}x "
-            f"a direct tritonclient call ({direct_request * 1000:.2f} ms) | <= 1.0 ms |"
-        )
-        print(rows[-1], flush=True)
-        streams = int(60 * scale)
-        long_s, long_chunks = await measure(pid, stream(256), 4, streams)
-        short_s, short_chunks = await measure(pid, stream(1), 4, streams)
-        per_chunk = (long_s - short_s) / (long_chunks - short_chunks)
-        rows.append(
-            f"| CPU per streamed chunk | {BEFORE['chunk']} | **{per_chunk * 1e6:.0f} µs** | "
-            f"{per_chunk / direct_chunk:.2f}x a chunk read directly "
-            f"({direct_chunk * 1e6:.0f} µs) | <= 60 µs |"
-        )
-        print(rows[-1], flush=True)
-        seconds, count = await measure(pid, health, 8, int(3000 * scale))
-        rows.append(
-            f"| CPU per GET /health/live | {BEFORE['health']} | "
-            f"**{seconds / count * 1000:.2f} ms** | {seconds / count / bare:.2f}x a bare "
-            f"uvicorn app ({bare * 1000:.2f} ms) | <= 0.2 ms |"
-        )
-        print(rows[-1], flush=True)
-        start_rss = rss_mb(pid)
-        await load(chat, 8, int(10_000 * scale))
-        rows.append(
-            f"| replica RSS before / after {int(10_000 * scale):,} chat requests | "
-            f"{BEFORE['rss']} | **{start_rss:.0f} / {rss_mb(pid):.0f} MB** | - | flat |"
-        )
-        print(rows[-1], flush=True)
+    for replica in (now, before):
+        if replica is not None:
+            await replica.ready()
+            await replica.warm()
+    rows = []
+    mine, theirs = await both(lambda r: r.per_chat(scale), now, before)
+    rows.append(
+        f"| CPU per non-streaming chat request (user key) | {shown(theirs, 1000, '.2f')} ms | "
+        f"**{mine * 1000:.2f} ms** | {mine / direct_request:.2f}x "
+        f"a direct tritonclient call ({direct_request * 1000:.2f} ms) | <= 1.0 ms |"
+    )
+    print(rows[-1], flush=True)
+    mine, theirs = await both(lambda r: r.per_chunk(scale), now, before)
+    rows.append(
+        f"| CPU per streamed chunk | {shown(theirs, 1e6, '.0f')} µs | **{mine * 1e6:.0f} µs** | "
+        f"{mine / direct_chunk:.2f}x a chunk read directly "
+        f"({direct_chunk * 1e6:.0f} µs) | <= 50 µs |"
+    )
+    print(rows[-1], flush=True)
+    mine, theirs = await both(lambda r: r.per_health(scale), now, before)
+    rows.append(
+        f"| CPU per GET /health/live | {shown(theirs, 1000, '.2f')} ms | "
+        f"**{mine * 1000:.2f} ms** | {mine / bare:.2f}x a bare "
+        f"uvicorn app ({bare * 1000:.2f} ms) | <= 0.2 ms |"
+    )
+    print(rows[-1], flush=True)
+    start_rss = rss_mb(now.pid)
+    await load(now.chat, 8, int(10_000 * scale))
+    rows.append(
+        f"| replica RSS before / after {int(10_000 * scale):,} chat requests | - | "
+        f"**{start_rss:.0f} / {rss_mb(now.pid):.0f} MB** | - | flat |"
+    )
+    print(rows[-1], flush=True)
+    for replica in (now, before):
+        if replica is not None:
+            await replica.http.aclose()
     return rows
 
 
@@ -242,18 +345,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     parser.add_argument("--out", help="also write the table to this file")
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        help="git ref of the code measured beside this one ('none': skip it)",
+    )
     args = parser.parse_args()
+    ref = None if args.baseline == "none" else args.baseline
     header = [
-        "| measure (one replica of `make run`) | before | now | against the floor, same run "
-        "| goal |",
+        f"| measure (one replica of `make run`) | before ({ref or 'not run'}) | now "
+        "| against the floor, same run | goal |",
         "| --- | --- | --- | --- | --- |",
     ]
     print(*header, sep="\n", flush=True)
     stack = GatewayProcess(models=["mock_chat"]).start()
     try:
         stack.wait_ready()
-        with bare_uvicorn() as bare_app:
-            rows = asyncio.run(run(stack, bare_app, args.scale))
+        with ExitStack() as running:
+            bare_app = running.enter_context(bare_uvicorn())
+            baseline = running.enter_context(baseline_replica(stack, ref)) if ref else None
+            rows = asyncio.run(run(stack, bare_app, args.scale, baseline))
     finally:
         stack.stop()
     if args.out:

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from redis import exceptions as redis_errors
 
 from gateway.backend.fake import FakeBackend
 from gateway.errors import RateLimitError
@@ -248,6 +249,30 @@ async def test_more_requests_than_redis_connections_wait_for_one_and_are_all_cou
         assert usage["requests"] == 40
         assert usage["completion_tokens"] == 40 * len(REPLY.split())
         assert app.state.services.redis.connection_pool.max_connections == 2
+
+
+async def test_a_full_redis_pool_waits_for_a_connection_then_refuses(
+    redis_server: EmbeddedRedis,
+) -> None:
+    redis = connect(redis_server.url, 0.3, 1)
+    pool = redis.connection_pool
+    try:
+        held = await pool.get_connection()
+        started = time.monotonic()
+        with pytest.raises(redis_errors.MaxConnectionsError):
+            await redis.get("x")  # waited GATEWAY_REDIS_TIMEOUT_S for a connection
+        assert 0.25 <= time.monotonic() - started < 1.0
+        # Two commands wait; the first is cancelled once woken: the second gets the connection.
+        first = asyncio.create_task(redis.set("x", "1"))
+        second = asyncio.create_task(redis.set("x", "2"))
+        await asyncio.sleep(0.05)
+        assert not first.done() and not second.done()
+        await pool.release(held)
+        first.cancel()
+        assert await second is True
+        assert await redis.get("x") == "2"
+    finally:
+        await redis.aclose()
 
 
 def test_reset_durations_read_like_openais() -> None:
