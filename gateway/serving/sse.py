@@ -109,16 +109,19 @@ class ChunkWriter:
 
 
 async def with_error_event(
-    events: AsyncGenerator[str, None], what: str
+    events: AsyncGenerator[str, None], what: str, done: bool = False
 ) -> AsyncGenerator[str, None]:
     """Passes ``events`` through; an error while producing them ends the stream with an
-    ``{"error": {...}}`` event in the OpenAI error body."""
+    ``{"error": {...}}`` event in the OpenAI error body. ``done``: then always
+    ``data: [DONE]`` (one generator for both: this runs once per streamed chunk)."""
     async with aclosing(events):
         try:
             async for item in events:
                 yield item
         except Exception as exc:
             yield event(failure(exc, what))
+    if done:
+        yield "data: [DONE]\n\n"
 
 
 def failure(exc: Exception, what: str) -> dict[str, Any]:
@@ -131,10 +134,7 @@ def failure(exc: Exception, what: str) -> dict[str, Any]:
     return error_body("The server had an error while streaming.", "server_error")
 
 
-async def with_done(events: AsyncGenerator[str, None], what: str) -> AsyncGenerator[str, None]:
+def with_done(events: AsyncGenerator[str, None], what: str) -> AsyncGenerator[str, None]:
     """An OpenAI text stream: ``events``, an error event if they fail, then always
     ``data: [DONE]``."""
-    async with aclosing(with_error_event(events, what)) as guarded:
-        async for item in guarded:
-            yield item
-    yield "data: [DONE]\n\n"
+    return with_error_event(events, what, done=True)

@@ -85,6 +85,8 @@ class Voice:
 
 
 Spoken = TextDelta | SpokenAudio
+#: Pieces :func:`spoken` makes ahead of its reader.
+AHEAD = 32
 
 
 async def spoken(
@@ -96,8 +98,10 @@ async def spoken(
 ) -> AsyncGenerator[Spoken, None]:
     """Yields the text pieces of ``texts`` as they come and each sentence's audio, encoded
     in ``fmt`` (a speech ``response_format``), as soon as it is synthesized, in order of
-    arrival; the seconds spoken go to ``meter``. An error in either raises here."""
-    out: asyncio.Queue[Spoken | BaseException | None] = asyncio.Queue()
+    arrival; the seconds spoken go to ``meter``. An error in either raises here. At most
+    :data:`AHEAD` pieces wait for the reader: past that, generating and speaking wait too
+    (a reader that is slow, or not reading yet, holds no more than that)."""
+    out: asyncio.Queue[Spoken | BaseException | None] = asyncio.Queue(AHEAD)
     sentences: asyncio.Queue[str | None] = asyncio.Queue()
 
     async def generate() -> None:

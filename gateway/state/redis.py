@@ -88,32 +88,33 @@ class _Waiting(ConnectionPool):
                 freed = asyncio.get_running_loop().create_future()
                 self._waiters.append(freed)
                 try:
-                    await asyncio.wait_for(freed, left)
+                    # Not wait_for: on 3.11 it can swallow a cancellation that comes as the
+                    # future completes.
+                    async with asyncio.timeout(left):
+                        await freed
                 except TimeoutError:
                     pass
                 except BaseException:
-                    self._pass_on(freed)
+                    if freed.done() and not freed.cancelled():
+                        self._wake()  # woken, but it will not take the connection
                     raise
                 finally:
                     if freed in self._waiters:
                         self._waiters.remove(freed)
 
     async def release(self, connection: Any) -> None:
-        await super().release(connection)
+        try:
+            await super().release(connection)
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wakes the longest waiting command, if any."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
-
-    def _pass_on(self, freed: asyncio.Future[None]) -> None:
-        """A waiter that was woken but will not take the connection wakes the next."""
-        if freed.done() and not freed.cancelled():
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    return
 
 
 class _WaitingSentinelPool(_Waiting, SentinelConnectionPool):

@@ -309,7 +309,7 @@ class _Responder:
             if request is not None:
                 ask = ask_of(session, request, response.voice, self.audio)
         if ask is None:
-            speculation.drop()
+            await speculation.dropped()  # its tpm reservation released before ours
             return None
         admission = await speculation.take(ask)
         if admission is not None:

@@ -31,6 +31,7 @@ from gateway.serving.realtime.events import (
     _Use,
 )
 from gateway.serving.realtime.responder import Response, _response_cancel, _response_create
+from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcription import _transcribe_item, _Transcription
 from gateway.serving.realtime.turns import Turns
 from gateway.state.admission import Admission
@@ -159,6 +160,9 @@ class RealtimeSession:
         self.responses: dict[str, Response] = {}
         """Every response queued or running, out-of-band ones included."""
         self.closed = False
+        self.speculations: set[Speculation] = set()
+        """Answers made ahead not yet dropped (see speculation.py): at most one is held by
+        the session's turn or its response; the set makes sure none outlives the session."""
         self._handlers: dict[str, tuple[_Handler, frozenset[str]]] = {
             "session.update": (self._session_update, frozenset({"session"})),
             "input_audio_buffer.append": (self.turns._append, frozenset({"audio"})),
@@ -214,12 +218,11 @@ class RealtimeSession:
             if response.task is not None:
                 response.task.cancel()
         self.turns._drop_early_transcription()
-        for response in list(self.responses.values()):
-            if response.speculation is not None:  # queued, never started
-                response.speculation.drop()
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
+        for speculation in list(self.speculations):
+            await speculation.dropped()
         for request in list(self._transcriptions):
             await request.finish(0.0)
 
@@ -245,17 +248,18 @@ class RealtimeSession:
                 code="too_many_pending_jobs",
             )
 
-    async def _admit(self, uses: list[_Use]) -> Admission:
+    async def _admit(self, uses: list[_Use], record_refusal: bool = True) -> Admission:
         """A request of this session (a response, a transcription) admitted under the key's
         limits like any request, without a concurrency slot of its own (the connection
         holds one), its models checked against the key; the first one names it in usage
-        and metrics. A 429 or 403 raises here."""
+        and metrics. A 429 or 403 raises here (``record_refusal`` false: a 403 is not
+        recorded in usage, for a request no client made)."""
         services = self.services
         admission = await self._admit_request()
         try:
             _require(admission.key, uses)
         except GatewayError:
-            await services.finish(admission, True)
+            await services.finish(admission, record_refusal)
             raise
         admission.model = uses[0][0]
         return admission

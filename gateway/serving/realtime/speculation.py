@@ -19,6 +19,7 @@ response holds its own until it starts, and a new guess drops the one before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import GatewayError
 from gateway.serving import generation
 from gateway.serving.protocol import ChatCompletionRequest
-from gateway.serving.voice import Voice, spoken
+from gateway.serving.voice import AHEAD, Voice, spoken
 from gateway.state.admission import Admission
 
 if TYPE_CHECKING:
@@ -69,12 +70,16 @@ class Speculation:
         self.admission: Admission | None = None
         self.run: generation.GenerationRun | None = None
         """Its generation, once reserved (None if it never got that far)."""
-        self._taken = False
         self._outcome: str | None = None
+        """``taken`` or ``dropped``, once decided (then never changed)."""
         self._ready = asyncio.Event()
         """Set once it is admitted and reserved, or has failed before."""
-        self._made: asyncio.Queue[Any] = asyncio.Queue()
+        self._made: asyncio.Queue[Any] = asyncio.Queue(AHEAD)
+        self._finished = False
+        self._error: BaseException | None = None
+        self._released: asyncio.Task[None] | None = None
         self._task = asyncio.create_task(self._make(request, voice, audio, uses))
+        session.speculations.add(self)
 
     async def _make(
         self, request: ChatCompletionRequest, voice: str, audio: bool, uses: list[_Use]
@@ -82,7 +87,7 @@ class Speculation:
         session = self.session
         services = session.services
         try:
-            self.admission = await session._admit(uses)
+            self.admission = await session._admit(uses, record_refusal=False)
             chat = await services.chat.prepare(request)
             self.run = await services.chat.reserve_run(chat, self.admission.meter)
             self._ready.set()
@@ -93,60 +98,94 @@ class Speculation:
                 made = spoken(services.backend, speaker, texts, "pcm", self.admission.meter)
             async with aclosing(made):
                 async for piece in made:
-                    self._made.put_nowait(piece)
+                    await self._made.put(piece)
         except GatewayError as exc:  # the response that takes it meets it in its place
-            self._made.put_nowait(exc)
+            self._end(exc)
         except Exception as exc:
             logger.exception("an answer made ahead failed")
-            self._made.put_nowait(exc)
+            self._end(exc)
         finally:
             self._ready.set()
-            self._made.put_nowait(_END)  # a reader never waits on a speculation that ended
-            if self.admission is not None and not self._taken:
-                await asyncio.shield(services.release(self.admission))
+            self._end(None)
+            if self._outcome == "dropped":
+                await asyncio.shield(self._release())
+
+    def _end(self, error: BaseException | None) -> None:
+        """No more pieces (``error`` first, if any): a reader never waits on an ended one."""
+        if self._finished:
+            return
+        self._finished = True
+        self._error = error
+        with contextlib.suppress(asyncio.QueueFull):
+            self._made.put_nowait(_END)  # the reader checks ``_finished`` when it is full
+
+    async def _release(self) -> None:
+        """A dropped one's admission ends: the limits count it, its usage does not."""
+        admission, self.admission = self.admission, None
+        if admission is not None:
+            await self.session.services.release(admission)
 
     async def take(self, ask: Ask) -> Admission | None:
         """The admission of this answer for the response asking ``ask``, which takes it;
         None when it is not that response's answer, or it got no admission (then it is
         dropped, and the response admits itself)."""
-        if ask != self.ask:
-            self.drop()
+        if ask != self.ask or self._outcome is not None:
+            await self.dropped()
             return None
-        await self._ready.wait()
+        try:
+            await self._ready.wait()
+        except BaseException:
+            self.drop()
+            raise
         if self.admission is None or self.run is None or self._outcome is not None:
-            self.drop()
+            await self.dropped()
             return None
-        self._taken = True
-        self._count("taken")
+        self._decide("taken")
         return self.admission
 
-    def _count(self, outcome: str) -> None:
-        if self._outcome is None:
-            self._outcome = outcome
-            metrics = self.session.services.metrics
-            if metrics is not None:
-                metrics.realtime_speculations.labels(outcome).inc()
+    def _decide(self, outcome: str) -> bool:
+        if self._outcome is not None:
+            return False
+        self._outcome = outcome
+        metrics = self.session.services.metrics
+        if metrics is not None:
+            metrics.realtime_speculations.labels(outcome).inc()
+        return True
 
     async def pieces(self) -> AsyncGenerator[Any, None]:
         """What it made, then what it makes, to the end (an error it met raises here);
         leaving early stops it."""
         try:
             while True:
-                piece = await self._made.get()
+                if self._finished and self._made.empty():
+                    piece = _END
+                else:
+                    piece = await self._made.get()
                 if piece is _END:
+                    if self._error is not None:
+                        raise self._error
                     return
-                if isinstance(piece, BaseException):
-                    raise piece
                 yield piece
         finally:
             self.drop()
 
     def drop(self) -> None:
-        """Stops it (and its Triton requests). Unless taken, it is released: its usage is
-        not recorded."""
-        self._count("dropped")
+        """Stops it (and its Triton requests). Unless it was taken, its admission is
+        released: its usage is not recorded."""
+        dropping = self._decide("dropped")
         self._task.cancel()
+        if dropping and self._task.done() and self._released is None:
+            # It had ended by itself: its task released nothing.
+            self._released = asyncio.get_running_loop().create_task(self._release())
+        self.session.speculations.discard(self)
+
+    async def dropped(self) -> None:
+        """Drops it and waits until it has stopped and been released."""
+        self.drop()
+        await self.stopped()
 
     async def stopped(self) -> None:
-        """Waits until it has stopped (and been released)."""
+        """Waits until it has stopped (and, if dropped, been released)."""
         await asyncio.gather(self._task, return_exceptions=True)
+        if self._released is not None:
+            await asyncio.gather(self._released, return_exceptions=True)
