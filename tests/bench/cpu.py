@@ -39,6 +39,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import tritonclient.grpc.aio as triton_grpc
@@ -119,17 +120,13 @@ def baseline_replica(stack: GatewayProcess, ref: str) -> Iterator[tuple[int, str
             or f"    {name.removeprefix('GATEWAY_').lower()}:" in known
         }
         port = free_port()
-        replica = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
-             str(port)],
-            cwd=tree,
-            env={**env, "PYTHONPATH": str(tree)},
-        )  # fmt: skip
+        serve = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port"]
         try:
-            yield replica.pid, f"127.0.0.1:{port}"
+            with running(
+                [*serve, str(port)], cwd=tree, env={**env, "PYTHONPATH": str(tree)}
+            ) as pid:
+                yield pid, f"127.0.0.1:{port}"
         finally:
-            replica.terminate()
-            replica.wait()
             subprocess.run(
                 ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
                 check=False,
@@ -179,15 +176,22 @@ def bare_uvicorn() -> Iterator[tuple[int, str]]:
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "bare_app.py").write_text(BARE_APP)
         port = free_port()
-        server = subprocess.Popen(
+        with running(
             [sys.executable, "-m", "uvicorn", "--app-dir", folder, "bare_app:app",
              "--port", str(port), "--log-level", "warning"],
-        )  # fmt: skip
-        try:
-            yield server.pid, f"http://127.0.0.1:{port}"
-        finally:
-            server.terminate()
-            server.wait()
+        ) as pid:  # fmt: skip
+            yield pid, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def running(command: list[str], **popen: Any) -> Iterator[int]:
+    """``command`` running (its pid), terminated at the end."""
+    process = subprocess.Popen(command, **popen)
+    try:
+        yield process.pid
+    finally:
+        process.terminate()
+        process.wait()
 
 
 async def bare_floor(bare_app: tuple[int, str], scale: float) -> float:
@@ -307,27 +311,21 @@ async def run(
             await replica.ready()
             await replica.warm()
     rows = []
-    mine, theirs = await both(lambda r: r.per_chat(scale), now, before)
-    rows.append(
-        f"| CPU per non-streaming chat request (user key) | {shown(theirs, 1000, '.2f')} ms | "
-        f"**{mine * 1000:.2f} ms** | {mine / direct_request:.2f}x "
-        f"a direct tritonclient call ({direct_request * 1000:.2f} ms) | <= 1.0 ms |"
-    )
-    print(rows[-1], flush=True)
-    mine, theirs = await both(lambda r: r.per_chunk(scale), now, before)
-    rows.append(
-        f"| CPU per streamed chunk | {shown(theirs, 1e6, '.0f')} µs | **{mine * 1e6:.0f} µs** | "
-        f"{mine / direct_chunk:.2f}x a chunk read directly "
-        f"({direct_chunk * 1e6:.0f} µs) | <= 50 µs |"
-    )
-    print(rows[-1], flush=True)
-    mine, theirs = await both(lambda r: r.per_health(scale), now, before)
-    rows.append(
-        f"| CPU per GET /health/live | {shown(theirs, 1000, '.2f')} ms | "
-        f"**{mine * 1000:.2f} ms** | {mine / bare:.2f}x a bare "
-        f"uvicorn app ({bare * 1000:.2f} ms) | <= 0.2 ms |"
-    )
-    print(rows[-1], flush=True)
+    measures = [
+        ("CPU per non-streaming chat request (user key)", Replica.per_chat, 1000, ".2f",
+         "ms", direct_request, "a direct tritonclient call", "<= 1.0 ms"),
+        ("CPU per streamed chunk", Replica.per_chunk, 1e6, ".0f", "µs", direct_chunk,
+         "a chunk read directly", "<= 50 µs"),
+        ("CPU per GET /health/live", Replica.per_health, 1000, ".2f", "ms", bare,
+         "a bare uvicorn app", "<= 0.2 ms"),
+    ]  # fmt: skip
+    for label, figure, unit, fmt, name, floor, against, goal in measures:
+        mine, theirs = await both(lambda r, f=figure: f(r, scale), now, before)  # type: ignore[misc]
+        rows.append(
+            f"| {label} | {shown(theirs, unit, fmt)} {name} | **{mine * unit:{fmt}} {name}** | "
+            f"{mine / floor:.2f}x {against} ({floor * unit:{fmt}} {name}) | {goal} |"
+        )
+        print(rows[-1], flush=True)
     start_rss = rss_mb(now.pid)
     await load(now.chat, 8, int(10_000 * scale))
     rows.append(

@@ -370,6 +370,24 @@ async def key_usage(stack: GatewayProcess, key_id: str, requests: int) -> dict[s
 VOICE = ["smollm2", "whisper_stt", "piper_tts"]
 
 
+async def listening(connection: AsyncRealtimeConnection, silence_ms: int) -> None:
+    """Server VAD ending a turn after ``silence_ms`` of silence; short answers."""
+    vad = {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}
+    session = {"type": "realtime", "max_output_tokens": 24, "audio": {"input": vad}}
+    await connection.session.update(session=session)  # type: ignore[arg-type]
+
+
+async def assert_billed_once(stack: GatewayProcess, key_id: str, events: list[Any]) -> None:
+    """The key's usage is the session, the turn's transcription and its one response, as
+    the client was told: nothing else."""
+    response = events[-1].response
+    usage = await key_usage(stack, key_id, 3)
+    assert usage["requests"] == 3
+    assert usage["prompt_tokens"] == response.usage.input_tokens
+    assert usage["completion_tokens"] == response.usage.output_tokens
+    assert usage["audio_seconds_out"] == pytest.approx(pcm_seconds(events), abs=0.05)
+
+
 async def test_the_answer_made_while_the_user_is_silent_is_sent_and_billed_once(
     stack: GatewayProcess, question: bytes
 ) -> None:
@@ -378,9 +396,7 @@ async def test_the_answer_made_while_the_user_is_silent_is_sent_and_billed_once(
     async with connect(stack, created["key"]) as connection:
         # A long silence_duration_ms: the early guess and the answer to it surely start
         # before the turn ends, however busy the machine is.
-        vad = {"turn_detection": {"type": "server_vad", "silence_duration_ms": 1500}}
-        session = {"type": "realtime", "max_output_tokens": 24, "audio": {"input": vad}}
-        await connection.session.update(session=session)  # type: ignore[arg-type]
+        await listening(connection, 1500)
         events = await answered_live(connection, silence(0.3) + question, 3.0)
     assert speculations(stack, "taken") == taken + 1
     assert speculations(stack, "dropped") == dropped
@@ -396,16 +412,10 @@ async def test_the_answer_made_while_the_user_is_silent_is_sent_and_billed_once(
     ]
     positions = [first(events, kind) for kind in order]
     assert positions == sorted(positions), types(events)
-    response = events[-1].response
-    assert response.status in ("completed", "incomplete")
+    assert events[-1].response.status in ("completed", "incomplete")
     assert pcm_seconds(events) > 0.3
-    # The session, the turn's transcription and the response: the answer made ahead is the
-    # response's, counted once, exactly as the client was told.
-    usage = await key_usage(stack, created["id"], 3)
-    assert usage["requests"] == 3
-    assert usage["prompt_tokens"] == response.usage.input_tokens
-    assert usage["completion_tokens"] == response.usage.output_tokens
-    assert usage["audio_seconds_out"] == pytest.approx(pcm_seconds(events), abs=0.05)
+    # The answer made ahead is the response's, counted once.
+    await assert_billed_once(stack, created["id"], events)
 
 
 async def test_an_answer_started_when_the_user_paused_is_dropped_and_not_billed(
@@ -414,9 +424,7 @@ async def test_an_answer_started_when_the_user_paused_is_dropped_and_not_billed(
     created = stack.create_key("paused", models=VOICE)
     taken, dropped = speculations(stack, "taken"), speculations(stack, "dropped")
     async with connect(stack, created["key"]) as connection:
-        vad = {"turn_detection": {"type": "server_vad", "silence_duration_ms": 2500}}
-        session = {"type": "realtime", "max_output_tokens": 24, "audio": {"input": vad}}
-        await connection.session.update(session=session)  # type: ignore[arg-type]
+        await listening(connection, 2500)
         # A pause of 1.5 s, shorter than the turn's silence: the guess at the question so
         # far is made and answered, then the user goes on and the answer is dropped.
         await send_audio(connection, silence(0.3) + question)
@@ -428,10 +436,5 @@ async def test_an_answer_started_when_the_user_paused_is_dropped_and_not_billed(
     assert speculations(stack, "taken") == taken + 1
     assert types(events).count("response.created") == 1
     assert types(events).count("input_audio_buffer.committed") == 1
-    response = events[-1].response
-    usage = await key_usage(stack, created["id"], 3)
-    # Nothing of the dropped answer: only the session, the turn and its one response.
-    assert usage["requests"] == 3
-    assert usage["prompt_tokens"] == response.usage.input_tokens
-    assert usage["completion_tokens"] == response.usage.output_tokens
-    assert usage["audio_seconds_out"] == pytest.approx(pcm_seconds(events), abs=0.05)
+    # Nothing of the dropped answer in the key's usage.
+    await assert_billed_once(stack, created["id"], events)
