@@ -14,6 +14,7 @@ pieces connect").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -101,7 +102,8 @@ async def spoken(
     arrival; the seconds spoken go to ``meter``. An error in either raises here. At most
     :data:`AHEAD` pieces wait for the reader: past that, generating and speaking wait too
     (a reader that is slow, or not reading yet, holds no more than that)."""
-    out: asyncio.Queue[Spoken | BaseException | None] = asyncio.Queue(AHEAD)
+    out: asyncio.Queue[Spoken | None] = asyncio.Queue(AHEAD)
+    ending: list[BaseException | None] = []  # set once: None, or the error that ended it
     sentences: asyncio.Queue[str | None] = asyncio.Queue()
 
     async def generate() -> None:
@@ -134,21 +136,31 @@ async def spoken(
             if tail:
                 await out.put(SpokenAudio("", 0.0, tail))
 
+    def end(error: BaseException | None) -> None:
+        # Never waits on a full queue (its reader may be gone): a reader finds a full
+        # queue's end once it has read it.
+        ending.append(error)
+        with contextlib.suppress(asyncio.QueueFull):
+            out.put_nowait(None)
+
     async def both() -> None:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(generate())
                 group.create_task(speak())
         except BaseExceptionGroup as failed:
-            await out.put(failed.exceptions[0])
+            end(failed.exceptions[0])
             return
-        await out.put(None)
+        end(None)
 
     runner = asyncio.create_task(both())
     try:
-        while (item := await out.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
+        while True:
+            item = None if ending and out.empty() else await out.get()
+            if item is None:
+                if ending and ending[0] is not None:
+                    raise ending[0]
+                return
             yield item
     finally:
         runner.cancel()

@@ -78,6 +78,7 @@ class _Waiting(ConnectionPool):
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         deadline = time.monotonic() + self._wait_s
+        woken = False
         while True:
             try:
                 return await super().get_connection()  # type: ignore[no-untyped-call]
@@ -86,12 +87,14 @@ class _Waiting(ConnectionPool):
                 if left <= 0:
                     raise
                 freed = asyncio.get_running_loop().create_future()
-                self._waiters.append(freed)
+                # One woken but beaten to the connection keeps its place at the front.
+                (self._waiters.appendleft if woken else self._waiters.append)(freed)
                 try:
                     # Not wait_for: on 3.11 it can swallow a cancellation that comes as the
                     # future completes.
                     async with asyncio.timeout(left):
                         await freed
+                    woken = True
                 except TimeoutError:
                     pass
                 except BaseException:

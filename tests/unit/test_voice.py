@@ -10,7 +10,14 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from gateway.serving.voice import SentenceSplitter, SpokenAudio, TextDelta, Voice, spoken
+from gateway.serving.voice import (
+    AHEAD,
+    SentenceSplitter,
+    SpokenAudio,
+    TextDelta,
+    Voice,
+    spoken,
+)
 from gateway.state.limits import Meter
 
 
@@ -71,6 +78,25 @@ async def test_text_streams_and_each_sentence_is_spoken() -> None:
     # The first sentence's audio comes before the last words of the text.
     first_audio = pieces.index(audio[0])
     assert first_audio < max(i for i, p in enumerate(pieces) if isinstance(p, TextDelta))
+
+
+async def test_a_spoken_answer_not_read_waits_instead_of_piling_up() -> None:
+    fake = FakeBackend()
+    produced: list[str] = []
+
+    async def endless() -> AsyncGenerator[str, None]:
+        while True:
+            await asyncio.sleep(0)
+            produced.append("x")
+            yield "Word. "
+
+    stream = spoken(fake, Voice("fake-tts", "joe"), endless(), "pcm", Meter())
+    assert isinstance(await anext(stream), TextDelta)
+    await asyncio.sleep(0.2)  # nobody reads: a few pieces ahead, then generating waits
+    assert len(produced) <= AHEAD + 2
+    pieces = [await anext(stream) for _ in range(3 * AHEAD)]  # and it goes on when read
+    assert any(isinstance(p, SpokenAudio) for p in pieces)
+    await stream.aclose()
 
 
 async def test_closing_a_spoken_answer_stops_generating() -> None:

@@ -353,8 +353,8 @@ class _Responder:
     async def _finish(self, admission: Admission) -> None:
         session = self.session
         services = session.services
-        if self.speculation is not None:  # taken (what it used is this response's): stop it
-            self.speculation.drop()
+        if self.speculation is not None:  # taken: what it used is this response's
+            await self.speculation.dropped()  # stopped, all it used counted, before settling
         await services.settle(admission)
         if services.metrics is not None:
             services.metrics.realtime_responses.labels(admission.model, self.status).inc()

@@ -221,6 +221,9 @@ class RealtimeSession:
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
+        for response in list(self.responses.values()):
+            if response.speculation is not None:  # queued, never started
+                response.speculation.drop()
         for speculation in list(self.speculations):
             await speculation.dropped()
         for request in list(self._transcriptions):

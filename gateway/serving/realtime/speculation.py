@@ -86,10 +86,13 @@ class Speculation:
     ) -> None:
         session = self.session
         services = session.services
+        reserving: asyncio.Future[generation.GenerationRun] | None = None
         try:
             self.admission = await session._admit(uses, record_refusal=False)
             chat = await services.chat.prepare(request)
-            self.run = await services.chat.reserve_run(chat, self.admission.meter)
+            # Shielded: a reservation made must be in the meter when it is released.
+            reserving = asyncio.ensure_future(services.chat.reserve_run(chat, self.admission.meter))
+            self.run = await asyncio.shield(reserving)
             self._ready.set()
             texts = generation.texts(await self.run.stream(), self.run, chat.reasoning())
             made: AsyncGenerator[Any, None] = texts
@@ -108,7 +111,11 @@ class Speculation:
             self._ready.set()
             self._end(None)
             if self._outcome == "dropped":
+                if reserving is not None:
+                    await asyncio.shield(asyncio.gather(reserving, return_exceptions=True))
                 await asyncio.shield(self._release())
+            if self._released is None:
+                self.session.speculations.discard(self)
 
     def _end(self, error: BaseException | None) -> None:
         """No more pieces (``error`` first, if any): a reader never waits on an ended one."""
@@ -175,9 +182,11 @@ class Speculation:
         dropping = self._decide("dropped")
         self._task.cancel()
         if dropping and self._task.done() and self._released is None:
-            # It had ended by itself: its task released nothing.
+            # It had ended by itself: its task released nothing. Kept in the session's
+            # set until released (a closing session waits for it).
             self._released = asyncio.get_running_loop().create_task(self._release())
-        self.session.speculations.discard(self)
+            self.session.speculations.add(self)
+            self._released.add_done_callback(lambda _: self.session.speculations.discard(self))
 
     async def dropped(self) -> None:
         """Drops it and waits until it has stopped and been released."""
@@ -187,5 +196,5 @@ class Speculation:
     async def stopped(self) -> None:
         """Waits until it has stopped (and, if dropped, been released)."""
         await asyncio.gather(self._task, return_exceptions=True)
-        if self._released is not None:
-            await asyncio.gather(self._released, return_exceptions=True)
+        if self._released is not None:  # shielded: a caller cancelled must not stop it
+            await asyncio.gather(asyncio.shield(self._released), return_exceptions=True)
