@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.agents
 	$(BIN)/python -m tests.bench.embeddings
 	$(BIN)/python -m tests.bench.cpu
+	$(BIN)/python -m tests.bench.peers
 	$(BIN)/python -m tests.bench.scale
 	$(BIN)/python -m tests.bench.voice
 	$(BIN)/python -m tests.bench.multilingual

@@ -201,7 +201,7 @@ def read_request(pb_utils: Any, request: Any) -> ChatRequest:
         raise InvalidRequest("input 'text_input' is required and must not be empty")
     return ChatRequest(
         prompt=prompt,
-        stream=flag("stream", True),
+        stream=flag("stream"),  # false when absent, as the vLLM backend reads it
         params=SamplingParams.from_json(sampling),
         exclude_input=flag("exclude_input_in_output", False),
         want_finish_reason=flag("return_finish_reason"),
