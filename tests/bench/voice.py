@@ -11,6 +11,9 @@ Run with ``make bench`` (or ``python -m tests.bench.voice``). It starts the real
   (to ``speech_stopped``), the transcription (to ``...transcription.completed``), the first
   sentence of the answer's text (the last transcript delta before the first audio), and its
   first audio.
+- **before and after**: one replica of this code and one of older code (``--baseline``,
+  default the code before issue 27, served from a git worktree as in ``tests.bench.cpu``),
+  each called straight (no nginx), in turn, at 500 ms.
 - **direct**: the same chain with no gateway and no VAD: Whisper, then SmolLM2 streamed to
   the end of its first sentence, then Piper on that sentence, called through
   ``tritonclient`` (the gateway's own Triton client, in this process).
@@ -25,11 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import statistics
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 
@@ -39,6 +45,7 @@ from gateway.config import Settings
 from gateway.serving.audio import decode_to_pcm
 from gateway.serving.templating import render_chat
 from gateway.serving.voice import SentenceSplitter
+from tests.bench.cpu import BASELINE, baseline_replica
 from tests.stack import GatewayProcess, wav_bytes
 
 QUESTION = "What is the capital of France?"
@@ -173,7 +180,19 @@ def spread(values: list[float]) -> str:
     return f"{min(values) * 1000:.0f}–{max(values) * 1000:.0f}"
 
 
-async def run(stack: GatewayProcess, runs: int) -> None:
+def row(name: str, turns: list[Turn]) -> str:
+    vad = [t.since_end("vad") for t in turns]
+    stt = [t.marks["stt"] - t.marks["vad"] for t in turns]
+    sentence = [t.marks["sentence"] - t.marks["stt"] for t in turns]
+    audio = [t.marks["audio"] - t.marks["sentence"] for t in turns]
+    total = [t.since_end("audio") for t in turns]
+    return (
+        f"| {name} | {ms(vad)} | {ms(stt)} | {ms(sentence)} | {ms(audio)} | "
+        f"**{ms(total)}** ({spread(total)}) |"
+    )
+
+
+async def run(stack: GatewayProcess, runs: int, baseline: str | None) -> None:
     client = stack.async_client()
     speech = await client.audio.speech.create(
         model="piper_tts", voice="alloy", input=QUESTION, response_format="pcm"
@@ -191,15 +210,28 @@ async def run(stack: GatewayProcess, runs: int) -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     for silence_ms in (500, 300):
         turns = [await spoken_turn(client, question, silence_ms) for _ in range(runs)]
-        vad = [t.since_end("vad") for t in turns]
-        stt = [t.marks["stt"] - t.marks["vad"] for t in turns]
-        sentence = [t.marks["sentence"] - t.marks["stt"] for t in turns]
-        audio = [t.marks["audio"] - t.marks["sentence"] for t in turns]
-        total = [t.since_end("audio") for t in turns]
-        print(
-            f"| realtime, silence_duration_ms={silence_ms} | {ms(vad)} | {ms(stt)} | "
-            f"{ms(sentence)} | {ms(audio)} | **{ms(total)}** ({spread(total)}) |"
+        print(row(f"realtime, silence_duration_ms={silence_ms}", turns), flush=True)
+    if baseline is not None:
+        # One replica of this code and one of the older code, straight (no nginx), in turn.
+        address = stack.replica_addresses()[0]
+        now, before = (
+            openai.AsyncOpenAI(base_url=f"http://{where}/v1", api_key=stack.admin_key)
+            for where in (address, baseline)
         )
+        async with httpx.AsyncClient(base_url=f"http://{baseline}") as http:
+            for _ in range(600):  # it loads the models' contracts from Triton first
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/health/ready")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        await spoken_turn(before, question, 500)  # warm-up
+        mine: list[Turn] = []
+        theirs: list[Turn] = []
+        for _ in range(runs):
+            theirs.append(await spoken_turn(before, question, 500))
+            mine.append(await spoken_turn(now, question, 500))
+        print(row(f"one replica, code before ({BASELINE}), silence 500", theirs))
+        print(row("one replica, this code, silence 500", mine), flush=True)
     question_16k = decode_to_pcm(wav_bytes(question, RATE))
     direct = [await direct_chain(stack.triton_grpc, question_16k) for _ in range(runs)]
     print(
@@ -237,11 +269,15 @@ async def run(stack: GatewayProcess, runs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--baseline", default=BASELINE, help="git ref, or 'none'")
     args = parser.parse_args()
+    ref = None if args.baseline == "none" else args.baseline
     stack = GatewayProcess(models=["smollm2", "piper_tts", "whisper_stt"]).start()
     try:
         stack.wait_ready()
-        asyncio.run(run(stack, args.runs))
+        with ExitStack() as context:
+            baseline = context.enter_context(baseline_replica(stack, ref)) if ref else None
+            asyncio.run(run(stack, args.runs, baseline[1] if baseline else None))
     finally:
         stack.stop()
 
