@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from gateway.serving.tool_parsers import assemble, get_parser
+from tests.bench import write_table
 from tests.bench.chat import pct
 from tests.smollm2 import weights_path
 from tests.stack import GatewayProcess
@@ -288,9 +289,7 @@ def main() -> None:
         stack.stop()
     rows.append(stock_grammar_row(max(2, round(3 * args.scale))))
     print(rows[-1], flush=True)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(header + rows) + "\n")
+    write_table(args.out, header + rows)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 import httpx
 
 from gateway.serving.audio import decode_to_pcm
+from tests.bench import write_table
 from tests.bench.audio_concurrency import REPOSITORY, parse_pbtxt_variant
 from tests.stack import GatewayProcess
 
@@ -129,9 +130,7 @@ def main() -> None:
         f"{med(stt_gateway) / med(stt_direct):.2f} |",
     ]
     print(*rows, sep="\n")
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(rows) + "\n")
+    write_table(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
 
 from gateway.serving.audio import decode_to_pcm
+from tests.bench import write_table
 from tests.stack import ROOT, GatewayProcess
 
 TEXT = (
@@ -528,9 +529,7 @@ def main() -> None:
         engine = engine_batches(max(3, args.rounds))
         out += ["", *engine]
         print("", *engine, sep="\n", flush=True)
-    if args.out:
-        with open(args.out, "w") as file:
-            file.write("\n".join(out) + "\n")
+    write_table(args.out, out)
 
 
 if __name__ == "__main__":

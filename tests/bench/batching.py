@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
+from tests.bench import write_table
 from tests.stack import GatewayProcess
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -204,9 +205,7 @@ def main() -> None:
         for stack in stacks.values():
             stack.stop()
     print(*rows, sep="\n", flush=True)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(rows) + "\n")
+    write_table(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
+from tests.bench import write_table
 from tests.smollm2 import weights_path
 from tests.stack import GatewayProcess
 
@@ -325,9 +326,7 @@ def main() -> None:
         print(rows[-1])
     finally:
         stack.stop()
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(header + rows) + "\n")
+    write_table(args.out, header + rows)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import httpx
 import tritonclient.grpc.aio as triton_grpc
 
 from gateway.stack.triton_server import free_port
+from tests.bench import write_table
 from tests.bench.chat import direct_call
 from tests.stack import GatewayProcess
 
@@ -365,9 +366,7 @@ def main() -> None:
             rows = asyncio.run(run(stack, bare_app, args.scale, baseline))
     finally:
         stack.stop()
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(header + rows) + "\n")
+    write_table(args.out, header + rows)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import asyncio
 
 import httpx
 
+from tests.bench import write_table
 from tests.bench.chat import gateway_call, paired, pct, spread
 from tests.stack import GatewayProcess
 
@@ -88,9 +89,7 @@ def main() -> None:
         rows = asyncio.run(edge_benchmarks(stack, args.scale))
     finally:
         stack.stop()
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(header + rows) + "\n")
+    write_table(args.out, header + rows)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
+from tests.bench import write_table
 from tests.bench.chat import pct
 from tests.stack import GatewayProcess
 
@@ -243,9 +244,7 @@ def main() -> None:
         rows += asyncio.run(gateway_rows(stack, args.scale))
     finally:
         stack.stop()
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(HEADER + rows) + "\n")
+    write_table(args.out, HEADER + rows)
 
 
 if __name__ == "__main__":

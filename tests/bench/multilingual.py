@@ -24,6 +24,7 @@ import httpx
 import jiwer
 
 from gateway.serving.audio import decode_to_pcm
+from tests.bench import write_table
 from tests.espeak import SENTENCES, speak
 from tests.stack import GatewayProcess
 
@@ -95,9 +96,7 @@ def main() -> None:
             f"{statistics.median(translations[lang]):.2f} s |"
         )
     print(*rows, sep="\n")
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(rows) + "\n")
+    write_table(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import httpx
 import tritonclient.grpc.aio as triton_grpc
 
 from gateway.stack.triton_server import free_port
+from tests.bench import write_table
 from tests.bench.chat import direct_call, pct
 from tests.bench.cpu import BASELINE, baseline_replica, running
 from tests.stack import GatewayProcess
@@ -225,9 +226,7 @@ def main() -> None:
     finally:
         stack.stop()
     print(*header, *rows, sep="\n", flush=True)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write("\n".join(header + rows) + "\n")
+    write_table(args.out, header + rows)
 
 
 if __name__ == "__main__":
