@@ -33,7 +33,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -159,6 +159,15 @@ class BackendError(GatewayError):
     """The model or Triton failed while serving a request."""
 
     code = "model_error"
+
+
+def unknown_parser(model: str, setting: str, name: str, known: Iterable[str]) -> BackendError:
+    """A model's config names a parser (``setting``: ``tool_call_parser``,
+    ``reasoning_parser``) the gateway does not have."""
+    return BackendError(
+        f"The model '{model}' names an unknown {setting} '{name}' (known: {', '.join(known)}).",
+        code="model_config_error",
+    )
 
 
 class BackendUnavailableError(GatewayError):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, get_args
 
 from gateway.backend import ModelInfo
-from gateway.errors import BackendError, InvalidRequestError
+from gateway.errors import InvalidRequestError, unknown_parser
 from gateway.serving.protocol import ChatCompletionRequest, ParamNames, ReasoningEffort
 from gateway.serving.reasoning_parsers import ReasoningParser, get_parser, parser_names
 from gateway.serving.templating import template_variables
@@ -119,9 +119,5 @@ def parser_of(model: ModelInfo) -> type[ReasoningParser] | None:
         return None
     parser = get_parser(model.reasoning_parser)
     if parser is None:
-        raise BackendError(
-            f"The model '{model.name}' names an unknown reasoning_parser "
-            f"'{model.reasoning_parser}' (known: {', '.join(parser_names())}).",
-            code="model_config_error",
-        )
+        raise unknown_parser(model.name, "reasoning_parser", model.reasoning_parser, parser_names())
     return parser

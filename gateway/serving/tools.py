@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backend import ModelInfo
-from gateway.errors import BackendError, InvalidRequestError
+from gateway.errors import InvalidRequestError, unknown_parser
 from gateway.serving.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -202,11 +202,7 @@ def setup(
         )
     parser = get_parser(model.tool_call_parser)
     if parser is None:
-        raise BackendError(
-            f"The model '{model.name}' names an unknown tool_call_parser "
-            f"'{model.tool_call_parser}' (known: {', '.join(parser_names())}).",
-            code="model_config_error",
-        )
+        raise unknown_parser(model.name, "tool_call_parser", model.tool_call_parser, parser_names())
     strict = {}
     for index, tool in enumerate(request.tools):
         if not tool.function.strict:
