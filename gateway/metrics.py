@@ -127,6 +127,12 @@ class Metrics:
             "Realtime responses by chat model and final status",
             ("model", "status"),
         )
+        self.realtime_speculating = Gauge(
+            "gateway_realtime_speculations_running",
+            "Realtime: answers being made ahead of their turn's end right now",
+            registry=own,
+            multiprocess_mode="livesum",
+        )
         self.realtime_speculations = counter(
             "gateway_realtime_speculations_total",
             "Realtime: answers started before the user's turn was confirmed, by outcome "

@@ -19,6 +19,7 @@ import re
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
 from gateway.backend import Backend
 from gateway.serving.audio import StreamEncoder
@@ -89,6 +90,41 @@ Spoken = TextDelta | SpokenAudio
 #: Pieces :func:`spoken` makes ahead of its reader.
 AHEAD = 32
 
+T = TypeVar("T")
+_END = object()
+
+
+class Handoff(Generic[T]):
+    """Pieces from a producer to one reader, at most ``size`` of them waiting: the producer
+    waits while the reader lags. Its end (with the error that ended it, if any) never waits,
+    as the reader may be gone: a reader finds a full queue's end once it has read it."""
+
+    def __init__(self, size: int) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(size)
+        self._ended = False
+        self._error: BaseException | None = None
+
+    async def put(self, item: T) -> None:
+        await self._queue.put(item)
+
+    def end(self, error: BaseException | None = None) -> None:
+        """No more pieces (the first call decides: ``error`` raises in the reader)."""
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(_END)
+
+    async def items(self) -> AsyncGenerator[T, None]:
+        while True:
+            item = _END if self._ended and self._queue.empty() else await self._queue.get()
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield cast(T, item)
+
 
 async def spoken(
     backend: Backend,
@@ -102,8 +138,7 @@ async def spoken(
     arrival; the seconds spoken go to ``meter``. An error in either raises here. At most
     :data:`AHEAD` pieces wait for the reader: past that, generating and speaking wait too
     (a reader that is slow, or not reading yet, holds no more than that)."""
-    out: asyncio.Queue[Spoken | None] = asyncio.Queue(AHEAD)
-    ending: list[BaseException | None] = []  # set once: None, or the error that ended it
+    out: Handoff[Spoken] = Handoff(AHEAD)
     sentences: asyncio.Queue[str | None] = asyncio.Queue()
 
     async def generate() -> None:
@@ -136,31 +171,19 @@ async def spoken(
             if tail:
                 await out.put(SpokenAudio("", 0.0, tail))
 
-    def end(error: BaseException | None) -> None:
-        # Never waits on a full queue (its reader may be gone): a reader finds a full
-        # queue's end once it has read it.
-        ending.append(error)
-        with contextlib.suppress(asyncio.QueueFull):
-            out.put_nowait(None)
-
     async def both() -> None:
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(generate())
                 group.create_task(speak())
         except BaseExceptionGroup as failed:
-            end(failed.exceptions[0])
+            out.end(failed.exceptions[0])
             return
-        end(None)
+        out.end()
 
     runner = asyncio.create_task(both())
     try:
-        while True:
-            item = None if ending and out.empty() else await out.get()
-            if item is None:
-                if ending and ending[0] is not None:
-                    raise ending[0]
-                return
+        async for item in out.items():
             yield item
     finally:
         runner.cancel()

@@ -326,13 +326,34 @@ async def test_limits_and_usage_count_sessions_and_responses(
     assert usage["audio_seconds_out"] > 0
 
 
+def metric(stack: GatewayProcess, series: str) -> float:
+    """One series of the replicas' metrics (0 before it exists)."""
+    text = httpx.get(stack.internal_url + "/metrics", timeout=5).text
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def speculations(stack: GatewayProcess, outcome: str) -> float:
     """The replicas' count of answers started before their turn ended, by outcome."""
-    text = httpx.get(stack.internal_url + "/metrics", timeout=5).text
-    found = re.search(
-        rf'^gateway_realtime_speculations_total{{outcome="{outcome}"}} (\S+)$', text, re.M
-    )
-    return float(found.group(1)) if found else 0.0
+    return metric(stack, f'gateway_realtime_speculations_total{{outcome="{outcome}"}}')
+
+
+async def quiet_until_speculating(
+    stack: GatewayProcess, connection: AsyncRealtimeConnection, most_s: float
+) -> None:
+    """Silence at real-time pace until the answer to the turn so far is being made ahead;
+    past ``most_s`` of it, no more audio (the VAD's clock goes with the audio, so the turn
+    cannot end), however long a busy machine takes to transcribe the guess."""
+    sent = 0.0
+    deadline = time.monotonic() + 60
+    while metric(stack, "gateway_realtime_speculations_running") < 1:
+        assert time.monotonic() < deadline, "no answer was started ahead"
+        if sent < most_s:
+            await connection.input_audio_buffer.append(
+                audio=base64.b64encode(silence(0.1)).decode()
+            )
+            sent += 0.1
+        await asyncio.sleep(0.1)
 
 
 async def send_live(connection: AsyncRealtimeConnection, pcm: bytes) -> None:
@@ -394,10 +415,10 @@ async def test_the_answer_made_while_the_user_is_silent_is_sent_and_billed_once(
     created = stack.create_key("ahead", models=VOICE)
     taken, dropped = speculations(stack, "taken"), speculations(stack, "dropped")
     async with connect(stack, created["key"]) as connection:
-        # A long silence_duration_ms: the early guess and the answer to it surely start
-        # before the turn ends, however busy the machine is.
         await listening(connection, 1500)
-        events = await answered_live(connection, silence(0.3) + question, 3.0)
+        await send_audio(connection, silence(0.3) + question)
+        await quiet_until_speculating(stack, connection, 1.0)
+        events = await answered_live(connection, b"", 3.0)
     assert speculations(stack, "taken") == taken + 1
     assert speculations(stack, "dropped") == dropped
     # The client sees the turn as always: the answer's events after its turn's.
@@ -424,14 +445,21 @@ async def test_an_answer_started_when_the_user_paused_is_dropped_and_not_billed(
     created = stack.create_key("paused", models=VOICE)
     taken, dropped = speculations(stack, "taken"), speculations(stack, "dropped")
     async with connect(stack, created["key"]) as connection:
-        await listening(connection, 2500)
-        # A pause of 1.5 s, shorter than the turn's silence: the guess at the question so
-        # far is made and answered, then the user goes on and the answer is dropped.
+        await listening(connection, 1500)
+        # A pause shorter than the turn's silence: the guess at the question so far is
+        # made and answered, then the user goes on and the answer is dropped.
         await send_audio(connection, silence(0.3) + question)
-        await send_live(connection, silence(1.5))
+        await quiet_until_speculating(stack, connection, 1.0)
         assert speculations(stack, "dropped") == dropped
-        events = await answered_live(connection, question, 4.0)
-    # Dropped as the user went on; the guess at the whole question was then answered.
+        await send_audio(connection, question)  # the user goes on
+        deadline = time.monotonic() + 30
+        while metric(stack, "gateway_realtime_speculations_running"):
+            assert time.monotonic() < deadline, "the answer made ahead was not dropped"
+            await asyncio.sleep(0.1)
+        assert speculations(stack, "dropped") == dropped + 1
+        # The guess at the whole question is answered ahead too, and that one is taken.
+        await quiet_until_speculating(stack, connection, 1.0)
+        events = await answered_live(connection, b"", 3.0)
     assert speculations(stack, "dropped") == dropped + 1
     assert speculations(stack, "taken") == taken + 1
     assert types(events).count("response.created") == 1

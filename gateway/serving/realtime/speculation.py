@@ -19,7 +19,6 @@ response holds its own until it starts, and a new guess drops the one before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.errors import GatewayError
 from gateway.serving import generation
 from gateway.serving.protocol import ChatCompletionRequest
-from gateway.serving.voice import AHEAD, Voice, spoken
+from gateway.serving.voice import AHEAD, Handoff, Voice, spoken
 from gateway.state.admission import Admission
 
 if TYPE_CHECKING:
@@ -39,8 +38,6 @@ logger = logging.getLogger(__name__)
 
 #: What a response asks of the models, compared to tell whether a speculation is its answer.
 Ask = tuple[str, str, tuple[str, ...], float]
-
-_END = object()
 
 
 def ask_of(
@@ -74,12 +71,12 @@ class Speculation:
         """``taken`` or ``dropped``, once decided (then never changed)."""
         self._ready = asyncio.Event()
         """Set once it is admitted and reserved, or has failed before."""
-        self._made: asyncio.Queue[Any] = asyncio.Queue(AHEAD)
-        self._finished = False
-        self._error: BaseException | None = None
+        self._made: Handoff[Any] = Handoff(AHEAD)
         self._released: asyncio.Task[None] | None = None
         self._task = asyncio.create_task(self._make(request, voice, audio, uses))
         session.speculations.add(self)
+        # Also when it is cancelled before its first step (its body then never runs).
+        self._task.add_done_callback(self._task_done)
 
     async def _make(
         self, request: ChatCompletionRequest, voice: str, audio: bool, uses: list[_Use]
@@ -87,6 +84,8 @@ class Speculation:
         session = self.session
         services = session.services
         reserving: asyncio.Future[generation.GenerationRun] | None = None
+        if services.metrics is not None:
+            services.metrics.realtime_speculating.inc()
         try:
             self.admission = await session._admit(uses, record_refusal=False)
             chat = await services.chat.prepare(request)
@@ -103,28 +102,23 @@ class Speculation:
                 async for piece in made:
                     await self._made.put(piece)
         except GatewayError as exc:  # the response that takes it meets it in its place
-            self._end(exc)
+            self._made.end(exc)
         except Exception as exc:
             logger.exception("an answer made ahead failed")
-            self._end(exc)
+            self._made.end(exc)
         finally:
             self._ready.set()
-            self._end(None)
+            self._made.end()  # a reader never waits on a speculation that ended
             if self._outcome == "dropped":
                 if reserving is not None:
                     await asyncio.shield(asyncio.gather(reserving, return_exceptions=True))
                 await asyncio.shield(self._release())
-            if self._released is None:
-                self.session.speculations.discard(self)
+            if services.metrics is not None:
+                services.metrics.realtime_speculating.dec()
 
-    def _end(self, error: BaseException | None) -> None:
-        """No more pieces (``error`` first, if any): a reader never waits on an ended one."""
-        if self._finished:
-            return
-        self._finished = True
-        self._error = error
-        with contextlib.suppress(asyncio.QueueFull):
-            self._made.put_nowait(_END)  # the reader checks ``_finished`` when it is full
+    def _task_done(self, _: asyncio.Task[None]) -> None:
+        if self._released is None:  # else kept until released (see drop)
+            self.session.speculations.discard(self)
 
     async def _release(self) -> None:
         """A dropped one's admission ends: the limits count it, its usage does not."""
@@ -163,15 +157,7 @@ class Speculation:
         """What it made, then what it makes, to the end (an error it met raises here);
         leaving early stops it."""
         try:
-            while True:
-                if self._finished and self._made.empty():
-                    piece = _END
-                else:
-                    piece = await self._made.get()
-                if piece is _END:
-                    if self._error is not None:
-                        raise self._error
-                    return
+            async for piece in self._made.items():
                 yield piece
         finally:
             self.drop()
