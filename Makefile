@@ -59,6 +59,12 @@ screenshots: $(STAMP) system-deps
 	$(BIN)/python -m tests.screenshots
 
 # Debian packages, installed only when what they provide is missing (root or sudo).
+# prometheus (with promtool) and prometheus-nginx-exporter are for the tests
+# (tests/integration/test_monitoring_e2e.py starts its own on free ports); their packages'
+# postinst would start them as system services (Prometheus on :9090), so on a systemd host
+# the units of those it installs are masked first and nothing starts (`systemctl unmask`
+# to run them as services). A container without an init runs no service anyway.
+NO_SERVICE := prometheus prometheus-nginx-exporter
 system-deps:
 	@missing=""; \
 	$(PYTHON) -c "import venv, ensurepip" 2>/dev/null || missing="$$missing python3-venv"; \
@@ -73,9 +79,15 @@ system-deps:
 	command -v kubectl >/dev/null || missing="$$missing kubectl"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-nginx-exporter >/dev/null || missing="$$missing prometheus-nginx-exporter"; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  for unit in $(NO_SERVICE); do \
+	    case "$$missing " in *" $$unit "*) [ ! -d /run/systemd/system ] || \
+	      $$SUDO systemctl mask -q $$unit.service 2>/dev/null || true;; esac; \
+	  done; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 

@@ -105,6 +105,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         migration = await _migrate(redis)
         services = build_services(settings, active, redis, metrics)
         app.state.services = services  # read through api.dependencies.ServicesDep
+        services.redis_health.start()  # gateway_redis_up, traffic or none
         try:
             yield
         finally:

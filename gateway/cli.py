@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
+import socket
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,6 +23,7 @@ from pydantic import ValidationError
 from gateway.config import Settings
 from gateway.errors import GatewayError
 from gateway.stack.credentials import redis_password
+from gateway.state.audit import Actor, AuditLog, Auditor
 from gateway.state.keys import ApiKey, KeyCreate, KeyStore
 from gateway.state.redis import connect, migrate
 
@@ -121,20 +124,29 @@ def _print_key(key: ApiKey, as_json: bool) -> None:
 async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
     redis = connect(settings.redis_url, settings.redis_timeout_s, settings.redis_max_connections)
     keys = KeyStore(redis)
+    # Key changes made here are admin actions too: recorded as the CLI's, by the OS user,
+    # from this host.
+    audit = Auditor(
+        AuditLog(redis, settings.audit_retention_days, settings.audit_max_entries),
+        Actor(id="cli", name=f"gateway keys ({_user()})"),
+        client=socket.gethostname(),
+        request_id=None,
+    )
     try:
         await migrate(redis)
         if args.action == "create":
-            created = await keys.create(
-                KeyCreate(
-                    name=args.name,
-                    role=args.role,
-                    models=[m.strip() for m in args.models.split(",")] if args.models else None,
-                    rpm=args.rpm,
-                    tpm=args.tpm,
-                    max_concurrency=args.max_concurrency,
-                    expires_in_days=args.expires_in_days,
-                )
+            spec = KeyCreate(
+                name=args.name,
+                role=args.role,
+                models=[m.strip() for m in args.models.split(",")] if args.models else None,
+                rpm=args.rpm,
+                tpm=args.tpm,
+                max_concurrency=args.max_concurrency,
+                expires_in_days=args.expires_in_days,
             )
+            async with audit("key.create", details=spec.model_dump(exclude_none=True)) as action:
+                created = await keys.create(spec)
+                action.target = created.id
             if args.json:
                 print(created.model_dump_json())
             else:
@@ -148,9 +160,18 @@ async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
             for key in [] if args.json else listed:
                 _print_key(key, False)
         else:
-            _print_key(await keys.revoke(args.key_id), args.json)
+            async with audit("key.revoke", args.key_id):
+                revoked = await keys.revoke(args.key_id)
+            _print_key(revoked, args.json)
     finally:
         await redis.aclose()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid with no name (a container's)
+        return "unknown user"
 
 
 def _run(command: Callable[[], Coroutine[Any, Any, None]]) -> int:

@@ -282,6 +282,17 @@ class Settings(BaseSettings):
     """Between a base model's name and its LoRA adapter's in the adapter's model id
     (``base:adapter``); no whitespace, comma or slash."""
 
+    # Monitoring and the audit log (docs/operations.md#monitoring-and-alerts,
+    # docs/keys-and-admin.md#audit-log)
+    redis_check_interval_s: float = Field(5.0, gt=0, le=300)
+    """How often each gateway process pings Redis in the background to set its
+    ``gateway_redis_up`` gauge (``/health/ready`` sets it too)."""
+    audit_retention_days: float = Field(90.0, gt=0)
+    """How long an entry of the admin audit log is kept (older entries are trimmed as new
+    ones are written)."""
+    audit_max_entries: int = Field(100_000, ge=100)
+    """The most entries the audit log keeps, whatever their age (Redis memory's bound)."""
+
     @field_validator("admin_key")
     @classmethod
     def _strong_admin_key(cls, value: SecretStr | None) -> SecretStr | None:

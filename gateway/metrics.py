@@ -18,6 +18,7 @@ process imports ``prometheus_client``.
     gateway_audio_output_seconds_total{model}           audio synthesized
     gateway_triton_errors_total{model,code}             Triton failures, by gateway error code
     gateway_rate_limited_total{limit}                   429s: requests | tokens | concurrency
+    gateway_redis_up                                    1 if Redis answered its last check, else 0
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -144,6 +145,16 @@ class Metrics:
             "Realtime: from the end of the user's turn to the first audio of the answer",
             (),
             _LATENCY_BUCKETS,
+        )
+
+        # Set by state.redis.RedisHealth. Across the processes of one multiprocess
+        # directory, the lowest: one process that cannot reach Redis shows as down.
+        self.redis_up = Gauge(
+            "gateway_redis_up",
+            "1 if Redis answered this gateway's last check (a PING every "
+            "GATEWAY_REDIS_CHECK_INTERVAL_S and on /health/ready), 0 if not",
+            registry=own,
+            multiprocess_mode="livemin",
         )
 
     def record_request(

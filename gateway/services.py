@@ -28,9 +28,10 @@ from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.state.admission import Gatekeeper
+from gateway.state.audit import AuditLog
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
-from gateway.state.redis import Headroom
+from gateway.state.redis import Headroom, RedisHealth
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
 from gateway.state.transcripts import TranscriptStore
@@ -58,11 +59,14 @@ class Services:
     audio_chat: AudioChat
     realtime: RealtimeServices
     admin: AdminService
+    redis_health: RedisHealth
+    audit: AuditLog
 
     async def close(self) -> None:
         """Stops what the services run in the background (not the backend nor Redis: the
         lifespan that opened them closes them)."""
         await self.gatekeeper.close()
+        await self.redis_health.close()
 
 
 def build_services(
@@ -127,4 +131,8 @@ def build_services(
             backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
         ),
         admin=AdminService(backend, catalog, keys, limits),
+        redis_health=RedisHealth(
+            redis, lambda up: metrics.redis_up.set(int(up)), settings.redis_check_interval_s
+        ),
+        audit=AuditLog(redis, settings.audit_retention_days, settings.audit_max_entries),
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import re
 import time
@@ -310,3 +311,45 @@ class Headroom:
                 f"Redis is over {self.share:.0%} of its maxmemory: stored conversations may "
                 "not take the rest, which keys, limits and usage need."
             )
+
+
+class RedisHealth:
+    """Whether this process reaches Redis, from its own checks: a ``PING`` every
+    ``interval_s`` in the background (from :meth:`start`) and each readiness probe's
+    (:meth:`check`). Each result goes to ``report`` (the ``gateway_redis_up`` gauge), so
+    Prometheus sees Redis down within an interval, traffic or none."""
+
+    def __init__(self, redis: Redis, report: Callable[[bool], None], interval_s: float) -> None:
+        self.redis = redis
+        self.report = report
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def check(self) -> None:
+        """Pings Redis and reports the result: :class:`StoreUnavailableError` (503) when it
+        does not answer."""
+        try:
+            await ping(self.redis)
+        except Exception:
+            self.report(False)
+            raise
+        self.report(True)
+
+    def start(self) -> None:
+        """Starts the background checks (the first at once); :meth:`close` stops them."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._keep_checking())
+
+    async def _keep_checking(self) -> None:
+        while True:
+            # Down is reported; any failure is one (a Redis that refuses the password too).
+            with contextlib.suppress(Exception):
+                await self.check()
+            await asyncio.sleep(self.interval_s)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

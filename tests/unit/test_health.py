@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+import time
+from pathlib import Path
+
 import httpx
 
 from gateway.backend.fake import FakeBackend
+from tests.redis_server import redis_server
 from tests.unit.conftest import assert_openai_error, make_settings, serve
 
 
@@ -52,3 +58,43 @@ async def test_ready_follows_the_backend_without_waiting_for_the_cache_ttl(
     assert (await http.get("/health/ready")).status_code == 200
     fake.model_list = [m for m in fake.model_list if m.name != "fake-chat"]
     assert_openai_error(await http.get("/health/ready"), 503, code="not_ready")
+
+
+async def test_gateway_redis_up_follows_redis_traffic_or_none(tmp_path: Path) -> None:
+    own = redis_server(tmp_path)
+
+    async def redis_up(http: httpx.AsyncClient) -> str:
+        metrics = (await http.get("/metrics")).text
+        return re.findall(r"^gateway_redis_up (\S+)$", metrics, re.M)[0]
+
+    async def becomes(http: httpx.AsyncClient, value: str) -> None:
+        deadline = time.monotonic() + 5
+        for _ in range(200):
+            if (seen := await redis_up(http)) == value or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == value
+
+    try:
+        settings = make_settings(redis_url=own.url, redis_timeout_s=0.2, redis_check_interval_s=0.1)
+        async with serve(settings) as (_, http, _sdk):
+            await becomes(http, "1.0")  # checked at start
+            own.stop()
+            await becomes(http, "0.0")  # by the background check: no request needed
+            own.start()
+            await becomes(http, "1.0")
+    finally:
+        own.stop()
+
+
+async def test_the_readiness_probe_sets_gateway_redis_up(tmp_path: Path) -> None:
+    own = redis_server(tmp_path)
+    try:
+        # Background checks too rare to matter here: the probe's own check is what counts.
+        settings = make_settings(redis_url=own.url, redis_timeout_s=0.2, redis_check_interval_s=300)
+        async with serve(settings) as (_, http, _sdk):
+            own.stop()
+            assert_openai_error(await http.get("/health/ready"), 503, code="store_unavailable")
+            assert "gateway_redis_up 0.0" in (await http.get("/metrics")).text
+    finally:
+        own.stop()

@@ -1,13 +1,17 @@
-"""The admin API (admin role): the Triton repository and model control, API keys, usage."""
+"""The admin API (admin role): the Triton repository and model control, API keys, usage,
+and the audit log of what admins did (each route that changes something records itself:
+:mod:`gateway.api.audit`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
+from gateway.api.audit import AuditDep
 from gateway.api.auth import require_admin
 from gateway.api.dependencies import ServicesDep
+from gateway.state.audit import MAX_PAGE
 from gateway.state.keys import ApiKey, CreatedKey, KeyCreate
 
 # The admin role is required here too, not only where app.py includes this router: no other
@@ -22,21 +26,27 @@ async def repository(services: ServicesDep) -> dict[str, Any]:
 
 
 @router.post("/models/{name}/load")
-async def load_model(name: str, services: ServicesDep) -> dict[str, Any]:
+async def load_model(name: str, services: ServicesDep, audit: AuditDep) -> dict[str, Any]:
     """Loads (or reloads) a model; it appears in ``/v1/models`` when this returns."""
-    return await services.admin.load(name)
+    async with audit("model.load", name):
+        return await services.admin.load(name)
 
 
 @router.post("/models/{name}/unload")
-async def unload_model(name: str, services: ServicesDep) -> dict[str, Any]:
+async def unload_model(name: str, services: ServicesDep, audit: AuditDep) -> dict[str, Any]:
     """Unloads a model; it leaves ``/v1/models`` when this returns."""
-    return await services.admin.unload(name)
+    async with audit("model.unload", name):
+        return await services.admin.unload(name)
 
 
 @router.post("/keys", status_code=201)
-async def create_key(spec: KeyCreate, services: ServicesDep) -> CreatedKey:
+async def create_key(spec: KeyCreate, services: ServicesDep, audit: AuditDep) -> CreatedKey:
     """Creates a key. The answer's ``key`` is the only time it is shown."""
-    return await services.keys.create(spec)
+    asked = spec.model_dump(exclude_none=True)
+    async with audit("key.create", details=asked) as action:
+        created = await services.keys.create(spec)
+        action.target = created.id
+        return created
 
 
 @router.get("/keys")
@@ -50,12 +60,32 @@ async def get_key(key_id: str, services: ServicesDep) -> ApiKey:
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: str, services: ServicesDep) -> ApiKey:
+async def revoke_key(key_id: str, services: ServicesDep, audit: AuditDep) -> ApiKey:
     """Revokes a key at once (idempotent). Its record and usage stay."""
-    return await services.keys.revoke(key_id)
+    async with audit("key.revoke", key_id):
+        return await services.keys.revoke(key_id)
 
 
 @router.get("/keys/{key_id}/usage")
 async def key_usage(key_id: str, services: ServicesDep) -> dict[str, Any]:
     """What the key has used: requests, prompt and completion tokens, audio seconds."""
     return await services.admin.usage(key_id)
+
+
+@router.get("/audit")
+async def audit_log(
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    after: str | None = None,
+) -> dict[str, Any]:
+    """What admins did, newest first: who, when, what, from where (two entries per action:
+    ``requested``, then ``completed`` or ``failed``), paginated as OpenAI lists are
+    (``after``: the last id of the previous page)."""
+    entries, more = await services.audit.page(limit, after)
+    return {
+        "object": "list",
+        "data": entries,
+        "first_id": entries[0].id if entries else None,
+        "last_id": entries[-1].id if entries else None,
+        "has_more": more,
+    }

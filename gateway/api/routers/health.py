@@ -6,7 +6,6 @@ from fastapi import APIRouter
 
 from gateway.api.dependencies import ServicesDep
 from gateway.errors import BackendUnavailableError
-from gateway.state.redis import ping
 
 router = APIRouter(prefix="/health", tags=["health"])
 
@@ -21,7 +20,7 @@ async def live() -> dict[str, str]:
 async def ready(services: ServicesDep) -> dict[str, object]:
     """Redis answers, Triton is up and every model named in ``GATEWAY_MODELS`` is loaded;
     503 otherwise."""
-    await ping(services.redis)
+    await services.redis_health.check()  # 503 when Redis does not answer
     if not await services.backend.ready():
         raise BackendUnavailableError("Triton is not ready", code="not_ready")
     models = await services.catalog.refresh()

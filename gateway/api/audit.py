@@ -1,0 +1,37 @@
+"""Admin actions into the audit log (:mod:`gateway.state.audit`). A route that changes
+something takes :data:`AuditDep` (an :class:`~gateway.state.audit.Auditor` with the caller
+and the client bound) and wraps the change in one line::
+
+    @router.delete("/keys/{key_id}")
+    async def revoke_key(key_id: str, services: ServicesDep, audit: AuditDep) -> ApiKey:
+        async with audit("key.revoke", key_id):
+            return await services.keys.revoke(key_id)
+
+The ``requested`` entry is written before the block runs (503, and the block does not run,
+when it cannot be); ``completed`` or ``failed`` after it. The block may complete what the
+log says: ``action.target = created.id``, ``action.details[...] = ...``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends
+from starlette.requests import Request
+
+from gateway.api.auth import require_admin
+from gateway.api.dependencies import ServicesDep
+from gateway.errors import request_id
+from gateway.state.audit import Actor, Auditor
+from gateway.state.keys import ApiKey
+
+
+async def _auditor(
+    request: Request, caller: Annotated[ApiKey, Depends(require_admin)], services: ServicesDep
+) -> Auditor:
+    client = request.client.host if request.client else None
+    actor = Actor(id=caller.id, name=caller.name)
+    return Auditor(services.audit, actor, client, request_id(request))
+
+
+AuditDep = Annotated[Auditor, Depends(_auditor)]

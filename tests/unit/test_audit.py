@@ -1,0 +1,170 @@
+"""The admin audit log: every admin action (who, when, what, from where) in a Redis
+stream, ``GET /admin/audit``, retention, and an action refused when it cannot be recorded."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.backend.fake import FakeBackend
+from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.audit import STREAM, Actor, AuditLog
+from gateway.state.redis import connect
+from tests.redis_server import redis_server
+from tests.unit.conftest import (
+    assert_openai_error,
+    bearer,
+    make_settings,
+    new_key,
+    serve,
+)
+
+BOOTSTRAP = {"id": "admin", "name": "GATEWAY_ADMIN_KEY"}
+
+
+async def audit(http: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
+    response = await http.get("/admin/audit", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def brief(entries: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
+    return [(e["action"], e["stage"], e["target"]) for e in entries]
+
+
+async def test_key_and_model_actions_are_recorded_with_who_when_and_from_where(
+    http: httpx.AsyncClient,
+) -> None:
+    started = time.time()
+    created = (
+        await http.post(
+            "/admin/keys",
+            json={"name": "ops", "role": "admin", "rpm": 5},
+            headers={"X-Request-ID": "req-create-1"},
+        )
+    ).json()
+    ops = bearer(created["key"])
+    assert (await http.post("/admin/models/fake-chat/unload", headers=ops)).status_code == 200
+    assert (await http.post("/admin/models/fake-chat/load", headers=ops)).status_code == 200
+    assert (await http.delete(f"/admin/keys/{created['id']}")).status_code == 200
+
+    page = await audit(http)
+    entries = page["data"]
+    assert brief(entries) == [  # newest first
+        ("key.revoke", "completed", created["id"]),
+        ("key.revoke", "requested", created["id"]),
+        ("model.load", "completed", "fake-chat"),
+        ("model.load", "requested", "fake-chat"),
+        ("model.unload", "completed", "fake-chat"),
+        ("model.unload", "requested", "fake-chat"),
+        ("key.create", "completed", created["id"]),
+        ("key.create", "requested", None),
+    ]
+    assert page["has_more"] is False
+    assert page["first_id"] == entries[0]["id"] and page["last_id"] == entries[-1]["id"]
+    # Who: the bootstrap key, or the admin key the action was made with (never a secret).
+    assert [e["actor"] for e in entries[:2]] == [BOOTSTRAP] * 2
+    assert {e["actor"]["id"] for e in entries[2:6]} == {created["id"]}
+    assert {e["actor"]["name"] for e in entries[2:6]} == {"ops"}
+    assert created["key"] not in str(page)
+    # What was asked for, and the request id that ties both stages to nginx's log.
+    assert entries[-1]["details"] == {"name": "ops", "role": "admin", "rpm": 5}
+    assert {e["request_id"] for e in entries[-2:]} == {"req-create-1"}
+    # When and from where.
+    assert all(started - 1 <= e["time"] <= time.time() + 1 for e in entries)
+    assert {e["client"] for e in entries} == {"127.0.0.1"}
+
+
+async def test_a_failed_action_is_recorded_with_its_error(http: httpx.AsyncClient) -> None:
+    assert_openai_error(await http.delete("/admin/keys/nope"), 404, code="key_not_found")
+    assert_openai_error(await http.post("/admin/models/nope/load"), 404)
+    entries = (await audit(http))["data"]
+    assert brief(entries) == [
+        ("model.load", "failed", "nope"),
+        ("model.load", "requested", "nope"),
+        ("key.revoke", "failed", "nope"),
+        ("key.revoke", "requested", "nope"),
+    ]
+    assert entries[2]["details"] == {"status": 404, "code": "key_not_found"}
+    assert entries[0]["details"]["status"] == 404
+
+
+async def test_reading_is_not_an_action_and_users_may_not_read_the_log(
+    http: httpx.AsyncClient,
+) -> None:
+    user = await new_key(http)
+    await http.get("/admin/keys")
+    await http.get("/admin/models")
+    assert brief((await audit(http))["data"]) == [
+        ("key.create", "completed", user["id"]),
+        ("key.create", "requested", None),
+    ]
+    denied = await http.get("/admin/audit", headers=bearer(user["key"]))
+    assert_openai_error(denied, 403)
+
+
+async def test_pages_follow_after_and_are_bounded(http: httpx.AsyncClient) -> None:
+    for _ in range(3):
+        await http.post("/admin/models/fake-chat/load")
+    first = await audit(http, limit=4)
+    assert len(first["data"]) == 4 and first["has_more"] is True
+    rest = await audit(http, limit=4, after=first["last_id"])
+    assert len(rest["data"]) == 2 and rest["has_more"] is False
+    ids = [e["id"] for e in first["data"] + rest["data"]]
+    assert (
+        len(set(ids)) == 6 and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))[::-1]
+    )
+    for bad in ({"limit": 0}, {"limit": 1001}):
+        assert_openai_error(await http.get("/admin/audit", params=bad), 400, param="limit")
+    bad_cursor = await http.get("/admin/audit", params={"after": "nope"})
+    assert_openai_error(bad_cursor, 400, param="after")
+
+
+async def test_retention_drops_entries_by_age_and_bounds_their_count(
+    redis_server: EmbeddedRedis,
+) -> None:
+    client = connect(redis_server.url, 1.0, 4)
+    log = AuditLog(client, retention_days=1, max_entries=100)
+    who = Actor(id="admin", name="GATEWAY_ADMIN_KEY")
+    try:
+        two_days_ago = int((time.time() - 2 * 86_400) * 1000)
+        await log.append(who, "model.load", "requested", target="old")
+        entry = (await client.xrange(STREAM))[0][1]
+        await client.delete(STREAM)
+        await client.xadd(STREAM, entry, id=f"{two_days_ago}-0")  # as if written then
+        # Past its age an entry is never shown, and the next write removes it.
+        assert (await log.page())[0] == []
+        await log.append(who, "model.load", "requested", target="today")
+        assert [e.target for e in (await log.page())[0]] == ["today"]
+        assert await client.xlen(STREAM) == 1
+        for _ in range(450):
+            await log.append(who, "model.unload", "completed", target="x")
+        # MAXLEN ~ removes whole blocks of entries, so a little over the bound may stay.
+        assert 100 <= await client.xlen(STREAM) < 250
+    finally:
+        await client.aclose()
+
+
+async def test_an_action_that_cannot_be_recorded_does_not_happen(tmp_path: Path) -> None:
+    own = redis_server(tmp_path)
+    fake = FakeBackend()
+    try:
+        settings = make_settings(redis_url=own.url, redis_timeout_s=0.5)
+        async with serve(settings, fake) as (_, http, _sdk):
+            own.stop()
+            # The bootstrap admin key needs no Redis, and unloading needs only Triton: the
+            # audit log is what refuses it.
+            response = await http.post("/admin/models/fake-chat/unload")
+            assert_openai_error(response, 503, code="store_unavailable")
+            assert next(m for m in fake.model_list if m.name == "fake-chat").ready
+            own.start()
+            assert (await http.post("/admin/models/fake-chat/unload")).status_code == 200
+            assert brief((await audit(http))["data"]) == [
+                ("model.unload", "completed", "fake-chat"),
+                ("model.unload", "requested", "fake-chat"),
+            ]
+    finally:
+        own.stop()
