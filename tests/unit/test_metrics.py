@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from gateway.backend.fake import FakeBackend
+from tests.monitoring import PLANNED
 from tests.unit.conftest import bearer, chat_body, make_settings, new_key, serve
 from tests.unit.test_transcription import tone_file
 
@@ -55,7 +56,8 @@ async def test_every_dashboard_metric_but_triton_errors_is_exported_after_traffi
     wanted = dashboard_metrics()
     assert len(wanted) >= 10
     missing = wanted - series((await http.get("/metrics")).text)
-    assert missing == {"gateway_triton_errors_total"}
+    # And the metrics of issue 28's parts not merged yet (tests/monitoring.py).
+    assert missing - set(PLANNED) == {"gateway_triton_errors_total"}
 
 
 async def test_requests_are_counted_by_route_template_model_and_status(
