@@ -249,6 +249,10 @@ def test_admin_console_loads_models_and_manages_keys(
 
         page.get_by_test_id(f"admin-revoke-{key_id}").click()
         expect(page.get_by_test_id(f"admin-key-state-{key_id}")).to_have_text("revoked")
+        # The audit log shows who did it, and what, newest first.
+        audit = page.locator('[data-testid="admin-audit"] tbody tr')
+        expect(audit.first).to_have_attribute("data-action", "key.revoke")
+        expect(audit.first).to_contain_text(f"GATEWAY_ADMIN_KEY (admin)127.0.0.1key.revoke{key_id}")
         with pytest.raises(openai.AuthenticationError):
             made.models.list()
 

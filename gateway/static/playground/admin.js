@@ -1,5 +1,6 @@
 // Admin tab (admin keys only): Triton's models with load / unload, API keys (create, with the
-// secret shown once; revoke) and what each key used, all from the /admin API.
+// secret shown once; revoke), what each key used and the audit log of admin actions, all
+// from the /admin API.
 
 import { call, callJson } from "./api.js";
 import { $, busy, clearError, el, optionalNumber, showError } from "./ui.js";
@@ -38,7 +39,7 @@ async function showModels() {
       } finally {
         await showModels();
       }
-      await afterModelChange();
+      await Promise.all([afterModelChange(), showAudit()]);
     });
     row.append(el("th", model.id, { scope: "row" }), el("td", model.task || ""), state, el("td"));
     row.lastChild.append(control);
@@ -77,7 +78,7 @@ async function showKeys() {
       row.lastChild.append(button("Revoke", `admin-revoke-${key.id}`, async () => {
         if (!confirm(`Revoke the key "${key.name}" (${key.id})? Apps using it stop at once.`)) return;
         await call(`/admin/keys/${key.id}`, { method: "DELETE" });
-        await showKeys();
+        await Promise.all([showKeys(), showAudit()]);
       }));
     }
     return row;
@@ -100,7 +101,37 @@ async function createKey() {
   $("admin-new-key-value").textContent = created.key;
   $("admin-new-key").hidden = false;
   $("admin-key-form").reset();
-  await showKeys();
+  await Promise.all([showKeys(), showAudit()]);
+}
+
+/** The outcome or the request's details, in a few words. */
+function auditDetails(entry) {
+  return Object.entries(entry.details || {})
+    .map(([name, value]) => `${name} ${Array.isArray(value) ? value.join(", ") : value}`)
+    .join("; ");
+}
+
+async function showAudit() {
+  const { data } = await callJson("/admin/audit?limit=50");
+  const rows = data.map((entry) => {
+    const row = el("tr", "", {
+      "data-action": entry.action,
+      "data-stage": entry.stage,
+      "data-target": entry.target || "",
+    });
+    row.append(
+      el("td", new Date(entry.time * 1000).toLocaleString()),
+      el("td", `${entry.actor.name} (${entry.actor.id})`),
+      el("td", entry.client || ""),
+      el("th", entry.action, { scope: "row" }),
+      el("td", entry.target || ""),
+      el("td", entry.stage),
+      el("td", auditDetails(entry)),
+    );
+    if (entry.request_id) row.title = `request ${entry.request_id}`;
+    return row;
+  });
+  $("admin-audit").tBodies[0].replaceChildren(...rows);
 }
 
 /** Shows the tab's tables, fresh (called whenever the tab is opened). */
@@ -109,7 +140,7 @@ export async function showAdmin() {
   $("admin-new-key").hidden = true;
   $("admin-new-key-value").textContent = "";
   try {
-    await Promise.all([showModels(), showKeys()]);
+    await Promise.all([showModels(), showKeys(), showAudit()]);
   } catch (failure) {
     fail(failure);
   }
