@@ -3,12 +3,17 @@ stream, ``GET /admin/audit``, retention, and an action refused when it cannot be
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import redis
 
+from gateway import cli
 from gateway.backend.fake import FakeBackend
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.audit import STREAM, Actor, AuditLog
@@ -79,7 +84,11 @@ async def test_key_and_model_actions_are_recorded_with_who_when_and_from_where(
 
 
 async def test_a_failed_action_is_recorded_with_its_error(http: httpx.AsyncClient) -> None:
-    assert_openai_error(await http.delete("/admin/keys/nope"), 404, code="key_not_found")
+    # A client's own X-Forwarded-For is not taken for its address (only the server's view,
+    # where uvicorn trusts the proxies FORWARDED_ALLOW_IPS names).
+    spoofed = {"X-Forwarded-For": "203.0.113.9"}
+    response = await http.delete("/admin/keys/nope", headers=spoofed)
+    assert_openai_error(response, 404, code="key_not_found")
     assert_openai_error(await http.post("/admin/models/nope/load"), 404)
     entries = (await audit(http))["data"]
     assert brief(entries) == [
@@ -89,6 +98,7 @@ async def test_a_failed_action_is_recorded_with_its_error(http: httpx.AsyncClien
         ("key.revoke", "requested", "nope"),
     ]
     assert entries[2]["details"] == {"status": 404, "code": "key_not_found"}
+    assert {e["client"] for e in entries} == {"127.0.0.1"}
     assert entries[0]["details"]["status"] == 404
 
 
@@ -168,3 +178,29 @@ async def test_an_action_that_cannot_be_recorded_does_not_happen(tmp_path: Path)
             ]
     finally:
         own.stop()
+
+
+def test_gateway_keys_on_the_command_line_is_recorded_as_the_cli_s(
+    redis_server: EmbeddedRedis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("GATEWAY_REDIS_URL", redis_server.url)
+    monkeypatch.setenv("GATEWAY_RUN_DIR", str(tmp_path))
+    assert cli.main(["keys", "create", "--name", "ops", "--rpm", "9", "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert cli.main(["keys", "revoke", created["id"]]) == 0
+    with redis.Redis.from_url(redis_server.url, decode_responses=True) as client:
+        entries = [json.loads(fields["e"]) for _, fields in client.xrange(STREAM)]
+    assert [(e["action"], e["stage"], e["target"]) for e in entries] == [
+        ("key.create", "requested", None),
+        ("key.create", "completed", created["id"]),
+        ("key.revoke", "requested", created["id"]),
+        ("key.revoke", "completed", created["id"]),
+    ]
+    assert {e["actor"]["id"] for e in entries} == {"cli"}
+    assert entries[0]["actor"]["name"].startswith("gateway keys (")
+    assert {e["client"] for e in entries} == {socket.gethostname()}
+    assert entries[0]["details"] == {"name": "ops", "role": "user", "rpm": 9}
+    assert created["key"] not in str(entries)
