@@ -50,6 +50,9 @@ async def test_everything_works_over_a_cluster_with_exact_limits(cluster: Cluste
         assert revoked.status_code == 200
         refused = await http.post(CHAT, json=chat_body(), headers=bearer(made[1]["key"]))
         assert refused.status_code == 401
+        # The audit log (one stream: one slot) holds every change.
+        audit = (await http.get("/admin/audit", headers=AUTH)).json()["data"]
+        assert (audit[0]["action"], audit[0]["target"]) == ("key.revoke", made[1]["id"])
 
         # A concurrency lease, renewed while its stream outlives the lease length.
         single = (
