@@ -8,7 +8,9 @@ and ResponseComplete stages):
   or full) the action is refused with that 503 and does not run: an action the log cannot
   hold does not happen. Admin actions are rare and an operator can retry, whereas a key
   created or revoked with no record is what an audit log exists to rule out (and key
-  changes need that Redis anyway).
+  changes need that Redis anyway). The one exception is the bootstrap
+  ``GATEWAY_ADMIN_KEY``, which exists to load and unload models while Redis is down: its
+  action goes ahead and its entry is written to the process log (a warning) instead.
 - ``completed`` or ``failed`` (with the error's code and status), written after it, naming
   what it made (a new key's id). A failure to write this one is only logged: the action is
   done and its ``requested`` entry stands.
@@ -39,12 +41,15 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from gateway.errors import GatewayError, InvalidRequestError
+from gateway.errors import GatewayError, InvalidRequestError, StoreUnavailableError
 from gateway.state.redis import PREFIX, needs_store
 
 logger = logging.getLogger("gateway.audit")
 
 STREAM = f"{PREFIX}audit"
+#: The bootstrap admin key's id (``GATEWAY_ADMIN_KEY``): the one actor whose actions go ahead
+#: while Redis is down (see :meth:`Auditor.__call__`).
+BREAK_GLASS = "admin"
 #: The most entries one ``GET /admin/audit`` returns.
 MAX_PAGE = 1000
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
@@ -167,7 +172,23 @@ class Auditor:
         self, action: str, target: str | None = None, details: dict[str, Any] | None = None
     ) -> AsyncIterator[Action]:
         """Records ``action`` on ``target`` (``details``: what was asked) around the block."""
-        await self._append(action, "requested", target, details or {})  # raises: nothing runs
+        try:
+            await self._append(action, "requested", target, details or {})
+        except StoreUnavailableError as exc:
+            if self.actor.id != BREAK_GLASS:
+                raise  # nothing runs
+            # GATEWAY_ADMIN_KEY exists to manage models while Redis is down: its action
+            # goes ahead, recorded in the process log instead.
+            logger.warning(
+                "audit log: Redis cannot hold %s %s by %s from %s (request %s): %s; "
+                "recorded here only",
+                action,
+                target,
+                self.actor.id,
+                self.client,
+                self.request_id,
+                exc,
+            )
         done = Action(target)
         try:
             yield done

@@ -15,6 +15,7 @@ import redis
 
 from gateway import cli
 from gateway.backend.fake import FakeBackend
+from gateway.errors import StoreFullError
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.audit import STREAM, Actor, AuditLog
 from gateway.state.redis import connect
@@ -158,23 +159,43 @@ async def test_retention_drops_entries_by_age_and_bounds_their_count(
         await client.aclose()
 
 
-async def test_an_action_that_cannot_be_recorded_does_not_happen(tmp_path: Path) -> None:
+async def test_an_action_that_cannot_be_recorded_does_not_happen(
+    http: httpx.AsyncClient, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = await new_key(http, name="ops", role="admin")
+
+    async def full(*args: Any, **kwargs: Any) -> str:
+        raise StoreFullError("Redis is full.")
+
+    monkeypatch.setattr(AuditLog, "append", full)  # Redis at its maxmemory, for writes
+    response = await http.post("/admin/models/fake-chat/unload", headers=bearer(admin["key"]))
+    assert_openai_error(response, 503, code="store_full")
+    assert next(m for m in fake.model_list if m.name == "fake-chat").ready
+
+
+async def test_the_bootstrap_key_manages_models_with_redis_down_and_logs_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     own = redis_server(tmp_path)
     fake = FakeBackend()
     try:
         settings = make_settings(redis_url=own.url, redis_timeout_s=0.5)
         async with serve(settings, fake) as (_, http, _sdk):
             own.stop()
-            # The bootstrap admin key needs no Redis, and unloading needs only Triton: the
-            # audit log is what refuses it.
+            # GATEWAY_ADMIN_KEY exists for this: no Redis needed to unload a model.
             response = await http.post("/admin/models/fake-chat/unload")
-            assert_openai_error(response, 503, code="store_unavailable")
-            assert next(m for m in fake.model_list if m.name == "fake-chat").ready
+            assert response.status_code == 200, response.text
+            assert not next(m for m in fake.model_list if m.name == "fake-chat").ready
+            assert any(
+                "model.unload fake-chat by admin" in r.getMessage()
+                and "recorded here only" in r.getMessage()
+                for r in caplog.records
+            )
             own.start()
-            assert (await http.post("/admin/models/fake-chat/unload")).status_code == 200
+            assert (await http.post("/admin/models/fake-chat/load")).status_code == 200
             assert brief((await audit(http))["data"]) == [
-                ("model.unload", "completed", "fake-chat"),
-                ("model.unload", "requested", "fake-chat"),
+                ("model.load", "completed", "fake-chat"),
+                ("model.load", "requested", "fake-chat"),
             ]
     finally:
         own.stop()
