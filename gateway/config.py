@@ -282,6 +282,13 @@ class Settings(BaseSettings):
     """Between a base model's name and its LoRA adapter's in the adapter's model id
     (``base:adapter``); no whitespace, comma or slash."""
 
+    # Traces (docs/tracing.md)
+    otlp_traces_endpoint: str | None = Field(None, pattern=r"^https?://[^\s]+$")
+    """The OTLP/HTTP URL (protobuf; the whole URL, ``http://collector:4318/v1/traces``) the
+    gateway sends its spans to, and the embedded Triton its own. Unset: the standard
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
+    ``/v1/traces``; none set (or ``OTEL_SDK_DISABLED=true``): no traces."""
+
     @field_validator("admin_key")
     @classmethod
     def _strong_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
