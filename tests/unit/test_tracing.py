@@ -5,11 +5,15 @@ span and Triton's own spans are proven on the real stack (tests/integration/test
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
+from gateway.app import create_app
+from gateway.backend.fake import FakeBackend
 from gateway.tracing import traces_endpoint, triton_flags
 from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.unit.conftest import (
@@ -21,6 +25,7 @@ from tests.unit.conftest import (
     new_key,
     serve,
 )
+from tests.unit.test_realtime import AUTH, VOICE_MODELS, say_hi, until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -196,3 +201,34 @@ def test_triton_joins_traces_only_when_asked_by_a_propagated_context() -> None:
 def test_the_setting_takes_only_an_http_url() -> None:
     with pytest.raises(ValueError, match="otlp_traces_endpoint"):
         make_settings(otlp_traces_endpoint="collector:4317")
+
+
+def test_a_realtime_session_has_its_span_and_one_per_response(receiver: OtlpReceiver) -> None:
+    settings = make_settings(models=VOICE_MODELS, otlp_traces_endpoint=receiver.url)
+    with TestClient(create_app(settings, backend=FakeBackend())) as client:
+        with client.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket:
+            until(socket, "session.created")
+            say_hi(socket)
+            until(socket, "conversation.item.done")
+            socket.send_json(
+                {"type": "response.create", "response": {"output_modalities": ["text"]}}
+            )
+            done = until(socket, "response.done")[-1]["response"]
+            # The client closes; Starlette's test client cancels the app at once after
+            # (no server does): the session first sees the close, as it would over a network.
+            socket.close(1000)
+            time.sleep(0.3)
+    spans = receiver.received()
+    session = _one(spans, "WEBSOCKET /v1/realtime")
+    assert session.attributes["http.response.status_code"] == 101
+    assert session.attributes["gateway.outcome"] == "ok"
+    response = _one(spans, "realtime.response")
+    assert response.parent_id == session.span_id
+    assert response.attributes == {
+        "gen_ai.request.model": "fake-chat",
+        "gateway.realtime.status": "completed",
+        "gateway.outcome": "ok",
+        "gen_ai.usage.input_tokens": done["usage"]["input_tokens"],
+        "gen_ai.usage.output_tokens": done["usage"]["output_tokens"],
+    }
+    assert _one(spans, "redis.admission").parent_id == session.span_id
