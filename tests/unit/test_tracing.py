@@ -205,19 +205,19 @@ def test_the_setting_takes_only_an_http_url() -> None:
 
 def test_a_realtime_session_has_its_span_and_one_per_response(receiver: OtlpReceiver) -> None:
     settings = make_settings(models=VOICE_MODELS, otlp_traces_endpoint=receiver.url)
-    with TestClient(create_app(settings, backend=FakeBackend())) as client:
-        with client.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket:
-            until(socket, "session.created")
-            say_hi(socket)
-            until(socket, "conversation.item.done")
-            socket.send_json(
-                {"type": "response.create", "response": {"output_modalities": ["text"]}}
-            )
-            done = until(socket, "response.done")[-1]["response"]
-            # The client closes; Starlette's test client cancels the app at once after
-            # (no server does): the session first sees the close, as it would over a network.
-            socket.close(1000)
-            time.sleep(0.3)
+    with (
+        TestClient(create_app(settings, backend=FakeBackend())) as client,
+        client.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket,
+    ):
+        until(socket, "session.created")
+        say_hi(socket)
+        until(socket, "conversation.item.done")
+        socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        done = until(socket, "response.done")[-1]["response"]
+        # The client closes; Starlette's test client cancels the app at once after (no
+        # server does): the session first sees the close, as it would over a network.
+        socket.close(1000)
+        time.sleep(0.3)
     spans = receiver.received()
     session = _one(spans, "WEBSOCKET /v1/realtime")
     assert session.attributes["http.response.status_code"] == 101
