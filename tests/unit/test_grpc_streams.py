@@ -46,6 +46,10 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.cancelled: list[str] = []
         self.completed: list[str] = []
 
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # a plain call
+        self.traceparents.append(dict(context.invocation_metadata()).get("traceparent"))
+        return service_pb2.ModelInferResponse(model_name=request.model_name)
+
     async def ModelStreamInfer(  # the gRPC method's name
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
@@ -172,6 +176,11 @@ async def test_a_traced_request_opens_a_call_with_its_traceparent_that_is_not_ke
     assert fake.traceparents == [None, traced[0][1]]
     # The traced request went on call 2 alone; the kept call 1 served the others.
     assert fake.served == [(1, "plain"), (2, "traced"), (1, "again")]
+    # A model that is not decoupled: one plain call, with the context when traced.
+    request = streams.request("echo", [streams.text("text_input", "x")])
+    await pool.infer_once(request)
+    await pool.infer_once(request, traced)
+    assert fake.traceparents[2:] == [None, traced[0][1]]
 
 
 def test_tensors_are_encoded_as_triton_reads_them() -> None:
