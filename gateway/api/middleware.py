@@ -370,7 +370,7 @@ _TRACED_PATHS = ("/v1/", "/admin/")
 
 
 def _request_attributes(scope: Scope, method: str) -> dict[str, str]:
-    attributes = {"http.request.method": method, "url.path": scope["path"]}
+    attributes = {"http.request.method": method, "url.path": scope["path"][:256]}
     for name, value in scope["headers"]:
         if name == b"x-request-id":  # nginx's id, which its access log has too
             attributes["gateway.request_id"] = value.decode("latin-1")[:128]
