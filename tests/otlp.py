@@ -28,6 +28,7 @@ class ReceivedSpan:
     kind: str
     attributes: dict[str, Any] = field(hash=False)
     status: str = ""
+    events: tuple[str, ...] = ()
 
 
 def _value(value: dict[str, Any]) -> Any:
@@ -68,6 +69,7 @@ def spans_of(export: dict[str, Any], from_base64: bool) -> list[ReceivedSpan]:
                         kind=str(kind),
                         attributes=_attributes(span.get("attributes", [])),
                         status=str(span.get("status", {}).get("code", "")),
+                        events=tuple(e.get("name", "") for e in span.get("events", [])),
                     )
                 )
     return found

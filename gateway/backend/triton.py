@@ -320,6 +320,8 @@ class TritonBackend:
                     async for outputs in results:
                         answered = True
                         responses += 1
+                        if responses == 1 and span is not None:
+                            span.add_event("first_response")  # the time to first token
                         yield outputs
             except grpc.aio.AioRpcError as exc:
                 raise self._failed(model, _from_rpc_error(exc, model)) from exc

@@ -92,6 +92,7 @@ def test_one_trace_holds_the_gateway_and_triton_under_the_clients_traceparent(
     assert call.attributes["triton.model_name"] == "mock_chat"
     assert call.attributes["rpc.method"] == "ModelStreamInfer"
     assert call.attributes["gateway.outcome"] == "ok"
+    assert call.events == ("first_response",)
     # Triton's own spans, from its own exporter (OTLP/JSON), joined the trace: its request
     # under the gateway's Triton call, the model's span under its request.
     infer = _one(spans, "triton", "InferRequest")
