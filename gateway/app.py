@@ -1,6 +1,7 @@
 """The FastAPI application: ``create_app(settings)`` wires the middleware, the routers and
 the error handlers, and the lifespan that opens the backend client and Redis and builds the
-services over them (:func:`gateway.services.build_services`)."""
+services over them (:func:`gateway.services.build_services`), and starts this process's
+tracer when traces are on (:mod:`gateway.tracing`)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
 from gateway.services import build_services
 from gateway.state.redis import LAYOUT, connect, migrate
+from gateway.tracing import Tracing, traces_endpoint
 
 logger = logging.getLogger("gateway")
 
@@ -93,9 +95,13 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     ``settings.redis_url``."""
     settings = settings or Settings()
     metrics = Metrics()
+    endpoint = traces_endpoint(settings.otlp_traces_endpoint)
+    tracing = Tracing(endpoint) if endpoint else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if tracing is not None:  # here, in the process that serves (after any fork)
+            tracing.start()
         active = backend
         if active is None:
             active = _triton(settings, metrics)
@@ -115,12 +121,18 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             await redis.aclose()
             if backend is None:  # we created it, we close it
                 await active.close()
+            if tracing is not None:
+                await tracing.stop()
 
     logging.getLogger("gateway").setLevel(settings.log_level.upper())
     app = FastAPI(
         title="Triton OpenAI gateway",
         summary="OpenAI-compatible API in front of NVIDIA Triton Inference Server",
         lifespan=lifespan,
+        # FastAPI's own telemetry (0.165+; older versions keep unknown keywords as extras)
+        # would start as soon as a global tracer provider exists: the gateway's spans are
+        # its own (gateway.tracing), so FastAPI's stay off whatever else sets one.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.metrics = metrics  # the error handlers count 429s here
     app.state.drain = Drain()
@@ -130,6 +142,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         metrics=metrics,
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
+        tracing=tracing,
     )
     app.router.routes.extend(_routes())
     return app

@@ -292,6 +292,12 @@ class Settings(BaseSettings):
     ones are written)."""
     audit_max_entries: int = Field(100_000, ge=100)
     """The most entries the audit log keeps, whatever their age (Redis memory's bound)."""
+    # Traces (docs/tracing.md)
+    otlp_traces_endpoint: str | None = Field(None, pattern=r"^https?://[^\s]+$")
+    """The OTLP/HTTP URL (protobuf; the whole URL, ``http://collector:4318/v1/traces``) the
+    gateway sends its spans to, and the embedded Triton its own. Unset: the standard
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
+    ``/v1/traces``; none set (or ``OTEL_SDK_DISABLED=true``): no traces."""
 
     @field_validator("admin_key")
     @classmethod

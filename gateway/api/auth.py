@@ -39,6 +39,7 @@ from gateway.errors import PermissionDeniedError
 from gateway.serving.realtime import Admit
 from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
+from gateway.tracing import span
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer sk-gw-...`")
 
@@ -72,9 +73,17 @@ async def admit(
 ) -> Admission:
     """The key check and the admission in one Redis round trip; the middleware settles the
     admission when the response has been sent (a WebSocket's when it closes)."""
-    admission = await services.gatekeeper.admit(presented)
+    with span("redis.admission", _ADMISSION_ATTRIBUTES) as traced:
+        admission = await services.gatekeeper.admit(presented)
+        if traced is not None:
+            traced.set_attribute("gateway.key.id", admission.key.id)
+            traced.set_attribute("gateway.outcome", "admitted")
     setattr(connection.state, ADMISSION, admission)
     return admission
+
+
+#: The admission's span (traces on): one Lua script in Redis (none for the bootstrap key).
+_ADMISSION_ATTRIBUTES = {"db.system.name": "redis", "db.operation.name": "EVALSHA"}
 
 
 AdmissionDep = Annotated[Admission, Depends(admit)]

@@ -12,6 +12,11 @@ Every request asks for Triton's empty final response
 (``triton_enable_empty_final_response``), so the last response of a request is always the
 one flagged ``triton_final_response``, and the call is free again after it.
 
+A traced request (:mod:`gateway.tracing`) carries its span's ``traceparent`` as metadata of
+its call, which Triton reads once, when the call opens: it goes on a new call of its own,
+closed after it, and the kept calls never carry any (each later request on one would be
+traced under that stale context).
+
 Requests and responses are Triton's protobuf messages, built and read here directly: BYTES
 tensors are length-prefixed strings (Triton's raw binary format), numbers little-endian.
 """
@@ -31,6 +36,8 @@ from tritonclient.utils import triton_to_np_dtype
 
 #: One input: its tensor description and its raw contents.
 Input = tuple[Any, bytes]
+#: gRPC metadata of a call (a trace context's ``traceparent``, ``tracestate``).
+Metadata = tuple[tuple[str, str], ...]
 
 # The same as tritonclient's channel: Triton accepts messages up to 2 GB.
 _MAX_MESSAGE = 2**31 - 1
@@ -187,11 +194,17 @@ class StreamPool:
             raise
         return call
 
-    async def infer(self, message: Any) -> AsyncGenerator[Outputs, None]:
+    async def infer(
+        self, message: Any, metadata: Metadata | None = None
+    ) -> AsyncGenerator[Outputs, None]:
         """Sends one request and yields its responses up to the final one. An error response
         raises :class:`ModelError`; a failed call raises ``grpc.aio.AioRpcError``. Leaving
-        before the final response cancels the request in Triton."""
-        call, reused = self._take()
+        before the final response cancels the request in Triton. With ``metadata`` (a trace
+        context), the request goes on a new call opened with it, which is not kept."""
+        if metadata is None:
+            call, reused = self._take()
+        else:
+            call, reused = self._stub.ModelStreamInfer(metadata=metadata), False
         try:
             await call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -226,16 +239,18 @@ class StreamPool:
                 if finished:
                     return
         finally:
-            if finished:
+            if finished and metadata is None:
                 self._give_back(call)
             else:
-                call.cancel()  # the client went away or the request failed: stop the model
+                # The client went away or the request failed: stop the model. (A traced
+                # call, its request done, is simply closed.)
+                call.cancel()
 
-    async def infer_once(self, message: Any) -> Outputs:
+    async def infer_once(self, message: Any, metadata: Metadata | None = None) -> Outputs:
         """One request to a model that sends one response (not decoupled), as a plain
         call: a refusal then comes with its status code (``grpc.aio.AioRpcError``), where
-        an error on a stream carries its text only."""
-        response = await self._stub.ModelInfer(message)
+        an error on a stream carries its text only. ``metadata``: its trace context."""
+        response = await self._stub.ModelInfer(message, metadata=metadata)
         return Outputs(response, final=True)
 
     async def close(self) -> None:

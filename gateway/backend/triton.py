@@ -39,8 +39,10 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import tritonclient.grpc.aio as triton_grpc
+from opentelemetry.trace import Span
 from tritonclient.utils import InferenceServerException
 
+from gateway import tracing
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import (
     AudioChunk,
@@ -64,6 +66,20 @@ from gateway.errors import (
     ModelControlDisabledError,
     ModelNotFoundError,
 )
+
+
+def _end_span(span: Span, responses: int, exc: BaseException | None) -> None:
+    """Ends a Triton request's span with its outcome: ok, the error it raised, or
+    ``cancelled`` when the gateway stopped reading before the final response (a stop
+    string it cut at, a client gone: Triton was told to cancel it)."""
+    span.set_attribute("triton.responses", responses)
+    if exc is None:
+        span.set_attribute("gateway.outcome", "ok")
+    elif isinstance(exc, GeneratorExit):
+        span.set_attribute("gateway.outcome", "cancelled")
+    else:
+        tracing.failed(span, exc)
+    span.end()
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
@@ -278,22 +294,49 @@ class TritonBackend:
         cancels the request in Triton."""
         answered = False
         message = streams.request(model, inputs)
+        # Traced (the request is sampled): a span of its own, whose context Triton reads
+        # from the call's metadata, so its spans join the trace under this one.
+        span, metadata = tracing.client_span("triton.infer"), None
+        if span is not None:
+            span.set_attributes(
+                {
+                    "rpc.system": "grpc",
+                    "rpc.service": "inference.GRPCInferenceService",
+                    "rpc.method": "ModelStreamInfer" if decoupled else "ModelInfer",
+                    "server.address": self.url,
+                    "triton.model_name": model,
+                }
+            )
+            metadata = tracing.metadata(span)
+        responses, failure = 0, None
         try:
-            if not decoupled:
-                yield await self.streams.infer_once(message)
-                return
-            async with aclosing(self.streams.infer(message)) as results:
-                async for outputs in results:
-                    answered = True
+            try:
+                if not decoupled:
+                    outputs = await self.streams.infer_once(message, metadata)
+                    responses = 1
                     yield outputs
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(model, _from_rpc_error(exc, model)) from exc
-        except streams.ModelError as exc:
-            if not answered and not await self._model_ready(model):
-                # Unloaded since the catalog last looked (by another replica's admin call,
-                # say): Triton's in-stream error says so only in words.
-                raise ModelNotFoundError(model) from None
-            raise self._failed(model, _model_error(model, str(exc))) from None
+                    return
+                async with aclosing(self.streams.infer(message, metadata)) as results:
+                    async for outputs in results:
+                        answered = True
+                        responses += 1
+                        if responses == 1 and span is not None:
+                            span.add_event("first_response")  # the time to first token
+                        yield outputs
+            except grpc.aio.AioRpcError as exc:
+                raise self._failed(model, _from_rpc_error(exc, model)) from exc
+            except streams.ModelError as exc:
+                if not answered and not await self._model_ready(model):
+                    # Unloaded since the catalog last looked (by another replica's admin
+                    # call, say): Triton's in-stream error says so only in words.
+                    raise ModelNotFoundError(model) from None
+                raise self._failed(model, _model_error(model, str(exc))) from None
+        except BaseException as exc:  # what the span ends with
+            failure = exc
+            raise
+        finally:
+            if span is not None:
+                _end_span(span, responses, failure)
 
     async def _model_ready(self, model: str) -> bool:
         try:

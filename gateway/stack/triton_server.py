@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 
 from gateway.stack import processes
+from gateway.tracing import triton_flags
 
 
 class EmbeddedTritonError(RuntimeError):
@@ -152,7 +153,10 @@ class EmbeddedTriton:
         http_port: int,
         metrics_port: int,
         host: str = "127.0.0.1",
+        trace_url: str | None = None,
     ) -> None:
+        """``trace_url``: the OTLP/HTTP URL Triton sends its spans to, joining the
+        gateway's traces (:func:`gateway.tracing.triton_flags`); None: no tracing."""
         self.repository = repository.resolve()
         self.models = models
         self.run_dir = run_dir.resolve()
@@ -160,6 +164,7 @@ class EmbeddedTriton:
         self.http_port = http_port
         self.metrics_port = metrics_port
         self.host = host
+        self.trace_url = trace_url
         self.log_path = self.run_dir / "triton.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -200,6 +205,7 @@ class EmbeddedTriton:
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
+            *(triton_flags(self.trace_url) if self.trace_url else ()),
         ]
         log = self.log_path.open("ab")
         try:

@@ -30,6 +30,7 @@ from gateway.stack.triton_server import (
     is_loopback,
 )
 from gateway.state.redis import CLUSTER_SCHEME, SENTINEL_SCHEME
+from gateway.tracing import traces_endpoint
 
 
 class _Terminated(Exception):
@@ -122,11 +123,14 @@ def _triton(settings: Settings) -> EmbeddedTriton | None:
         http_port=settings.triton_http_port,
         metrics_port=settings.triton_metrics_port,
         host=host or "127.0.0.1",
+        trace_url=traces_endpoint(settings.otlp_traces_endpoint),
     )
     print(
         f"Starting Triton with models {', '.join(settings.models)} (log: {triton.log_path})",
         flush=True,
     )
+    if triton.trace_url:
+        print(f"Traces: Triton and the gateway send spans to {triton.trace_url}", flush=True)
     return triton
 
 

@@ -39,18 +39,29 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self) -> None:
         self.calls = 0
+        self.traceparents: list[str | None] = []
+        """Each call's ``traceparent`` metadata, as it opened."""
+        self.served: list[tuple[int, str]] = []
+        """(call number, text) of each request read."""
         self.cancelled: list[str] = []
         self.completed: list[str] = []
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # a plain call
+        self.traceparents.append(dict(context.invocation_metadata()).get("traceparent"))
+        return service_pb2.ModelInferResponse(model_name=request.model_name)
 
     async def ModelStreamInfer(  # the gRPC method's name
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         self.calls += 1
+        number = self.calls
+        self.traceparents.append(dict(context.invocation_metadata()).get("traceparent"))
         async for request in request_iterator:
             assert request.parameters["triton_enable_empty_final_response"].bool_param
             raw = request.raw_input_contents[0]
             text = raw[4 : 4 + int.from_bytes(raw[:4], "little")].decode()
             model = request.model_name
+            self.served.append((number, text))
             if model == "fail":
                 yield service_pb2.ModelStreamInferResponse(error_message=f"failed: {text}")
                 continue
@@ -84,10 +95,16 @@ async def triton() -> AsyncIterator[tuple[FakeTriton, streams.StreamPool]]:
         await server.stop(None)
 
 
-async def words(pool: streams.StreamPool, model: str, text: str, take: int | None = None) -> list:
+async def words(
+    pool: streams.StreamPool,
+    model: str,
+    text: str,
+    take: int | None = None,
+    metadata: streams.Metadata | None = None,
+) -> list:
     out = []
     request = streams.request(model, [streams.text("text_input", text)])
-    async with aclosing(pool.infer(request)) as responses:
+    async with aclosing(pool.infer(request, metadata)) as responses:
         async for outputs in responses:
             word = outputs.first_bytes("text_output")
             if word is not None:
@@ -144,6 +161,26 @@ async def test_a_stream_the_server_ended_is_replaced(triton: Any) -> None:
     # The server ended the call after that answer; the kept call is dead.
     assert await words(pool, "echo", "next one") == [("next", 4.0), ("one", 3.0)]
     assert fake.completed == ["last", "next one"]
+
+
+async def test_a_traced_request_opens_a_call_with_its_traceparent_that_is_not_kept(
+    triton: Any,
+) -> None:
+    """Triton reads a call's trace context once, when it opens: a traced request gets a
+    call of its own carrying it; the kept calls carry none, before and after."""
+    fake, pool = triton
+    assert await words(pool, "echo", "plain") == [("plain", 5.0)]
+    traced = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)
+    assert await words(pool, "echo", "traced", metadata=traced) == [("traced", 6.0)]
+    assert await words(pool, "echo", "again") == [("again", 5.0)]
+    assert fake.traceparents == [None, traced[0][1]]
+    # The traced request went on call 2 alone; the kept call 1 served the others.
+    assert fake.served == [(1, "plain"), (2, "traced"), (1, "again")]
+    # A model that is not decoupled: one plain call, with the context when traced.
+    request = streams.request("echo", [streams.text("text_input", "x")])
+    await pool.infer_once(request)
+    await pool.infer_once(request, traced)
+    assert fake.traceparents[2:] == [None, traced[0][1]]
 
 
 def test_tensors_are_encoded_as_triton_reads_them() -> None:

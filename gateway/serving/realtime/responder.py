@@ -13,6 +13,9 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import Span
+
+from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.serving import generation
 from gateway.serving.chat import PreparedChat
@@ -449,7 +452,24 @@ async def _run_response(session: RealtimeSession, response: Response) -> None:
         _forget(session, response)
         return
     response.task = asyncio.current_task()
+    responder = _Responder(session, response)
     try:
-        await _Responder(session, response).run()
+        # Traced: a span per response, under the session's (the WebSocket's) span.
+        with tracing.span("realtime.response", {"gen_ai.request.model": response.model}) as traced:
+            try:
+                await responder.run()
+            finally:
+                if traced is not None:
+                    _traced(traced, responder)
     finally:
         _forget(session, response)
+
+
+def _traced(span: Span, responder: _Responder) -> None:
+    span.set_attribute("gateway.realtime.status", responder.status)
+    outcome = {"failed": "error", "cancelled": "cancelled"}.get(responder.status, "ok")
+    span.set_attribute("gateway.outcome", outcome)
+    run = responder.generation_run
+    if run is not None:
+        span.set_attribute("gen_ai.usage.input_tokens", run.prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", run.completion_tokens)
