@@ -28,6 +28,7 @@ from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.state.admission import Gatekeeper
+from gateway.state.budgets import Budgets, Prices
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
 from gateway.state.redis import Headroom
@@ -48,6 +49,7 @@ class Services:
     keys: KeyStore
     gatekeeper: Gatekeeper
     limits: Limits
+    budgets: Budgets
     sessions: SessionStore
     chat: ChatService
     completions: CompletionService
@@ -72,7 +74,10 @@ def build_services(
     catalog = ModelCatalog(backend, settings.model_cache_ttl_s, settings.lora_separator)
     keys = KeyStore(redis)
     limits = Limits(redis)
-    gatekeeper = Gatekeeper(redis, limits, settings.concurrency_lease_s, settings.admin_key)
+    budgets = Budgets(redis, Prices(settings.prices), metrics)
+    gatekeeper = Gatekeeper(
+        redis, limits, settings.concurrency_lease_s, settings.admin_key, budgets=budgets
+    )
     headroom = Headroom(redis)
     sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb, headroom)
     chat = ChatService(
@@ -98,6 +103,7 @@ def build_services(
         keys=keys,
         gatekeeper=gatekeeper,
         limits=limits,
+        budgets=budgets,
         sessions=sessions,
         chat=chat,
         completions=CompletionService(
@@ -126,5 +132,5 @@ def build_services(
         realtime=RealtimeServices(
             backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
         ),
-        admin=AdminService(backend, catalog, keys, limits),
+        admin=AdminService(backend, catalog, keys, limits, budgets),
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
 
 from gateway.api.auth import require_admin
 from gateway.api.dependencies import ServicesDep
-from gateway.state.keys import ApiKey, CreatedKey, KeyCreate
+from gateway.state.budgets import Project, ProjectCreate, ProjectUpdate
+from gateway.state.keys import ApiKey, CreatedKey, KeyCreate, KeyUpdate
 
 # The admin role is required here too, not only where app.py includes this router: no other
 # place that includes it can expose key creation (FastAPI runs the dependency once).
@@ -36,7 +37,7 @@ async def unload_model(name: str, services: ServicesDep) -> dict[str, Any]:
 @router.post("/keys", status_code=201)
 async def create_key(spec: KeyCreate, services: ServicesDep) -> CreatedKey:
     """Creates a key. The answer's ``key`` is the only time it is shown."""
-    return await services.keys.create(spec)
+    return await services.admin.create_key(spec)
 
 
 @router.get("/keys")
@@ -59,3 +60,48 @@ async def revoke_key(key_id: str, services: ServicesDep) -> ApiKey:
 async def key_usage(key_id: str, services: ServicesDep) -> dict[str, Any]:
     """What the key has used: requests, prompt and completion tokens, audio seconds."""
     return await services.admin.usage(key_id)
+
+
+@router.patch("/keys/{key_id}")
+async def update_key(key_id: str, change: KeyUpdate, services: ServicesDep) -> ApiKey:
+    """Sets a key's project or budget (docs/budgets.md); ``null`` clears one."""
+    return await services.admin.update_key(key_id, change)
+
+
+@router.post("/projects", status_code=201)
+async def create_project(spec: ProjectCreate, services: ServicesDep) -> Project:
+    """Creates a project (docs/budgets.md): keys join it with ``project``."""
+    return await services.budgets.create_project(spec)
+
+
+@router.get("/projects")
+async def list_projects(services: ServicesDep) -> dict[str, Any]:
+    return {"object": "list", "data": await services.budgets.projects()}
+
+
+@router.get("/projects/{project_id}")
+async def get_project(project_id: str, services: ServicesDep) -> Project:
+    return await services.budgets.project(project_id)
+
+
+@router.patch("/projects/{project_id}")
+async def update_project(
+    project_id: str, change: ProjectUpdate, services: ServicesDep
+) -> Project:
+    """Sets a project's name or budget; ``"budget": null`` clears it."""
+    return await services.budgets.update_project(project_id, change)
+
+
+@router.get("/spend")
+async def spend(
+    services: ServicesDep,
+    group_by: Literal["key", "project", "model", "day"] = "day",
+    start: str | None = None,
+    end: str | None = None,
+    key_id: str | None = None,
+    project: str | None = None,
+) -> dict[str, Any]:
+    """Requests, tokens and money spent (at ``GATEWAY_PRICES``) from ``start`` to ``end``
+    (UTC days ``YYYY-MM-DD``, both included; this month by default; at most 92 days),
+    grouped by key, project, model or day; ``key_id`` or ``project``: theirs only."""
+    return await services.admin.spend(group_by, start, end, key_id, project)
