@@ -279,13 +279,13 @@ class Gatekeeper:
         ``record`` is false: see :meth:`Limits.settle`). Never raises: the response is
         already sent, and a lease not released expires."""
         self._held.pop(admission.lease, None)
-        settled = self.limits.settle(
-            admission.key.id, admission.lease, admission.meter, admission.model, record
-        )
+        key, meter = admission.key, admission.meter
         if self.budgets is None:
-            await settled
-        else:  # in two slots of a Redis Cluster: two script runs, at once
-            await asyncio.gather(settled, self.budgets.settle(admission, record))
+            await self.limits.settle(key.id, admission.lease, meter, admission.model, record)
+            return
+        # The key's limits and budget in one script run (its slot); its project's at once.
+        finish = self.limits.finish_call(key.id, admission.lease, meter, admission.model, record)
+        await self.budgets.settle(admission, record, finish)
 
     async def _keep(self) -> None:
         """Renews every lease this process holds, all in one round trip, a few times per

@@ -49,12 +49,12 @@ from gateway.errors import (
     PermissionDeniedError,
 )
 from gateway.state.keys import PROJECT_ID, ApiKey, Budget, record_key
+from gateway.state.limits import _FINISH, Meter
 from gateway.state.redis import PREFIX, needs_store
 
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
     from gateway.state.admission import Admission
-    from gateway.state.limits import Meter
 
 logger = logging.getLogger("gateway.state.budgets")
 
@@ -245,6 +245,29 @@ return ratios(limits(redis.call('GET', KEYS[3])))
 )
 
 
+# A key's end of request in one run: its rate limits' _FINISH, then its budget's _SETTLE
+# (the same slot). KEYS: _FINISH's, then _SETTLE's (none: no budget work). ARGV: how many
+# of _FINISH's arguments and keys come first, then _FINISH's arguments, then _SETTLE's.
+_FINISH_AND_SETTLE = (
+    "local function finish(KEYS, ARGV)\n"
+    + _FINISH
+    + "\nend\nlocal function settle(KEYS, ARGV)\n"
+    + _SETTLE
+    + """
+end
+local n, k = tonumber(ARGV[1]), tonumber(ARGV[2])
+local fk, fa, sk, sa = {}, {}, {}, {}
+for i = 1, k do fk[i] = KEYS[i] end
+for i = k + 1, #KEYS do sk[#sk + 1] = KEYS[i] end
+for i = 1, n do fa[i] = ARGV[i + 2] end
+for i = n + 3, #ARGV do sa[#sa + 1] = ARGV[i] end
+finish(fk, fa)
+if #sk == 0 then return {'-1', '-1'} end
+return settle(sk, sa)
+"""
+)
+
+
 def counters_key(scope: Scope, name: str) -> str:
     """A key's or a project's budget counters (the current day's and month's)."""
     return f"{PREFIX}budget:{{{name}}}" if scope == "key" else f"{PREFIX}pbudget:{{{name}}}"
@@ -377,6 +400,7 @@ class Budgets:
         self.metrics = metrics
         self._reserve = redis.register_script(_RESERVE)
         self._settle = redis.register_script(_SETTLE)
+        self._finish_and_settle = redis.register_script(_FINISH_AND_SETTLE)
 
     @staticmethod
     def applies(key: ApiKey) -> bool:
@@ -473,10 +497,18 @@ class Budgets:
             if float(ratio) >= 0:
                 self.metrics.budget_used.labels(scope, name, period).set(float(ratio))
 
-    async def settle(self, admission: Admission, record: bool = True) -> None:
+    async def settle(
+        self,
+        admission: Admission,
+        record: bool = True,
+        finish: tuple[list[str], list[Any]] | None = None,
+    ) -> None:
         """Replaces the request's reservations by what it used (nothing when ``record`` is
         false: work no client asked for) and adds its spend to the day's history of the
-        key and of its project. Never raises: the response is already sent."""
+        key and of its project. ``finish``: the key's :data:`_FINISH` call
+        (:meth:`Limits.finish_call`), run in the same script as the key's part, so a
+        request ends in one script run per slot. Never raises: the response is already
+        sent (a lease not released expires)."""
         key, meter, model = admission.key, admission.meter, admission.model
         used = bool(
             meter.prompt_tokens
@@ -486,44 +518,48 @@ class Budgets:
         )
         price = self.prices.get(model)
         cost = price.cost(meter) if price is not None and used else 0
-        scopes: list[tuple[Scope, str]] = [("key", key.id)]
-        if key.project is not None:
-            scopes.append(("project", key.project))
         date = _day(time.time())
         calls = []
-        for scope, name in scopes:
-            reservations = [r for r in meter.budget_reservations if r[0] == scope]
-            if not (used and model) and not reservations:
+        for scope, name in [("key", key.id), ("project", key.project)]:
+            if name is None:
                 continue
-            calls.append(
-                self._settle_one(
-                    scope,
-                    name,
-                    date,
-                    [
-                        meter.prompt_tokens + meter.completion_tokens,
-                        cost,
-                        model if used else "",
-                        key.id if scope == "project" else "",
-                        meter.prompt_tokens,
-                        meter.completion_tokens,
-                        int(record),
-                        *(n for r in reservations for n in r[1:]),
-                    ],
-                )
-            )
+            reservations = [r for r in meter.budget_reservations if r[0] == scope]
+            keys: list[str] = []
+            args: list[Any] = []
+            if (used and model) or reservations:
+                keys = [
+                    counters_key(scope, name),
+                    history_key(scope, name, date),
+                    _record(scope, name),
+                ]
+                args = [
+                    meter.prompt_tokens + meter.completion_tokens,
+                    cost,
+                    model if used else "",
+                    key.id if scope == "project" else "",
+                    meter.prompt_tokens,
+                    meter.completion_tokens,
+                    int(record),
+                    *(n for r in reservations for n in r[1:]),
+                ]
+            if scope == "key" and finish is not None:
+                before_keys, before_args = finish
+                keys = [*before_keys, *keys]
+                args = [len(before_args), len(before_keys), *before_args, *args]
+                calls.append(self._run(self._finish_and_settle, scope, name, keys, args))
+            elif keys:
+                calls.append(self._run(self._settle, scope, name, keys, args))
         await asyncio.gather(*calls)
         if self.metrics is not None and cost and record and model:
             self.metrics.spend.labels(key.project or "", model).inc(cost / NANO)
 
-    async def _settle_one(self, scope: Scope, name: str, date: str, args: list[Any]) -> None:
+    async def _run(
+        self, script: Any, scope: Scope, name: str, keys: list[str], args: list[Any]
+    ) -> None:
         try:
-            ratios = await self._settle(
-                keys=[counters_key(scope, name), history_key(scope, name, date), _record(scope, name)],
-                args=args,
-            )
+            ratios = await script(keys=keys, args=args)
         except RedisError as exc:
-            logger.warning("could not settle the budget of %s %s: %s", scope, name, exc)
+            logger.warning("could not settle the request of %s %s: %s", scope, name, exc)
             return
         self._ratios(scope, name, ratios)
 

@@ -251,6 +251,18 @@ class Limits:
         tokens or audio (so a name that is no model, a 404, adds nothing). ``record`` false:
         no usage is recorded (work no client asked for: the limits still count it). Never
         raises: the response is already sent, and a lease not released expires."""
+        keys, args = self.finish_call(key_id, lease, meter, model, record)
+        try:
+            await self._finish(keys=keys, args=args)
+        except RedisError as exc:
+            logger.warning("could not record usage of key %s: %s", key_id, exc)
+
+    @staticmethod
+    def finish_call(
+        key_id: str, lease: str, meter: Meter, model: str = "", record: bool = True
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of :data:`_FINISH` for :meth:`settle` (which
+        :mod:`gateway.state.budgets` also runs in one script with a key's budget)."""
         _, tokens, leases = limit_keys(key_id)
         used = bool(
             meter.prompt_tokens
@@ -258,23 +270,19 @@ class Limits:
             or meter.audio_seconds_in
             or meter.audio_seconds_out
         )
-        try:
-            await self._finish(
-                keys=[tokens, leases, usage_key(key_id), model_usage_key(key_id)],
-                args=[
-                    meter.prompt_tokens + meter.completion_tokens,
-                    lease,
-                    meter.prompt_tokens,
-                    meter.completion_tokens,
-                    round(meter.audio_seconds_in, 3),
-                    round(meter.audio_seconds_out, 3),
-                    model if used else "",
-                    int(record),
-                    *(n for reservation in meter.reservations for n in reservation),
-                ],
-            )
-        except RedisError as exc:
-            logger.warning("could not record usage of key %s: %s", key_id, exc)
+        keys = [tokens, leases, usage_key(key_id), model_usage_key(key_id)]
+        args = [
+            meter.prompt_tokens + meter.completion_tokens,
+            lease,
+            meter.prompt_tokens,
+            meter.completion_tokens,
+            round(meter.audio_seconds_in, 3),
+            round(meter.audio_seconds_out, 3),
+            model if used else "",
+            int(record),
+            *(n for reservation in meter.reservations for n in reservation),
+        ]
+        return keys, args
 
     @needs_store
     async def usage(self, key_id: str) -> dict[str, Any]:
