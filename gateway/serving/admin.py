@@ -116,7 +116,9 @@ class AdminService:
             )
         budgets = self._budgets()
         if key_id is not None:
-            keys = [BOOTSTRAP_ADMIN] if key_id == BOOTSTRAP_ADMIN.id else [await self.keys.get(key_id)]
+            keys = (
+                [BOOTSTRAP_ADMIN] if key_id == BOOTSTRAP_ADMIN.id else [await self.keys.get(key_id)]
+            )
         else:
             keys = [*await self.keys.all(), BOOTSTRAP_ADMIN]
         if project is not None:

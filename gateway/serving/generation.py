@@ -27,10 +27,10 @@ from typing import Any
 
 from gateway.backend import Backend, ChatImage, GenerationChunk, SamplingOptions, TokenLogprob
 from gateway.backend.tokenizer import estimate_tokens
-from gateway.state.budgets import prompt_bound
 from gateway.serving.protocol import CompletionTokensDetails, Usage
 from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
 from gateway.serving.sse import first_or_close
+from gateway.state.budgets import prompt_bound
 from gateway.state.limits import Meter
 
 

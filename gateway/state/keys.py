@@ -74,10 +74,7 @@ class Budget(BaseModel):
 
     def empty(self) -> bool:
         return not (
-            self.tokens_per_day
-            or self.tokens_per_month
-            or self.cost_per_day
-            or self.cost_per_month
+            self.tokens_per_day or self.tokens_per_month or self.cost_per_day or self.cost_per_month
         )
 
 
@@ -236,7 +233,6 @@ class KeyStore:
             stored.revoked_at = int(now or time.time())
             await self.redis.set(record_key(key_id), stored.model_dump_json())
         return _public(stored)
-
 
     @needs_store
     async def update(self, key_id: str, change: KeyUpdate) -> ApiKey:

@@ -86,9 +86,7 @@ async def test_a_token_budget_stops_at_its_figure_with_429_budget_exceeded(
     assert refused.headers["x-should-retry"] == "false"  # the SDKs would retry a 429
     assert len(fake.calls) == calls  # refused before the model was asked
     # The SDK's exception, not retried (max_retries stays at its default of 2).
-    client = openai.AsyncOpenAI(
-        base_url="http://testserver/v1", api_key=key, http_client=http
-    )
+    client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key=key, http_client=http)
     with pytest.raises(openai.RateLimitError) as caught:
         await client.chat.completions.create(**chat_body(max_tokens=100))
     assert caught.value.code == "budget_exceeded"

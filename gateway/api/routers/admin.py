@@ -85,9 +85,7 @@ async def get_project(project_id: str, services: ServicesDep) -> Project:
 
 
 @router.patch("/projects/{project_id}")
-async def update_project(
-    project_id: str, change: ProjectUpdate, services: ServicesDep
-) -> Project:
+async def update_project(project_id: str, change: ProjectUpdate, services: ServicesDep) -> Project:
     """Sets a project's name or budget; ``"budget": null`` clears it."""
     return await services.budgets.update_project(project_id, change)
 

@@ -17,9 +17,9 @@ from gateway.serving.realtime.buffer import Audio
 from gateway.serving.realtime.events import _TRANSCRIBES, Item, _Use
 
 if TYPE_CHECKING:
-    from gateway.state.admission import Admission
     from gateway.serving.realtime.session import RealtimeSession
     from gateway.serving.realtime.speculation import Speculation
+    from gateway.state.admission import Admission
 
 
 @dataclass
