@@ -520,7 +520,8 @@ class Budgets:
         cost = price.cost(meter) if price is not None and used else 0
         date = _day(time.time())
         calls = []
-        for scope, name in [("key", key.id), ("project", key.project)]:
+        scopes: list[tuple[Scope, str | None]] = [("key", key.id), ("project", key.project)]
+        for scope, name in scopes:
             if name is None:
                 continue
             reservations = [r for r in meter.budget_reservations if r[0] == scope]

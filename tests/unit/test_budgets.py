@@ -26,6 +26,7 @@ from tests.unit.conftest import (
     serve,
     sse_json,
 )
+from tests.unit.test_transcription import tone_file
 
 CHAT = "/v1/chat/completions"
 PRICES = {
@@ -331,3 +332,22 @@ async def test_a_key_without_a_budget_is_never_blocked_and_its_spend_counts(
     assert me["budgets"] == []
     assert me["spend"]["key"]["today"]["requests"] == 3
     assert me["spend"]["key"]["this_month"]["completion_tokens"] == 300
+
+
+async def test_a_transcription_reserves_the_price_of_its_audio() -> None:
+    settings = make_settings(prices={"fake-stt": {"audio_input": 60.0}})  # 1 a second
+    async with serve(settings, FakeBackend()) as (_, http, _client):
+        key = (await new_key(http, budget={"cost_per_day": 2.5}))["key"]
+        upload = {"file": ("a.wav", tone_file(1.0), "audio/wav")}
+        form = {"model": "fake-stt"}
+        for _ in range(2):
+            done = await http.post(
+                "/v1/audio/transcriptions", data=form, files=upload, headers=bearer(key)
+            )
+            assert done.status_code == 200, done.text
+        assert _used(await _me(http, key), "cost_per_day") == pytest.approx(2.0, abs=1e-6)
+        refused = await http.post(
+            "/v1/audio/transcriptions", data=form, files=upload, headers=bearer(key)
+        )
+        error = assert_openai_error(refused, 429, code="budget_exceeded")
+        assert "this request needs 1" in error["message"]
