@@ -65,6 +65,8 @@ HISTORY_DAYS = 400
 #: The longest range ``GET /admin/spend`` reads at once, in days.
 MAX_SPEND_DAYS = 92
 _PROJECTS = f"{PREFIX}projects"
+#: Commands in one pipeline of ``GET /admin/spend``.
+_BATCH = 1000
 
 Scope = Literal["key", "project"]
 
@@ -672,11 +674,13 @@ class Budgets:
         else:
             names = [key_id] if key_id else [k.id for k in keys]
             scope = "key"
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                for date in dates:
-                    pipe.hgetall(history_key(scope, name, date))
-            answers = await pipe.execute() if names and dates else []
+        wanted = [history_key(scope, name, date) for name in names for date in dates]
+        answers: list[dict[str, str]] = []
+        for at in range(0, len(wanted), _BATCH):  # bounded pipelines, however many keys
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for history in wanted[at : at + _BATCH]:
+                    pipe.hgetall(history)
+                answers += await pipe.execute()
         groups: dict[str, dict[str, int]] = {}
         for index, raw in enumerate(answers):
             if not raw:
