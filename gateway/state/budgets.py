@@ -389,7 +389,9 @@ _BUDGET_WORDS = {
 
 
 def _amount(budget: str, value: int) -> str:
-    return f"{value / NANO:.6g}" if budget.startswith("cost") else str(value)
+    if not budget.startswith("cost"):
+        return str(value)
+    return f"{value / NANO:.9f}".rstrip("0").rstrip(".")  # exact: counted in billionths
 
 
 class Budgets:
