@@ -191,7 +191,8 @@ return {'ok', int(grant), int(day), int(month), int(tokens), int(cost), r[1], r[
 """
 )
 
-# KEYS: the scope's counters, its history of the day, its record. ARGV: tokens used, money
+# KEYS: the scope's counters, its history of the day, its record (absent: no budget to
+# report the use of). ARGV: tokens used, money
 # used (billionths), the model ('' : no history), the key (a project's history counts by
 # key too; '' for a key's own), prompt tokens, completion tokens, charge (1; 0: work no
 # client asked for, charged nothing), then the reservations as day, month, tokens, money.
@@ -242,6 +243,7 @@ if ARGV[7] == '1' and ARGV[3] ~= '' then
   if ARGV[4] ~= '' then by('k', ARGV[4]) end
   redis.call('EXPIRE', KEYS[2], HISTORY_S)
 end
+if not KEYS[3] then return {'-1', '-1'} end
 return ratios(limits(redis.call('GET', KEYS[3])))
 """.replace("HISTORY_S", str(HISTORY_DAYS * 86400))
 )
@@ -532,11 +534,9 @@ class Budgets:
             keys: list[str] = []
             args: list[Any] = []
             if (used and model) or reservations:
-                keys = [
-                    counters_key(scope, name),
-                    history_key(scope, name, date),
-                    _record(scope, name),
-                ]
+                keys = [counters_key(scope, name), history_key(scope, name, date)]
+                if scope == "project" or key.budget is not None:
+                    keys.append(_record(scope, name))  # for the budget's use (a metric)
                 args = [
                     meter.prompt_tokens + meter.completion_tokens,
                     cost,
