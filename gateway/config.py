@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from zxcvbn import zxcvbn
 
@@ -65,6 +65,21 @@ def _guessable(key: str) -> str | None:
             "are required): use a random key, e.g. `openssl rand -hex 32`"
         )
     return None
+
+
+class ModelPrice(BaseModel):
+    """One model's prices in ``GATEWAY_PRICES`` (docs/budgets.md), in any one currency."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: float = Field(0.0, ge=0, le=1_000_000)
+    """Per million prompt tokens (rounded to a thousandth)."""
+    output: float = Field(0.0, ge=0, le=1_000_000)
+    """Per million generated tokens (rounded to a thousandth)."""
+    audio_input: float = Field(0.0, ge=0, le=1_000_000)
+    """Per minute of audio transcribed."""
+    audio_output: float = Field(0.0, ge=0, le=1_000_000)
+    """Per minute of audio spoken."""
 
 
 class Settings(BaseSettings):
@@ -273,6 +288,15 @@ class Settings(BaseSettings):
     metrics_require_key: bool = False
     """``/metrics`` needs an admin key. Off by default: nginx keeps ``/metrics`` off the
     public listener, and Prometheus scrapes the replicas on the private network."""
+
+    # Budgets and spend (docs/budgets.md)
+    prices: dict[str, ModelPrice] = {}
+    """Prices of models, for money budgets and the spend reports: model id -> ``input`` and
+    ``output`` per million tokens, ``audio_input`` and ``audio_output`` per minute (JSON in
+    the environment: ``GATEWAY_PRICES='{"smollm2": {"input": 0.1, "output": 0.4}}'``);
+    ``"*"`` prices every model not listed. A model without a price is refused (403
+    ``model_not_priced``) to a key or project with a money budget, and costs nothing in
+    the reports."""
 
     log_level: str = "info"
     """Log level of the gateway (and uvicorn)."""

@@ -11,6 +11,7 @@
     ├── NotSupportedError             404 invalid_request_error / not_supported
     ├── PayloadTooLargeError          413 invalid_request_error / file_too_large
     ├── RateLimitError                429 requests|tokens / rate_limit_exceeded (Retry-After)
+    ├── BudgetExceededError           429 insufficient_quota / budget_exceeded (Retry-After)
     ├── BackendError                  500 server_error / model_error
     ├── BackendUnavailableError       503 server_error / backend_unavailable (Retry-After)
     ├── StoreUnavailableError         503 server_error / store_unavailable (Retry-After)
@@ -153,6 +154,22 @@ class RateLimitError(GatewayError):
         super().__init__(message, headers={**headers, "Retry-After": retry_after})
         self.type = "tokens" if limit == "tokens" else "requests"
         self.limit = limit
+
+
+class BudgetExceededError(GatewayError):
+    """A key's or its project's budget is spent (docs/budgets.md). OpenAI's own 429 for a
+    spent quota has the type ``insufficient_quota``; ``Retry-After`` says when the period
+    resets, and ``x-should-retry: false`` stops the SDKs from retrying (they would for any
+    429, and the wait is hours)."""
+
+    status_code = 429
+    type = "insufficient_quota"
+    code = "budget_exceeded"
+
+    def __init__(self, message: str, scope: str, retry_after_s: float) -> None:
+        retry_after = str(max(1, math.ceil(retry_after_s)))
+        super().__init__(message, headers={"Retry-After": retry_after, "x-should-retry": "false"})
+        self.scope = scope
 
 
 class BackendError(GatewayError):

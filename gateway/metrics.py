@@ -19,6 +19,9 @@ process imports ``prometheus_client``.
     gateway_triton_errors_total{model,code}             Triton failures, by gateway error code
     gateway_rate_limited_total{limit}                   429s: requests | tokens | concurrency
     gateway_redis_up                                    1 if Redis answered its last check, else 0
+    gateway_spend_total{project,model}                  money spent (GATEWAY_PRICES' unit)
+    gateway_budget_used_ratio{scope,name,period}        spend / budget (key|project, day|month)
+    gateway_budget_exceeded_total{scope}                429 budget_exceeded, by key | project
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -115,6 +118,25 @@ class Metrics:
         )
         self.rate_limited = counter(
             "gateway_rate_limited_total", "Requests refused by a rate limit", ("limit",)
+        )
+        # Budgets (docs/budgets.md): counted by gateway.state.budgets.
+        self.spend = counter(
+            "gateway_spend_total",
+            "Money spent at the prices of GATEWAY_PRICES, by project ('' for none) and model",
+            ("project", "model"),
+        )
+        self.budget_used = Gauge(
+            "gateway_budget_used_ratio",
+            "Spend (reservations of running requests included) over budget; the highest of "
+            "the period's budgets (tokens, money) when it has both",
+            ("scope", "name", "period"),
+            registry=own,
+            multiprocess_mode="mostrecent",
+        )
+        self.budget_exceeded = counter(
+            "gateway_budget_exceeded_total",
+            "Requests refused with 429 budget_exceeded, by the budget's scope",
+            ("scope",),
         )
 
         self.realtime_sessions = Gauge(

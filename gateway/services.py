@@ -29,6 +29,7 @@ from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
 from gateway.state.admission import Gatekeeper
 from gateway.state.audit import AuditLog
+from gateway.state.budgets import Budgets, Prices
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
 from gateway.state.redis import Headroom, RedisHealth
@@ -49,6 +50,7 @@ class Services:
     keys: KeyStore
     gatekeeper: Gatekeeper
     limits: Limits
+    budgets: Budgets
     sessions: SessionStore
     chat: ChatService
     completions: CompletionService
@@ -76,7 +78,10 @@ def build_services(
     catalog = ModelCatalog(backend, settings.model_cache_ttl_s, settings.lora_separator)
     keys = KeyStore(redis)
     limits = Limits(redis)
-    gatekeeper = Gatekeeper(redis, limits, settings.concurrency_lease_s, settings.admin_key)
+    budgets = Budgets(redis, Prices(settings.prices), metrics)
+    gatekeeper = Gatekeeper(
+        redis, limits, settings.concurrency_lease_s, settings.admin_key, budgets=budgets
+    )
     headroom = Headroom(redis)
     sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb, headroom)
     chat = ChatService(
@@ -102,6 +107,7 @@ def build_services(
         keys=keys,
         gatekeeper=gatekeeper,
         limits=limits,
+        budgets=budgets,
         sessions=sessions,
         chat=chat,
         completions=CompletionService(
@@ -130,7 +136,7 @@ def build_services(
         realtime=RealtimeServices(
             backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
         ),
-        admin=AdminService(backend, catalog, keys, limits),
+        admin=AdminService(backend, catalog, keys, limits, budgets),
         redis_health=RedisHealth(
             redis, lambda up: metrics.redis_up.set(int(up)), settings.redis_check_interval_s
         ),

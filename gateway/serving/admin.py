@@ -1,24 +1,35 @@
-"""The admin service: Triton model control with the catalog kept in step, keys, usage."""
+"""The admin service: Triton model control with the catalog kept in step, keys, usage,
+projects and spend."""
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from typing import Any
 
 from gateway.backend import Backend, RepositoryModel
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
-from gateway.state.keys import KeyStore
+from gateway.state.admission import BOOTSTRAP_ADMIN
+from gateway.state.budgets import MAX_SPEND_DAYS, Budgets
+from gateway.state.keys import ApiKey, CreatedKey, KeyCreate, KeyStore, KeyUpdate
 from gateway.state.limits import Limits
 
 
 class AdminService:
     def __init__(
-        self, backend: Backend, catalog: ModelCatalog, keys: KeyStore, limits: Limits
+        self,
+        backend: Backend,
+        catalog: ModelCatalog,
+        keys: KeyStore,
+        limits: Limits,
+        budgets: Budgets | None = None,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.keys = keys
         self.limits = limits
+        self.budgets = budgets
 
     async def repository(self) -> list[dict[str, Any]]:
         """Every model of the repository: its state, and the OpenAI task of a loaded one."""
@@ -57,6 +68,80 @@ class AdminService:
     async def usage(self, key_id: str) -> dict[str, Any]:
         key = await self.keys.get(key_id)  # 404 for an unknown key
         return {"object": "usage", "key_id": key.id, **await self.limits.usage(key.id)}
+
+    # --- projects, budgets and spend (docs/budgets.md) -------------------------------
+
+    def _budgets(self) -> Budgets:
+        assert self.budgets is not None, "built with its Budgets by build_services"
+        return self.budgets
+
+    async def create_key(self, spec: KeyCreate) -> CreatedKey:
+        """A new key; 400 naming ``project`` for a project that does not exist."""
+        if spec.project is not None:
+            await self._budgets().project(spec.project, param="project")
+        return await self.keys.create(spec)
+
+    async def update_key(self, key_id: str, change: KeyUpdate) -> ApiKey:
+        await self.keys.get(key_id)  # 404 first
+        if change.project is not None:
+            await self._budgets().project(change.project, param="project")
+        return await self.keys.update(key_id, change)
+
+    async def spend(
+        self,
+        group_by: str,
+        start: str | None,
+        end: str | None,
+        key_id: str | None,
+        project: str | None,
+    ) -> dict[str, Any]:
+        """``GET /admin/spend``: from ``start`` to ``end`` (UTC days, both included; by
+        default this month to today), at most :data:`MAX_SPEND_DAYS` days."""
+        today = dt.datetime.fromtimestamp(time.time(), dt.UTC).date()
+        first = _date(start, "start") if start else today.replace(day=1)
+        last = _date(end, "end") if end else today
+        if last < first:
+            raise InvalidRequestError("end is before start.", param="end", code="invalid_value")
+        if (last - first).days + 1 > MAX_SPEND_DAYS:
+            raise InvalidRequestError(
+                f"At most {MAX_SPEND_DAYS} days at once.", param="start", code="invalid_value"
+            )
+        if key_id is not None and (project is not None or group_by == "project"):
+            param = "project" if project is not None else "group_by"
+            raise InvalidRequestError(
+                "key_id picks one key's spend: it cannot be grouped by project or combined "
+                "with a project.",
+                param=param,
+                code="invalid_value",
+            )
+        budgets = self._budgets()
+        if key_id is not None:
+            keys = (
+                [BOOTSTRAP_ADMIN] if key_id == BOOTSTRAP_ADMIN.id else [await self.keys.get(key_id)]
+            )
+        else:
+            keys = [*await self.keys.all(), BOOTSTRAP_ADMIN]
+        if project is not None:
+            await budgets.project(project)  # 404 for an unknown one
+        rows = await budgets.spend(keys, group_by, first, last, key_id, project)
+        return {
+            "object": "list",
+            "group_by": group_by,
+            "start": first.isoformat(),
+            "end": last.isoformat(),
+            "data": rows,
+        }
+
+
+def _date(value: str, param: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequestError(
+            f"{param} must be a day as YYYY-MM-DD, got {value!r}.",
+            param=param,
+            code="invalid_value",
+        ) from None
 
 
 def _entry(model: RepositoryModel, task: str | None) -> dict[str, Any]:

@@ -180,7 +180,9 @@ class AudioChat:
         model = (await self.models.info("transcription")).name
         key.require_model(model, parts[0].param, "transcribes input_audio parts here")
         audios = await self._decode_all(parts)
-        meter.audio_seconds_in += sum(audio.size for audio in audios) / STT_RATE
+        seconds = sum(audio.size for audio in audios) / STT_RATE
+        await meter.check_budget(seconds)  # 429 budget_exceeded when it does not fit
+        meter.audio_seconds_in += seconds
         return await self._transcribe_all(model, audios)
 
     async def _transcript_of(self, audio_id: str, owner: str, index: int) -> str:

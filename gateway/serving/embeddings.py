@@ -29,6 +29,7 @@ from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.protocol import Hint, Strict
+from gateway.state.budgets import prompt_bound
 from gateway.state.limits import Meter
 
 #: The most inputs one request may carry (OpenAI's limit).
@@ -138,7 +139,13 @@ class EmbeddingService:
         input_type = _input_type(request, model)
         keep = _dimensions(request, model)
         if meter is not None:  # the inputs' tokens, estimated, under the key's tpm
-            await meter.reserve(sum(estimate_tokens(t) for t in texts), 0, 1, False)
+            await meter.reserve(
+                sum(estimate_tokens(t) for t in texts),
+                0,
+                1,
+                False,
+                sum(prompt_bound(t) for t in texts),
+            )
         size = model.max_batch_size or 1
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         gate = asyncio.Semaphore(self.in_flight)

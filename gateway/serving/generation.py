@@ -30,6 +30,7 @@ from gateway.backend.tokenizer import estimate_tokens
 from gateway.serving.protocol import CompletionTokensDetails, Usage
 from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
 from gateway.serving.sse import first_or_close
+from gateway.state.budgets import prompt_bound
 from gateway.state.limits import Meter
 
 
@@ -232,7 +233,10 @@ async def reserve_run(
     generations = generations_for(prompts, options, n, answer_after, images)
     per = options.max_tokens
     prompt = sum(estimate_tokens(p) for p in set(prompts))
-    granted = await meter.reserve(prompt, per or 1, len(generations), flexible and per is not None)
+    bound = sum(prompt_bound(p) for p in set(prompts))  # for budgets: the most it can be
+    granted = await meter.reserve(
+        prompt, per or 1, len(generations), flexible and per is not None, bound
+    )
     if per is not None and granted < per:
         generations = [
             replace(g, options=replace(g.options, max_tokens=granted)) for g in generations

@@ -78,6 +78,8 @@ class SpeechService:
     ) -> AsyncIterator[bytes | str]:
         """Starts synthesis and returns the response body; raises if the model fails before
         its first sentence."""
+        if meter is not None:  # not sized beforehand: refused once a budget is spent
+            await meter.check_budget()
         chunks = self.backend.synthesize(speech.model, speech.text, speech.voice, speech.speed)
         first = await first_or_close(chunks)
         if first is None:

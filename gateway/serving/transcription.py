@@ -337,6 +337,8 @@ class TranscriptionService:
         self, job: PreparedTranscription, meter: Meter | None = None
     ) -> tuple[str, str]:
         """The whole transcription in the requested format: (body, media type)."""
+        if meter is not None:  # 429 budget_exceeded when its price does not fit a budget
+            await meter.check_budget(job.duration)
         async with aclosing(self._segments(job, meter)) as stream:
             segments = [segment async for segment in stream]
         if job.response_format == "text":
@@ -357,6 +359,8 @@ class TranscriptionService:
     ) -> AsyncIterator[str]:
         """SSE events; raises (for a real status) if the model fails before its first
         segment."""
+        if meter is not None:
+            await meter.check_budget(job.duration)
         segments = self._segments(job, meter)
         first = await first_or_close(segments)
         return with_error_event(self._events(job, segments, first), "transcription")

@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import AuthenticationError, RateLimitError
+from gateway.state.budgets import Budgets
 from gateway.state.keys import KEY_PREFIX, ApiKey, hash_key, public_record, record_key
 from gateway.state.limits import Limits, Meter, duration, limit_keys, refusal
 from gateway.state.redis import is_cluster, needs_store
@@ -186,10 +187,16 @@ class Gatekeeper:
     """Checks presented keys and admits their requests (see the module's docstring)."""
 
     def __init__(
-        self, redis: Redis, limits: Limits, lease_s: float, admin_key: SecretStr | None = None
+        self,
+        redis: Redis,
+        limits: Limits,
+        lease_s: float,
+        admin_key: SecretStr | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         self.redis = redis
         self.limits = limits
+        self.budgets = budgets
         self.lease_s = lease_s
         self._admin_hash = hash_key(admin_key.get_secret_value()) if admin_key else None
         self._admit = redis.register_script(_ADMIT)
@@ -232,18 +239,25 @@ class Gatekeeper:
         lease = f"{self._lease_prefix}{next(self._lease_numbers)}" if hold_lease else ""
         key, counts = await self._run(presented, "admit", lease)
         if not counts:
-            return Admission(key=key, headers={})  # nothing to count before it runs
+            return self._budgeted(Admission(key=key, headers={}))  # nothing counted yet
         headers = _headers(key, counts)
         if int(counts[0]) != 1:
             limit, wait = str(counts[1]), float(counts[2])
             raise RateLimitError(refusal(key, limit, wait), limit, wait, headers)
         meter = Meter(reserver=partial(self.limits.reserve, key) if key.tpm else None)
         if not key.max_concurrency or not lease:
-            return Admission(key=key, headers=headers, meter=meter)
+            return self._budgeted(Admission(key=key, headers=headers, meter=meter))
         self._held[lease] = limit_keys(key.id)[2]
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._keep())
-        return Admission(key=key, headers=headers, meter=meter, lease=lease)
+        return self._budgeted(Admission(key=key, headers=headers, meter=meter, lease=lease))
+
+    def _budgeted(self, admission: Admission) -> Admission:
+        """``admission`` whose meter reserves under the key's and its project's budgets,
+        if it may have any (docs/budgets.md)."""
+        if self.budgets is not None and self.budgets.applies(admission.key):
+            admission.meter.budgeter = partial(self.budgets.reserve, admission)
+        return admission
 
     @needs_store
     async def _run(self, presented: str, mode: str, lease: str = "") -> tuple[ApiKey, list[str]]:
@@ -265,9 +279,13 @@ class Gatekeeper:
         ``record`` is false: see :meth:`Limits.settle`). Never raises: the response is
         already sent, and a lease not released expires."""
         self._held.pop(admission.lease, None)
-        await self.limits.settle(
-            admission.key.id, admission.lease, admission.meter, admission.model, record
-        )
+        key, meter = admission.key, admission.meter
+        if self.budgets is None:
+            await self.limits.settle(key.id, admission.lease, meter, admission.model, record)
+            return
+        # The key's limits and budget in one script run (its slot); its project's at once.
+        finish = self.limits.finish_call(key.id, admission.lease, meter, admission.model, record)
+        await self.budgets.settle(admission, record, finish)
 
     async def _keep(self) -> None:
         """Renews every lease this process holds, all in one round trip, a few times per

@@ -52,6 +52,32 @@ class KeyLimits(BaseModel):
     max_concurrency: int | None = Field(None, ge=1, description="Requests running at once.")
 
 
+#: A project's id: its name in the admin API and the Redis Cluster hash tag of its records.
+PROJECT_ID = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+#: The largest money budget (the price table's unit): spend is counted in billionths of it,
+#: exactly, in Lua's numbers (doubles, exact up to 2^53).
+MAX_COST_BUDGET = 1_000_000
+
+
+class Budget(BaseModel):
+    """Budgets of a key or a project (docs/budgets.md): tokens (prompt + completion) or
+    money (at the prices of ``GATEWAY_PRICES``) per calendar day or month in UTC; ``None``
+    means none. Reached, the key's (or the project's keys') requests are refused with 429
+    ``budget_exceeded`` until the period resets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_per_day: int | None = Field(None, ge=1)
+    tokens_per_month: int | None = Field(None, ge=1)
+    cost_per_day: float | None = Field(None, gt=0, le=MAX_COST_BUDGET)
+    cost_per_month: float | None = Field(None, gt=0, le=MAX_COST_BUDGET)
+
+    def empty(self) -> bool:
+        return not (
+            self.tokens_per_day or self.tokens_per_month or self.cost_per_day or self.cost_per_month
+        )
+
+
 class KeyCreate(KeyLimits):
     """Body of ``POST /admin/keys`` (a field it does not declare is a 400 naming it: a
     misspelt limit must not leave a key unlimited)."""
@@ -65,6 +91,10 @@ class KeyCreate(KeyLimits):
     )
     expires_at: int | None = Field(None, description="Unix time the key stops working.")
     expires_in_days: float | None = Field(None, gt=0, description="Or: days from now.")
+    project: str | None = Field(
+        None, pattern=PROJECT_ID, description="The project the key belongs to (it must exist)."
+    )
+    budget: Budget | None = Field(None, description="The key's own budgets.")
 
     @model_validator(mode="after")
     def _one_expiry(self) -> KeyCreate:
@@ -85,6 +115,8 @@ class ApiKey(KeyLimits):
     expires_at: int | None = None
     revoked_at: int | None = None
     redacted_value: str = ""
+    project: str | None = None
+    budget: Budget | None = None
 
     @property
     def revoked(self) -> bool:
@@ -111,6 +143,16 @@ class ApiKey(KeyLimits):
                 param=param,
                 code="model_not_allowed",
             )
+
+
+class KeyUpdate(BaseModel):
+    """Body of ``PATCH /admin/keys/{id}``: the fields given are set (``null`` clears one),
+    the others stay."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = Field(None, pattern=PROJECT_ID)
+    budget: Budget | None = None
 
 
 class _StoredKey(ApiKey):
@@ -144,6 +186,8 @@ class KeyStore:
             max_concurrency=spec.max_concurrency,
             created_at=created,
             expires_at=expires,
+            project=spec.project,
+            budget=None if spec.budget is None or spec.budget.empty() else spec.budget,
             redacted_value=f"{KEY_PREFIX}{key_id}-****",
             secret_hash=hash_key(key),
         )
@@ -188,6 +232,19 @@ class KeyStore:
         if stored.revoked_at is None:
             stored.revoked_at = int(now or time.time())
             await self.redis.set(record_key(key_id), stored.model_dump_json())
+        return _public(stored)
+
+    @needs_store
+    async def update(self, key_id: str, change: KeyUpdate) -> ApiKey:
+        """Sets the fields ``change`` gives (its project must exist: the caller checks)."""
+        stored = await self._existing(key_id)
+        given = change.model_fields_set
+        if "project" in given:
+            stored.project = change.project
+        if "budget" in given:
+            budget = change.budget
+            stored.budget = None if budget is None or budget.empty() else budget
+        await self.redis.set(record_key(key_id), stored.model_dump_json())
         return _public(stored)
 
 

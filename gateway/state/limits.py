@@ -139,6 +139,10 @@ def duration(seconds: float) -> str:
 
 #: Reserves tokens under a key's ``tpm`` (see :meth:`Meter.reserve`).
 Reserver = Callable[["Meter", int, int, int, bool], Awaitable[int]]
+#: Reserves tokens and money under a key's and its project's budgets: the meter, prompt
+#: tokens (at most), tokens per generation, generations, flexible, audio seconds in
+#: (:meth:`gateway.state.budgets.Budgets.reserve`).
+Budgeter = Callable[["Meter", int, int, int, bool, float], Awaitable[int]]
 
 
 @dataclass
@@ -155,21 +159,44 @@ class Meter:
     tokens): settled to what was used at the end."""
     reserver: Reserver | None = field(default=None, repr=False)
     """Set when the key has a ``tpm`` limit."""
+    budget_reservations: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    """Reserved under a budget (docs/budgets.md), as (scope, day, month, tokens, money):
+    settled to what was used at the end."""
+    budgeter: Budgeter | None = field(default=None, repr=False)
+    """Set when the key or its project may have a budget."""
 
     def add_tokens(self, prompt: int, completion: int) -> None:
         self.prompt_tokens += prompt
         self.completion_tokens += completion
 
     async def reserve(
-        self, prompt: int, per_generation: int, generations: int, flexible: bool
+        self,
+        prompt: int,
+        per_generation: int,
+        generations: int,
+        flexible: bool,
+        prompt_bound: int | None = None,
     ) -> int:
         """Reserves ``prompt + generations x per_generation`` tokens under the key's
         ``tpm`` before generating: a 429 when they do not fit what the window has left.
         ``flexible`` (the client set no ``max_tokens``): fewer tokens per generation may be
-        granted, as many as fit. Returns the tokens granted per generation."""
-        if self.reserver is None:
-            return per_generation
-        return await self.reserver(self, prompt, per_generation, generations, flexible)
+        granted, as many as fit. Then the same under the key's and its project's budgets,
+        the prompt counted at ``prompt_bound`` (the most tokens it can be) when given: 429
+        ``budget_exceeded``. Returns the tokens granted per generation."""
+        granted = per_generation
+        if self.reserver is not None:
+            granted = await self.reserver(self, prompt, per_generation, generations, flexible)
+        if self.budgeter is not None:
+            bound = prompt if prompt_bound is None else prompt_bound
+            granted = await self.budgeter(self, bound, granted, generations, flexible, 0.0)
+        return granted
+
+    async def check_budget(self, audio_seconds_in: float = 0.0) -> None:
+        """For work that cannot be sized beforehand (audio): 429 ``budget_exceeded`` when a
+        budget of the key or its project is spent; ``audio_seconds_in``: audio to be
+        transcribed, whose price is reserved."""
+        if self.budgeter is not None:
+            await self.budgeter(self, 0, 0, 1, False, audio_seconds_in)
 
 
 class Limits:
@@ -224,6 +251,18 @@ class Limits:
         tokens or audio (so a name that is no model, a 404, adds nothing). ``record`` false:
         no usage is recorded (work no client asked for: the limits still count it). Never
         raises: the response is already sent, and a lease not released expires."""
+        keys, args = self.finish_call(key_id, lease, meter, model, record)
+        try:
+            await self._finish(keys=keys, args=args)
+        except RedisError as exc:
+            logger.warning("could not record usage of key %s: %s", key_id, exc)
+
+    @staticmethod
+    def finish_call(
+        key_id: str, lease: str, meter: Meter, model: str = "", record: bool = True
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of :data:`_FINISH` for :meth:`settle` (which
+        :mod:`gateway.state.budgets` also runs in one script with a key's budget)."""
         _, tokens, leases = limit_keys(key_id)
         used = bool(
             meter.prompt_tokens
@@ -231,23 +270,19 @@ class Limits:
             or meter.audio_seconds_in
             or meter.audio_seconds_out
         )
-        try:
-            await self._finish(
-                keys=[tokens, leases, usage_key(key_id), model_usage_key(key_id)],
-                args=[
-                    meter.prompt_tokens + meter.completion_tokens,
-                    lease,
-                    meter.prompt_tokens,
-                    meter.completion_tokens,
-                    round(meter.audio_seconds_in, 3),
-                    round(meter.audio_seconds_out, 3),
-                    model if used else "",
-                    int(record),
-                    *(n for reservation in meter.reservations for n in reservation),
-                ],
-            )
-        except RedisError as exc:
-            logger.warning("could not record usage of key %s: %s", key_id, exc)
+        keys = [tokens, leases, usage_key(key_id), model_usage_key(key_id)]
+        args = [
+            meter.prompt_tokens + meter.completion_tokens,
+            lease,
+            meter.prompt_tokens,
+            meter.completion_tokens,
+            round(meter.audio_seconds_in, 3),
+            round(meter.audio_seconds_out, 3),
+            model if used else "",
+            int(record),
+            *(n for reservation in meter.reservations for n in reservation),
+        ]
+        return keys, args
 
     @needs_store
     async def usage(self, key_id: str) -> dict[str, Any]:

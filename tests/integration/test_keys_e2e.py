@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -108,6 +109,74 @@ def test_two_gateway_processes_enforce_one_combined_rpm(
     assert {gateway for gateway, code in results if code == 429} == {0, 1}
     with pytest.raises(openai.RateLimitError):
         replica.client(key).chat.completions.create(**body)
+
+
+def test_a_project_budget_spent_through_two_gateways_stops_at_its_exact_figure(
+    stack: GatewayProcess, replica: GatewayProcess
+) -> None:
+    """docs/budgets.md: concurrent requests of two keys of one project, through nginx's two
+    replicas and a third gateway process, never spend past the project's budget; the
+    gateways' figure is the sum of what the clients were told they used, and the last
+    request is refused only because what is left cannot hold one more."""
+    budget = 300
+    made = httpx.post(
+        stack.base_url + "/admin/projects",
+        json={"id": "e2e-budget", "budget": {"tokens_per_day": budget}},
+        headers=stack.headers,
+        timeout=10,
+    )
+    assert made.status_code == 201, made.text
+    keys = [stack.create_key(f"budget {i}", project="e2e-budget")["key"] for i in range(2)]
+    clients = [gateway.client(key) for gateway in (stack, replica) for key in keys]
+    # mock_chat waits 10 ms a token: requests overlap on every process.
+    slow = [{"role": "user", "content": "[mock:delay_ms=10] hi"}]
+
+    def call(index: int, max_tokens: int | None) -> int | openai.RateLimitError:
+        extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+        try:
+            answer = clients[index % 4].chat.completions.create(
+                model="mock_chat", messages=slow, **extra
+            )
+        except openai.RateLimitError as exc:
+            return exc
+        assert answer.usage is not None
+        return answer.usage.total_tokens
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: call(i, 20), range(24)))
+    assert any(isinstance(r, openai.RateLimitError) for r in results)
+    # Then, one at a time, requests with no max_tokens (given what is left) to the end.
+    last: int | openai.RateLimitError = 0
+    for index in range(40):
+        last = call(index, None)
+        results.append(last)
+        if isinstance(last, openai.RateLimitError):
+            break
+    assert isinstance(last, openai.RateLimitError), "the budget never ran out"
+    assert last.code == "budget_exceeded"
+    assert last.type == "insufficient_quota"
+    assert last.response.headers["x-should-retry"] == "false"
+    spent = sum(r for r in results if isinstance(r, int))
+    assert 0 < spent <= budget
+    # The refusal names the exact figure: used = what the clients were told, and the
+    # smallest request (its prompt and one token) no longer fits what is left.
+    found = re.search(r"limit (\d+), used (\d+), this request needs (\d+)", last.message)
+    assert found, last.message
+    limit, used, needs = (int(g) for g in found.groups())
+    assert (limit, used) == (budget, spent)
+    assert needs > budget - spent
+    me = httpx.get(
+        replica.base_url + "/v1/me", headers={"Authorization": f"Bearer {keys[0]}"}, timeout=10
+    ).json()
+    assert me["spend"]["project"]["today"]["total_tokens"] == spent
+    report = httpx.get(
+        stack.base_url + "/admin/spend",
+        params={"project": "e2e-budget", "group_by": "key"},
+        headers=stack.headers,
+        timeout=10,
+    ).json()
+    assert sum(row["total_tokens"] for row in report["data"]) == spent
+    assert len(report["data"]) == 2
 
 
 def test_a_session_continues_on_another_process_and_stays_private(

@@ -246,6 +246,12 @@ def test_admin_console_loads_models_and_manages_keys(
         page.get_by_test_id("admin-refresh").click()
         expect(page.get_by_test_id(f"admin-requests-{key_id}")).to_have_text("2")
         expect(page.get_by_test_id("admin-new-key")).to_be_hidden()  # shown once only
+        # This month's spend (docs/budgets.md): the chat, by key, then by model.
+        expect(page.get_by_test_id(f"admin-spend-requests-{key_id}")).to_have_text("1")
+        page.get_by_test_id("admin-spend-by").select_option("model")
+        expect(
+            page.locator('[data-testid="admin-spend"] tr[data-group="mock_chat"]')
+        ).to_be_visible()
 
         page.get_by_test_id(f"admin-revoke-{key_id}").click()
         expect(page.get_by_test_id(f"admin-key-state-{key_id}")).to_have_text("revoked")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from fastapi import FastAPI
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
@@ -19,6 +20,8 @@ from starlette.websockets import WebSocketDisconnect
 from gateway.app import create_app
 from gateway.backend.base import ModelInfo
 from gateway.backend.fake import FakeBackend
+from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.budgets import counters_key
 from tests.unit.conftest import ADMIN_KEY, REPLY, make_settings
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -287,6 +290,33 @@ def test_a_transcription_is_a_request_under_the_keys_rpm(realtime: TestClient) -
         failed = until(socket, "conversation.item.done")[-2]
         assert failed["type"] == "conversation.item.input_audio_transcription.failed"
         assert failed["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_spent_budget_refuses_the_sessions_transcriptions_and_responses(
+    realtime: TestClient, redis_server: EmbeddedRedis
+) -> None:
+    created = new_key(realtime, budget={"tokens_per_day": 1000})
+    today = int(time.time() // 86400)  # the day Redis's clock counts in (UTC)
+    with redis.Redis.from_url(redis_server.url, decode_responses=True) as store:
+        spent = {"day": today, "day_tokens": 1000}  # spent to the token (docs/budgets.md)
+        store.hset(counters_key("key", created["id"]), mapping=spent)
+    with realtime.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
+        until(socket, "session.created")
+        socket.send_json(no_vad())
+        until(socket, "session.updated")
+        socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+        socket.send_json({"type": "input_audio_buffer.commit"})
+        failed = until(socket, "conversation.item.done")[-2]
+        assert failed["type"] == "conversation.item.input_audio_transcription.failed"
+        assert failed["error"]["code"] == "budget_exceeded"
+        text = {"type": "input_text", "text": "hi"}
+        item = {"type": "message", "role": "user", "content": [text]}
+        socket.send_json({"type": "conversation.item.create", "item": item})
+        until(socket, "conversation.item.added")
+        socket.send_json({"type": "response.create"})
+        refused = until(socket, "error", "response.done")[-1]
+        assert refused["type"] == "error"
+        assert refused["error"]["code"] == "budget_exceeded"
 
 
 # --- the connection: admitted, counted and settled like any /v1 request -------------------

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.backend.fake import FakeBackend
 from tests.redis_server import Cluster
-from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
+from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve, sse_json
 
 CHAT = "/v1/chat/completions"
 
@@ -78,6 +78,49 @@ async def test_everything_works_over_a_cluster_with_exact_limits(cluster: Cluste
         assert "My name is Ann." in fake.calls[-1].prompt
         stored = (await http.get("/v1/sessions/c1", headers=AUTH)).json()
         assert len(stored["messages"]) == 4
+
+
+async def test_budgets_hold_exactly_over_a_cluster_across_two_replicas(cluster: Cluster) -> None:
+    fake = FakeBackend()
+    fake.reply = " ".join(f"w{i}" for i in range(20))
+    fake.token_delay_s = 0.02  # all still run when the last is admitted
+    settings = make_settings(redis_url=cluster.url)
+    async with serve(settings, fake) as (_, first, _), serve(settings, fake) as (_, second, _):
+        key = (await first.post("/admin/keys", json={"name": "b"}, headers=AUTH)).json()
+        node = cluster.node_of(f"gw:key:{{{key['id']}}}")
+        # A project whose records live on another node than the key's.
+        project = next(
+            f"p{i}" for i in range(100) if cluster.node_of(f"gw:project:{{p{i}}}") != node
+        )
+        budget = {"tokens_per_day": 600}
+        made = await first.post("/admin/projects", json={"id": project, "budget": budget})
+        assert made.status_code == 201, made.text
+        patch = {"project": project, "budget": {"tokens_per_month": 10_000}}
+        assert (await first.patch(f"/admin/keys/{key['id']}", json=patch)).status_code == 200
+        body = chat_body(max_tokens=40, stream=True, stream_options={"include_usage": True})
+        replies = await asyncio.gather(
+            *(
+                (first, second)[i % 2].post(CHAT, json=body, headers=bearer(key["key"]))
+                for i in range(16)
+            )
+        )
+        codes = sorted(r.status_code for r in replies)
+        bound = len(fake.calls[0].prompt.encode()) + 1
+        admitted = 600 // (bound + 40)
+        assert codes == [200] * admitted + [429] * (16 - admitted), codes
+        refused = next(r for r in replies if r.status_code == 429)
+        assert refused.json()["error"]["code"] == "budget_exceeded"
+        spent = sum(
+            e["usage"]["total_tokens"]
+            for r in replies
+            if r.status_code == 200
+            for e in sse_json(r.text)
+            if e.get("usage")
+        )
+        me = (await second.get("/v1/me", headers=bearer(key["key"]))).json()
+        uses = {(b["scope"], b["budget"]): b["used"] for b in me["budgets"]}
+        assert uses == {("project", "tokens_per_day"): spent, ("key", "tokens_per_month"): spent}
+        assert spent <= 600
 
 
 async def test_a_dead_node_fails_its_keys_closed(cluster: Cluster) -> None:

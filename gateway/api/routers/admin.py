@@ -4,7 +4,7 @@ and the audit log of what admins did (each route that changes something records 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 
@@ -12,7 +12,8 @@ from gateway.api.audit import AuditDep
 from gateway.api.auth import require_admin
 from gateway.api.dependencies import ServicesDep
 from gateway.state.audit import MAX_PAGE
-from gateway.state.keys import ApiKey, CreatedKey, KeyCreate
+from gateway.state.budgets import Project, ProjectCreate, ProjectUpdate
+from gateway.state.keys import ApiKey, CreatedKey, KeyCreate, KeyUpdate
 
 # The admin role is required here too, not only where app.py includes this router: no other
 # place that includes it can expose key creation (FastAPI runs the dependency once).
@@ -44,7 +45,7 @@ async def create_key(spec: KeyCreate, services: ServicesDep, audit: AuditDep) ->
     """Creates a key. The answer's ``key`` is the only time it is shown."""
     asked = spec.model_dump(exclude_none=True)
     async with audit("key.create", details=asked) as action:
-        created = await services.keys.create(spec)
+        created = await services.admin.create_key(spec)
         action.target = created.id
         return created
 
@@ -89,3 +90,53 @@ async def audit_log(
         "last_id": entries[-1].id if entries else None,
         "has_more": more,
     }
+
+
+@router.patch("/keys/{key_id}")
+async def update_key(
+    key_id: str, change: KeyUpdate, services: ServicesDep, audit: AuditDep
+) -> ApiKey:
+    """Sets a key's project or budget (docs/budgets.md); ``null`` clears one."""
+    async with audit("key.update", key_id, change.model_dump(exclude_unset=True)):
+        return await services.admin.update_key(key_id, change)
+
+
+@router.post("/projects", status_code=201)
+async def create_project(spec: ProjectCreate, services: ServicesDep, audit: AuditDep) -> Project:
+    """Creates a project (docs/budgets.md): keys join it with ``project``."""
+    async with audit("project.create", spec.id, spec.model_dump(exclude_none=True)):
+        return await services.budgets.create_project(spec)
+
+
+@router.get("/projects")
+async def list_projects(services: ServicesDep) -> dict[str, Any]:
+    return {"object": "list", "data": await services.budgets.projects()}
+
+
+@router.get("/projects/{project_id}")
+async def get_project(project_id: str, services: ServicesDep) -> Project:
+    return await services.budgets.project(project_id)
+
+
+@router.patch("/projects/{project_id}")
+async def update_project(
+    project_id: str, change: ProjectUpdate, services: ServicesDep, audit: AuditDep
+) -> Project:
+    """Sets a project's name or budget; ``"budget": null`` clears it."""
+    async with audit("project.update", project_id, change.model_dump(exclude_unset=True)):
+        return await services.budgets.update_project(project_id, change)
+
+
+@router.get("/spend")
+async def spend(
+    services: ServicesDep,
+    group_by: Literal["key", "project", "model", "day"] = "day",
+    start: str | None = None,
+    end: str | None = None,
+    key_id: str | None = None,
+    project: str | None = None,
+) -> dict[str, Any]:
+    """Requests, tokens and money spent (at ``GATEWAY_PRICES``) from ``start`` to ``end``
+    (UTC days ``YYYY-MM-DD``, both included; this month by default; at most 92 days),
+    grouped by key, project, model or day; ``key_id`` or ``project``: theirs only."""
+    return await services.admin.spend(group_by, start, end, key_id, project)

@@ -3,12 +3,14 @@ GET /v1/me: the caller's own key."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from gateway.api.auth import CallerDep
 from gateway.api.dependencies import ServicesDep
 from gateway.backend import ModelInfo
-from gateway.errors import ModelNotFoundError
+from gateway.errors import ModelNotFoundError, StoreUnavailableError
 from gateway.serving.protocol import Model, ModelCapabilities, ModelList
 from gateway.state.keys import ApiKey
 
@@ -69,11 +71,25 @@ async def list_models(services: ServicesDep, caller: CallerDep) -> ModelList:
     return ModelList(data=[_public(m, catalog.created) for m in models])
 
 
+class Me(ApiKey):
+    """``/v1/me``: the caller's key, with what it (and its project) spent today and this
+    month and each of their budgets' use (docs/budgets.md); ``null`` while Redis is down
+    (the bootstrap admin key is still answered)."""
+
+    spend: dict[str, Any] | None = None
+    budgets: list[dict[str, Any]] | None = None
+
+
 @router.get("/me")
-async def me(caller: CallerDep) -> ApiKey:
-    """The caller's own key: its id, name, role, allowed models and limits (never the key).
-    The playground asks it to know whether to show its admin console."""
-    return caller
+async def me(caller: CallerDep, services: ServicesDep) -> Me:
+    """The caller's own key: its id, name, role, allowed models and limits (never the key),
+    its spend and budgets. The playground asks it to know whether to show its admin
+    console."""
+    try:
+        status = await services.budgets.status(caller)
+    except StoreUnavailableError:
+        status = {}
+    return Me(**caller.model_dump(), **status)
 
 
 @router.get("/models/{model_id:path}")

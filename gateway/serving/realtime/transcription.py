@@ -14,11 +14,12 @@ from gateway.backend import TranscriptionOptions
 from gateway.errors import GatewayError
 from gateway.serving.audio import STT_RATE
 from gateway.serving.realtime.buffer import Audio
-from gateway.serving.realtime.events import _TRANSCRIBES, Item
+from gateway.serving.realtime.events import _TRANSCRIBES, Item, _Use
 
 if TYPE_CHECKING:
     from gateway.serving.realtime.session import RealtimeSession
     from gateway.serving.realtime.speculation import Speculation
+    from gateway.state.admission import Admission
 
 
 @dataclass
@@ -47,7 +48,7 @@ class _Transcription:
         self.session = session
         self.model = session.config.transcription_model
         uses = [(self.model, "session.audio.input.transcription.model", _TRANSCRIBES)]
-        self.admitted = asyncio.create_task(session._admit(uses))
+        self.admitted = asyncio.create_task(_admitted(session, uses))
         self.finished = False
 
     async def run(self, audio: Audio) -> str:
@@ -67,6 +68,18 @@ class _Transcription:
             return  # refused: nothing ran
         admission.meter.audio_seconds_in += seconds
         await self.session.services.settle(admission)
+
+
+async def _admitted(session: RealtimeSession, uses: list[_Use]) -> Admission:
+    """The request admitted, and refused (429 ``budget_exceeded``) when a budget of the key
+    or its project is spent: its audio is not known yet, so nothing more is reserved."""
+    admission = await session._admit(uses)
+    try:
+        await admission.meter.check_budget()
+    except GatewayError:
+        await session.services.finish(admission, True)
+        raise
+    return admission
 
 
 async def _early_transcript(turn: _Transcription, audio: Audio) -> str | None:

@@ -1,5 +1,6 @@
 // Admin tab (admin keys only): Triton's models with load / unload, API keys (create, with the
-// secret shown once; revoke), what each key used and the audit log of admin actions, all
+// secret shown once; revoke), what each key used, this month's spend by key, project, model
+// or day with the budgets' use (docs/budgets.md), and the audit log of admin actions, all
 // from the /admin API.
 
 import { call, callJson } from "./api.js";
@@ -50,7 +51,50 @@ async function showModels() {
 
 function limits(key) {
   const parts = [["rpm", key.rpm], ["tpm", key.tpm], ["concurrency", key.max_concurrency]];
-  return parts.filter(([, v]) => v != null).map(([n, v]) => `${v} ${n}`).join(", ") || "none";
+  const shown = parts.filter(([, v]) => v != null).map(([n, v]) => `${v} ${n}`);
+  shown.push(...budgetText(key.budget));
+  if (key.project) shown.push(`project ${key.project}`);
+  return shown.join(", ") || "none";
+}
+
+/** A budget's limits as text: "5000000 tokens/month", "20 cost/day". */
+function budgetText(budget) {
+  return Object.entries(budget || {}).filter(([, v]) => v != null)
+    .map(([name, v]) => `${v} ${name.replace("_per_", "/")}`);
+}
+
+/** "42% of 1000 tokens/day" for each budget of a key or project, from its figures. */
+function budgetUse(budget, spent) {
+  return Object.entries(budget || {}).filter(([name, v]) => v != null && name.endsWith("_month"))
+    .map(([name, v]) => {
+      const used = name.startsWith("cost") ? spent.cost : spent.total_tokens;
+      return `${Math.round((100 * used) / v)}% of ${v} ${name.replace("_per_", "/")}`;
+    }).join(", ");
+}
+
+async function showSpend() {
+  const by = $("admin-spend-by").value;
+  const [{ data }, keys, projects] = await Promise.all([
+    callJson(`/admin/spend?group_by=${by}`),
+    by === "key" ? callJson("/admin/keys") : { data: [] },
+    by === "project" ? callJson("/admin/projects") : { data: [] },
+  ]);
+  const budgets = new Map([...keys.data, ...projects.data].map((o) => [o.id, o.budget]));
+  $("admin-spend-group").textContent = by[0].toUpperCase() + by.slice(1);
+  const rows = data.map((row) => {
+    const label = row[by];
+    const name = row.name ? `${row.name} (${label})` : label;
+    const tr = el("tr", "", { "data-group": label });
+    tr.append(
+      el("th", name, { scope: "row" }),
+      el("td", String(row.requests), { "data-testid": `admin-spend-requests-${label}` }),
+      el("td", `${row.prompt_tokens} / ${row.completion_tokens}`),
+      el("td", row.cost.toFixed(6)),
+      el("td", budgetUse(budgets.get(label), row)),
+    );
+    return tr;
+  });
+  $("admin-spend").tBodies[0].replaceChildren(...rows);
 }
 
 async function showKeys() {
@@ -140,7 +184,7 @@ export async function showAdmin() {
   $("admin-new-key").hidden = true;
   $("admin-new-key-value").textContent = "";
   try {
-    await Promise.all([showModels(), showKeys(), showAudit()]);
+    await Promise.all([showModels(), showKeys(), showSpend(), showAudit()]);
   } catch (failure) {
     fail(failure);
   }
@@ -149,6 +193,7 @@ export async function showAdmin() {
 export function setupAdmin(onModelChange) {
   afterModelChange = onModelChange;
   $("admin-refresh").addEventListener("click", showAdmin);
+  $("admin-spend-by").addEventListener("change", () => showSpend().catch(fail));
   $("admin-key-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const submit = event.submitter || $("admin-key-form").querySelector("button");
