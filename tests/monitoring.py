@@ -15,8 +15,6 @@ ALERTS = ROOT / "compose" / "alerts.yml"
 #: agreed names, and what emits them. Until those parts land no process exports them: the
 #: tests accept "no series" for these names only.
 PLANNED = {
-    "gateway_budget_used_ratio": "budgets (spend / budget per key and project)",
-    "gateway_spend_total": "budgets (spend per project and model)",
     "gateway_shed_total": "the admission queue (503 overloaded)",
     "gateway_queue_depth": "the admission queue",
     "gateway_route_total": "cache-aware routing (affinity, spill, fallback)",

@@ -43,7 +43,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         elif isinstance(value, bool):
             value = "true" if value else "false"
         elif isinstance(value, dict):  # read back as JSON, as pydantic-settings does
-            value = json.dumps({k: str(v) for k, v in value.items()})
+            value = json.dumps(value, default=str)  # nested too (GATEWAY_PRICES)
         env[f"GATEWAY_{name.upper()}"] = str(value)
     return env
 

@@ -100,7 +100,11 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     stack = GatewayProcess(
         models=MODELS,
         redis_url=redis.url,
-        env={"GATEWAY_REDIS_CHECK_INTERVAL_S": "0.5", "GATEWAY_REDIS_TIMEOUT_S": "0.5"},
+        env={
+            "GATEWAY_REDIS_CHECK_INTERVAL_S": "0.5",
+            "GATEWAY_REDIS_TIMEOUT_S": "0.5",
+            "GATEWAY_PRICES": '{"*": {"input": 1, "output": 2}}',
+        },
     ).start()
     exporter_port, prometheus_port = free_port(), free_port()
     processes = []
@@ -171,8 +175,18 @@ def test_every_job_of_the_compose_config_is_scraped(monitored: Monitored) -> Non
 def _traffic(stack: GatewayProcess) -> None:
     """What the panels need: streamed chat (time to first token, inter-token latency,
     tokens), a model failing mid-stream (Triton errors) and before its answer (a 500), a
-    429 (rate-limited, 4xx), speech and a transcription (audio seconds)."""
+    429 (rate-limited, 4xx), speech and a transcription (audio seconds), money spent by a
+    key of a project under a budget (spend, budget used)."""
     client = stack.client()
+    created = httpx.post(
+        stack.base_url + "/admin/projects",
+        json={"id": "monitored", "budget": {"cost_per_month": 100}},
+        headers=stack.headers,
+        timeout=10,
+    )
+    assert created.status_code == 201, created.text
+    spender = stack.client(stack.create_key("spender", project="monitored")["key"])
+    spender.chat.completions.create(model="mock_chat", messages=HI)
     for _ in client.chat.completions.create(model="mock_chat", messages=HI, stream=True):
         pass
     failing = [{"role": "user", "content": "[mock:fail_after=1] hi"}]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
 from gateway import cli
 from gateway.config import Settings
+from gateway.stack.replicas import settings_env
 
 
 def settings() -> Settings:
@@ -112,3 +115,18 @@ def test_a_misspelt_variable_is_refused_not_ignored(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("GATEWAY_TOKENIZERS__LLAMA", "/tokenizers/llama")  # a nested one
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
     assert settings.max_request_mb == 1
+
+
+def test_gateway_up_hands_every_setting_to_its_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gateway up`` rebuilds its settings in each replica from ``GATEWAY_*`` variables:
+    nested ones (prices per model) too."""
+    prices = '{"*": {"input": 1, "output": 2}, "smollm2": {"input": 0.1, "output": 0.4}}'
+    monkeypatch.setenv("GATEWAY_PRICES", prices)
+    monkeypatch.setenv("GATEWAY_MODELS", "smollm2,mock_chat")
+    settings = Settings()
+    for name in [n for n in os.environ if n.startswith("GATEWAY_")]:
+        monkeypatch.delenv(name)
+    for name, value in settings_env(settings).items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == settings
+    assert Settings().prices["smollm2"].output == 0.4
