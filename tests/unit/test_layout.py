@@ -15,6 +15,8 @@ def _to_layout_1(client: redis.Redis) -> list[str]:
     old = []
     for name in client.scan_iter(match="gw:*{*}*"):
         text = name.decode()
+        if text.split(":")[1] not in {"key", "usage", "rl"}:
+            continue  # written since (spend, budgets): an older gateway had none
         client.rename(name, text.replace("{", "").replace("}", ""))
         old.append(text.replace("{", "").replace("}", ""))
     client.delete("gw:layout")
