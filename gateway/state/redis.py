@@ -341,10 +341,16 @@ class RedisHealth:
             self._task = asyncio.create_task(self._keep_checking())
 
     async def _keep_checking(self) -> None:
+        task = asyncio.current_task()
         while True:
             # Down is reported; any failure is one (a Redis that refuses the password too).
             with contextlib.suppress(Exception):
                 await self.check()
+            if task is not None and task.cancelling():
+                # A cancel that reached the client while it was connecting can come out as
+                # a connection error (Python 3.11's timeouts): stop all the same, or close()
+                # would wait for this loop forever.
+                return
             await asyncio.sleep(self.interval_s)
 
     async def close(self) -> None:

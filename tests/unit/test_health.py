@@ -98,3 +98,15 @@ async def test_the_readiness_probe_sets_gateway_redis_up(tmp_path: Path) -> None
             assert "gateway_redis_up 0.0" in (await http.get("/metrics")).text
     finally:
         own.stop()
+
+
+async def test_a_gateway_stopped_while_its_redis_check_runs_stops(tmp_path: Path) -> None:
+    """The background Redis check is cancelled whatever it is doing (connecting, waiting for
+    its answer), so the app's shutdown never waits for it."""
+    own = redis_server(tmp_path)
+    try:
+        for _ in range(30):
+            async with asyncio.timeout(5), serve(make_settings(redis_url=own.url)):
+                pass
+    finally:
+        own.stop()
