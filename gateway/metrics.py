@@ -18,6 +18,10 @@ process imports ``prometheus_client``.
     gateway_audio_output_seconds_total{model}           audio synthesized
     gateway_triton_errors_total{model,code}             Triton failures, by gateway error code
     gateway_rate_limited_total{limit}                   429s: requests | tokens | concurrency
+    gateway_shed_total{model,reason}                    503 overloaded: queue_full | wait_timeout
+    gateway_queue_depth{model}                          requests waiting for a Triton slot
+    gateway_queue_wait_seconds{priority}                wait for a slot (with a slot limit)
+    gateway_route_total{outcome}                        several Tritons: affinity | spill | fallback
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -144,6 +148,32 @@ class Metrics:
             "Realtime: from the end of the user's turn to the first audio of the answer",
             (),
             _LATENCY_BUCKETS,
+        )
+
+        # Scheduling and routing (gateway/backend/scheduling.py, docs/scheduling.md).
+        self.shed = counter(
+            "gateway_shed_total",
+            "Requests refused with 503 overloaded, by model and reason (queue_full, wait_timeout)",
+            ("model", "reason"),
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth",
+            "Requests waiting for a Triton slot, by model",
+            ("model",),
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.queue_wait = histogram(
+            "gateway_queue_wait_seconds",
+            "Time a request waited for a Triton slot, by priority (with a slot limit set)",
+            ("priority",),
+            _LATENCY_BUCKETS,
+        )
+        self.routes = counter(
+            "gateway_route_total",
+            "Several Triton servers: requests sent to their key's server (affinity), to the "
+            "next one past the load bound (spill), or to the least busy (fallback: no key)",
+            ("outcome",),
         )
 
     def record_request(

@@ -35,6 +35,7 @@ from starlette.requests import HTTPConnection
 
 from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
+from gateway.backend import scheduling
 from gateway.errors import PermissionDeniedError
 from gateway.serving.realtime import Admit
 from gateway.state.admission import Admission
@@ -74,6 +75,9 @@ async def admit(
     admission when the response has been sent (a WebSocket's when it closes)."""
     admission = await services.gatekeeper.admit(presented)
     setattr(connection.state, ADMISSION, admission)
+    # The key's priority for every backend call of the request (a route that takes a
+    # request's own priority or a conversation's key sets its dispatch again).
+    scheduling.start(admission.key.request_priority(None))
     return admission
 
 
