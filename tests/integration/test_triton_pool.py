@@ -116,3 +116,56 @@ def test_requests_survive_a_triton_killed_mid_traffic(
         assert statuses and set(statuses) == {200}, sorted(set(statuses))
     finally:
         gateway.stop()
+
+
+def test_a_sessions_turns_hit_one_triton_and_a_hot_session_spills_at_the_bound(
+    tritons: list[EmbeddedTriton],
+) -> None:
+    first, second = tritons
+    gateway = GatewayProcess(
+        triton_url=f"{first.grpc_url},{second.grpc_url}",
+        nginx=False,
+        env={"GATEWAY_MODELS": "mock_chat", "GATEWAY_TRITON_CHECK_INTERVAL_S": "0.2"},
+    ).start()
+    try:
+        gateway.wait_ready(60)
+        client = gateway.client()
+
+        def turn(session: str, text: str) -> None:
+            answer = client.chat.completions.create(
+                model="mock_chat",
+                messages=[{"role": "user", "content": text}],
+                max_tokens=20,
+                extra_headers={"X-Session-ID": session},
+            )
+            assert answer.choices[0].message.content
+
+        def served() -> list[int]:
+            return [_served(first), _served(second)]
+
+        # A conversation's turns, one after the other: every one on the same server.
+        for i in range(6):
+            turn("conversation-1", f"turn {i}")
+        _wait_for(lambda: sum(served()) == 6, "six turns counted")
+        assert sorted(served()) == [0, 6], served()
+        home = served().index(6)
+
+        # A hot session: eight turns at once, each about 2 s long. Its server takes at most
+        # ceil(1.25 x 8 / 2) = 5 of them (GATEWAY_ROUTE_BALANCE 0.25); the rest spill.
+        before = served()
+        threads = [
+            threading.Thread(target=turn, args=("conversation-1", f"[mock:delay_ms=100] {i}"))
+            for i in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        _wait_for(lambda: sum(served()) == sum(before) + 8, "eight turns counted")
+        took = [now - then for now, then in zip(served(), before, strict=True)]
+        assert took[home] == 5 and took[1 - home] == 3, took
+        metrics = httpx.get(gateway.base_url + "/metrics", timeout=5).text
+        routes = dict(re.findall(r'gateway_route_total\{outcome="(\w+)"\} ([\d.]+)', metrics))
+        assert float(routes["spill"]) == 3 and float(routes["affinity"]) == 6 + 5, routes
+    finally:
+        gateway.stop()
