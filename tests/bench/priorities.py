@@ -4,8 +4,9 @@ low-priority requests, and how many of those are shed, measured in one run.
 Run with ``make bench`` (or ``python -m tests.bench.priorities``). It starts ``gateway up``
 (one gateway process, the weightless ``mock_chat`` model) with ``GATEWAY_TRITON_MAX_INFLIGHT``
 set, so the gateway keeps at most that many requests in flight at Triton and queues the
-rest by priority; each request generates 10 tokens 25 ms apart (about 250 ms, what a busy
-server would take). Two keys: ``interactive`` (priority 0) and ``bulk`` (priority 10).
+rest by priority. Tokens come 25 ms apart: an interactive request is 10 tokens (about
+250 ms), a bulk one 4 to 16 at random. Two keys: ``interactive`` (priority 0) and
+``bulk`` (priority 10).
 
 1. **Unloaded**: interactive clients alone, one request at a time each.
 2. **Overload**: the same interactive clients while bulk clients keep far more requests
@@ -14,10 +15,11 @@ server would take). Two keys: ``interactive`` (priority 0) and ``bulk`` (priorit
    again, so that the shed clients do not all come back in the same millisecond) and
    sends again.
 
-It prints the interactive p50/p99 in both phases and their ratio (the goal: p99 under
-overload within 2x of p99 unloaded), and the bulk requests sent, served and shed (the
-client's count and ``gateway_shed_total``). Client, gateway, Redis and Triton share one
-machine.
+The two phases alternate, four rounds of each, so that a drift in the shared machine's
+speed hits both alike. It prints the interactive p50/p99 in both phases and their ratio
+(the goal: p99 under overload within 2x of p99 unloaded), and the bulk requests sent,
+served and shed (the client's count and ``gateway_shed_total``). Client, gateway, Redis
+and Triton share one machine.
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ from tests.stack import GatewayProcess
 
 SLOTS = 8
 ROUNDS = 4
-BODY = {
-    "model": "mock_chat",
-    "messages": [{"role": "user", "content": "[mock:delay_ms=25] [mock:words=10] Sum up."}],
-    "max_tokens": 16,
-}
+
+
+def body(words: int) -> dict[str, object]:
+    """A chat request whose answer is ``words`` tokens, 25 ms apart."""
+    content = f"[mock:delay_ms=25] [mock:words={words}] Sum up."
+    return {"model": "mock_chat", "messages": [{"role": "user", "content": content}]}
+
+
+INTERACTIVE = body(10)
 
 
 @dataclass
@@ -57,7 +63,7 @@ async def interactive(http: httpx.AsyncClient, tally: Tally, count: int) -> None
     """One client of the interactive key: ``count`` requests, one after the other."""
     for _ in range(count):
         start = time.perf_counter()
-        response = await http.post("/v1/chat/completions", json=BODY)
+        response = await http.post("/v1/chat/completions", json=INTERACTIVE)
         tally.sent += 1
         if response.status_code != 200:
             tally.other[response.status_code] = tally.other.get(response.status_code, 0) + 1
@@ -70,7 +76,8 @@ async def bulk(http: httpx.AsyncClient, tally: Tally, stop: asyncio.Event) -> No
     """One client of the bulk key: sends again as soon as it is answered, and after a 503
     waits its ``Retry-After``."""
     while not stop.is_set():
-        response = await http.post("/v1/chat/completions", json=BODY)
+        # Jobs of 4 to 16 tokens (100 to 400 ms): real requests differ in length.
+        response = await http.post("/v1/chat/completions", json=body(random.randint(4, 16)))
         tally.sent += 1
         if response.status_code == 200:
             tally.latencies.append(0.0)
