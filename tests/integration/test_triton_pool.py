@@ -1,6 +1,8 @@
 """One gateway in front of two real Triton servers (both serving ``mock_chat``):
 requests spread over both, keep succeeding when one is killed during traffic, and reach
-it again once it is back."""
+it again once it is back; a session's turns stay on one server, and a hot session spills
+to the other at the load bound (docs/scheduling.md), whose keys' priority bounds their
+requests'."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.stack import processes
@@ -167,5 +170,21 @@ def test_a_sessions_turns_hit_one_triton_and_a_hot_session_spills_at_the_bound(
         metrics = httpx.get(gateway.base_url + "/metrics", timeout=5).text
         routes = dict(re.findall(r'gateway_route_total\{outcome="(\w+)"\} ([\d.]+)', metrics))
         assert float(routes["spill"]) == 3 and float(routes["affinity"]) == 6 + 5, routes
+
+        # A key's priority bounds the priority its requests ask for (vLLM's field).
+        batch = gateway.client(gateway.create_key("batch", priority=5)["key"])
+        with pytest.raises(openai.BadRequestError) as refused:
+            batch.chat.completions.create(
+                model="mock_chat",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"priority": 4},
+            )
+        assert refused.value.body["param"] == "priority"  # type: ignore[index]
+        later = batch.chat.completions.create(
+            model="mock_chat",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"priority": 9},
+        )
+        assert later.choices[0].message.content
     finally:
         gateway.stop()
