@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gateway.app import _triton
 from gateway.backend import scheduling
 from gateway.backend.base import ChatImage, GenerationChunk, SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.backend.pool import BackendPool
 from gateway.backend.scheduling import Policy, Ring, place
 from gateway.errors import OverloadedError
+from gateway.metrics import Metrics
 from tests.unit.conftest import (
     assert_openai_error,
     bearer,
@@ -102,7 +104,9 @@ def waiting(pool: BackendPool) -> int:
 def test_a_key_keeps_its_server_and_keys_spread_evenly() -> None:
     ring = Ring(frozenset({"a:1", "b:1", "c:1"}))
     homes = Counter(next(ring.walk(f"session-{i}")) for i in range(3000))
-    assert all(next(ring.walk("session-7")) == next(ring.walk("session-7")) for _ in range(3))
+    # The same in every replica (process): blake2b, not Python's per-process salted hash().
+    assert list(ring.walk("session-7")) == ["c:1", "a:1", "b:1"]
+    assert list(ring.walk("x")) == ["a:1", "b:1", "c:1"]
     assert all(800 < n < 1200 for n in homes.values()), homes  # about a third each
 
 
@@ -397,3 +401,14 @@ async def test_a_conversations_turns_land_on_one_server_through_the_api() -> Non
         text = (await http.get("/metrics")).text
         assert 'gateway_route_total{outcome="affinity"} 12.0' in text
         assert 'gateway_route_total{outcome="fallback"} 4.0' in text
+
+
+async def test_a_slot_limit_puts_even_one_triton_behind_the_queue() -> None:
+    metrics = Metrics()
+    one = _triton(make_settings(triton_url="127.0.0.1:1"), metrics)
+    assert not isinstance(one, BackendPool)  # nothing changes unless the limit is set
+    await one.close()
+    limited = _triton(make_settings(triton_url="127.0.0.1:1", triton_max_inflight=3), metrics)
+    assert isinstance(limited, BackendPool) and limited.metrics is metrics
+    assert limited.policy == Policy(max_inflight=3)
+    await limited.close()
