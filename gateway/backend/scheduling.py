@@ -42,7 +42,7 @@ POINTS = 128
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
-@dataclass
+@dataclass(frozen=True)
 class Dispatch:
     """How one request is scheduled: its priority (lower first) and the key that keeps its
     conversation on one server (None: the prompt's prefix, if long enough, else none)."""
