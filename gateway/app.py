@@ -70,6 +70,7 @@ async def _migrate(redis: Redis) -> asyncio.Task[None] | None:
 def _triton(settings: Settings, metrics: Metrics) -> Backend:
     """The client of the Triton server, or of the pool of servers, ``triton_url`` names."""
     from gateway.backend import pool
+    from gateway.backend.scheduling import Policy
     from gateway.backend.tokenizer import Tokenizers
     from gateway.backend.triton import TritonBackend
 
@@ -84,9 +85,17 @@ def _triton(settings: Settings, metrics: Metrics) -> Backend:
 
     tokenizers = Tokenizers(settings.tokenizers)
 
-    if not pool.is_pool(settings.triton_url):
+    # A single server is run through the pool too when requests wait for its slots: the
+    # pool holds the queue.
+    if not pool.is_pool(settings.triton_url) and not settings.triton_max_inflight:
         return client(settings.triton_url)
-    return pool.BackendPool(settings.triton_url, client, settings.triton_check_interval_s)
+    return pool.BackendPool(
+        settings.triton_url,
+        client,
+        settings.triton_check_interval_s,
+        policy=Policy.from_settings(settings),
+        metrics=metrics,
+    )
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> FastAPI:

@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--rpm", type=int, help="requests per minute")
     create.add_argument("--tpm", type=int, help="tokens per minute")
     create.add_argument("--max-concurrency", type=int, help="requests running at once")
+    create.add_argument(
+        "--priority", type=int, help="scheduling priority, lower first (-100 to 100; default 0)"
+    )
     create.add_argument("--expires-in-days", type=float, help="days until it stops working")
     actions.add_parser("list", help="list keys (never the keys themselves)")
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
@@ -113,6 +116,7 @@ def _print_key(key: ApiKey, as_json: bool) -> None:
             ("rpm", key.rpm),
             ("tpm", key.tpm),
             ("concurrency", key.max_concurrency),
+            ("priority", key.priority),
         )
         if value is not None
     )
@@ -142,6 +146,7 @@ async def _keys_command(args: argparse.Namespace, settings: Settings) -> None:
                 rpm=args.rpm,
                 tpm=args.tpm,
                 max_concurrency=args.max_concurrency,
+                priority=args.priority,
                 expires_in_days=args.expires_in_days,
             )
             async with audit("key.create", details=spec.model_dump(exclude_none=True)) as action:

@@ -322,6 +322,24 @@ class Settings(BaseSettings):
     gateway sends its spans to, and the embedded Triton its own. Unset: the standard
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
     ``/v1/traces``; none set (or ``OTEL_SDK_DISABLED=true``): no traces."""
+    # Priorities, shedding and routing over Tritons (docs/scheduling.md).
+    triton_max_inflight: int = Field(0, ge=0)
+    """Requests one replica keeps in flight per model and per Triton server; the rest wait
+    in the replica's queue for the model, by priority then arrival. 0 (the default): no
+    limit and no queue, every request goes to Triton at once."""
+    queue_max_waiting: int = Field(256, ge=1)
+    """Requests waiting per model in one replica (with ``triton_max_inflight``); past it,
+    the worst-ranked request is refused with 503 ``overloaded``."""
+    queue_max_wait_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    """The longest a request waits for a slot before a 503 ``overloaded``."""
+    route_balance: float = Field(0.25, ge=0, le=10, allow_inf_nan=False)
+    """Several Tritons: a conversation's server takes at most (1 + this) times the average
+    load before its requests spill to the next server on the ring."""
+    route_prefix_chars: int = Field(1024, ge=0)
+    """Several Tritons: a prompt at least this long (in characters, as rendered) is routed by
+    its first this many characters, so requests that share a long prefix meet its cache.
+    0: only conversations (``X-Session-ID``, ``previous_response_id``, ``prompt_cache_key``)
+    are routed."""
 
     @field_validator("admin_key")
     @classmethod

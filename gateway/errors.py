@@ -16,6 +16,7 @@
     ├── BackendUnavailableError       503 server_error / backend_unavailable (Retry-After)
     ├── StoreUnavailableError         503 server_error / store_unavailable (Retry-After)
     │   └── StoreFullError            503 server_error / store_full (Retry-After)
+    ├── OverloadedError               503 server_error / overloaded (Retry-After)
     └── BackendTimeoutError           504 server_error / backend_timeout
 
 Routers never catch exceptions: the handlers installed by :func:`install_handlers` render
@@ -216,6 +217,21 @@ class StoreFullError(StoreUnavailableError):
     code = "store_full"
     retry_after_s = 30
     reason = "The gateway's store is full; try again later."
+
+
+class OverloadedError(GatewayError):
+    """The gateway's queue for a model is full, or the request waited in it too long: shed
+    before Triton falls over (:mod:`gateway.backend.scheduling`). ``reason`` is
+    ``queue_full`` or ``wait_timeout``; ``Retry-After`` is the queue's estimate of when a
+    place frees."""
+
+    status_code = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, reason: str, retry_after_s: float) -> None:
+        retry_after = str(max(1, math.ceil(retry_after_s)))
+        super().__init__(message, headers={"Retry-After": retry_after})
+        self.reason = reason
 
 
 class BackendTimeoutError(GatewayError):

@@ -22,6 +22,10 @@ process imports ``prometheus_client``.
     gateway_spend_total{project,model}                  money spent (GATEWAY_PRICES' unit)
     gateway_budget_used_ratio{scope,name,period}        spend / budget (key|project, day|month)
     gateway_budget_exceeded_total{scope}                429 budget_exceeded, by key | project
+    gateway_shed_total{model,reason}                    503 overloaded: queue_full | wait_timeout
+    gateway_queue_depth{model}                          requests waiting for a Triton slot
+    gateway_queue_wait_seconds{priority}                wait for a slot (with a slot limit)
+    gateway_route_total{outcome}                        several Tritons: affinity | spill | fallback
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -177,6 +181,31 @@ class Metrics:
             "GATEWAY_REDIS_CHECK_INTERVAL_S and on /health/ready), 0 if not",
             registry=own,
             multiprocess_mode="livemin",
+        )
+        # Scheduling and routing (gateway/backend/scheduling.py, docs/scheduling.md).
+        self.shed = counter(
+            "gateway_shed_total",
+            "Requests refused with 503 overloaded, by model and reason (queue_full, wait_timeout)",
+            ("model", "reason"),
+        )
+        self.queue_depth = Gauge(
+            "gateway_queue_depth",
+            "Requests waiting for a Triton slot, by model",
+            ("model",),
+            registry=own,
+            multiprocess_mode="livesum",
+        )
+        self.queue_wait = histogram(
+            "gateway_queue_wait_seconds",
+            "Time a request waited for a Triton slot, by priority (with a slot limit set)",
+            ("priority",),
+            _LATENCY_BUCKETS,
+        )
+        self.routes = counter(
+            "gateway_route_total",
+            "Several Triton servers: requests sent to their key's server (affinity), to the "
+            "next one past the load bound (spill), or to the least busy (fallback: no key)",
+            ("outcome",),
         )
 
     def record_request(

@@ -35,6 +35,7 @@ from starlette.requests import HTTPConnection
 
 from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
+from gateway.backend import scheduling
 from gateway.errors import PermissionDeniedError
 from gateway.serving.realtime import Admit
 from gateway.state.admission import Admission
@@ -79,6 +80,9 @@ async def admit(
             traced.set_attribute("gateway.key.id", admission.key.id)
             traced.set_attribute("gateway.outcome", "admitted")
     setattr(connection.state, ADMISSION, admission)
+    # The key's priority for every backend call of the request (a route that takes a
+    # request's own priority or a conversation's key sets its dispatch again).
+    scheduling.start(admission.key.request_priority(None))
     return admission
 
 

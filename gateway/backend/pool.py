@@ -7,7 +7,14 @@ check. One gRPC connection to a Service's virtual IP would pin every request of 
 to one pod; here each server has its own connection and the gateway picks per request.
 
 - **Pick**: among the servers that are up and have the model ready, the one with the fewest
-  requests in flight from this process (ties take turns).
+  requests in flight from this process (ties take turns); a request with a routing key (its
+  conversation's, or its long prompt's prefix) goes to the key's server on a hash ring
+  unless that one is past the load bound (:mod:`gateway.backend.scheduling`), so a
+  conversation finds its prefix cache where it left it.
+- **Slots and the queue** (``GATEWAY_TRITON_MAX_INFLIGHT``): at most that many requests per
+  model and per server in flight; the rest wait in the model's queue by priority, then
+  arrival, and take the first slot that frees on any server; past the queue's length or
+  wait, a 503 ``overloaded``.
 - **Routing around**: a server that cannot be reached, or does not have the model, before
   the first response of a request, is skipped and the request goes to the next one; a
   server found unreachable is left out until a check finds it ready again. After the first
@@ -25,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import socket
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -33,6 +41,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from gateway.backend import scheduling
 from gateway.backend.base import (
     AudioChunk,
     Backend,
@@ -45,12 +54,21 @@ from gateway.backend.base import (
     Segment,
     TranscriptionOptions,
 )
-from gateway.errors import BackendUnavailableError, GatewayError, ModelNotFoundError
+from gateway.backend.scheduling import Dispatch, Policy, Queue, Ring, Waiter, place
+from gateway.errors import (
+    BackendUnavailableError,
+    GatewayError,
+    ModelNotFoundError,
+    OverloadedError,
+)
+from gateway.metrics import Metrics
 
 logger = logging.getLogger("gateway")
 T = TypeVar("T")
 DNS = "dns:///"
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+#: What a pick returns when every server it may take is at its limit for the model.
+FULL = "full"
 
 
 def targets(url: str) -> list[str]:
@@ -84,6 +102,8 @@ class _Server:
     models: frozenset[str] = frozenset()
     busy: int = 0
     order: int = 0
+    running: dict[str, int] = field(default_factory=dict)
+    """Requests in flight per model (the slots ``Policy.max_inflight`` bounds)."""
 
 
 @dataclass
@@ -95,9 +115,14 @@ class BackendPool:
     make: Callable[[str], Backend]
     check_every_s: float = 1.0
     resolver: Resolver = resolve
+    policy: Policy = field(default_factory=Policy)
+    metrics: Metrics | None = None
     servers: dict[str, _Server] = field(default_factory=dict)
     _checker: asyncio.Task[None] | None = None
     _turns: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _arrivals: itertools.count[int] = field(default_factory=itertools.count)
+    _queues: dict[str, Queue] = field(default_factory=dict)
+    _ring: Ring = field(default_factory=lambda: Ring(frozenset()))
 
     # -- the servers -----------------------------------------------------------------------
 
@@ -126,6 +151,8 @@ class BackendPool:
             logger.warning("Triton server %s left the pool", address)
             asyncio.get_running_loop().create_task(self._close_when_idle(gone))
         await asyncio.gather(*(self._check(s) for s in list(self.servers.values())))
+        for model in list(self._queues):  # a server back, or new: slots for the waiting
+            self._dispatch(model)
 
     async def _check(self, server: _Server) -> None:
         try:
@@ -159,32 +186,178 @@ class BackendPool:
             self._checker = asyncio.get_running_loop().create_task(self._keep_checking())
             await self.check()
 
-    def _pick(self, model: str, tried: set[str]) -> _Server | None:
-        """The least busy server not tried yet: first those that have the model ready, then
-        those that are up (the last check may predate a load), then any."""
+    def _free(self, server: _Server, model: str) -> bool:
+        limit = self.policy.max_inflight
+        return not limit or server.running.get(model, 0) < limit
+
+    def _pick(self, model: str, tried: set[str], route: str | None) -> _Server | str | None:
+        """The server for a request not tried there yet: first among those that have the
+        model ready, then those that are up (the last check may predate a load), then any;
+        within that group the key's server on the ring (``route``), else the least busy.
+        :data:`FULL` when the group's servers are all at their limit for the model (the
+        request waits), None when no server is left to try."""
         left = [s for s in self.servers.values() if s.address not in tried]
         for group in (
             [s for s in left if s.up and model in s.models],
             [s for s in left if s.up],
             left,
         ):
-            if group:
-                chosen = min(group, key=lambda s: (s.busy, s.order))
-                chosen.order = next(self._turns)  # ties take turns
-                return chosen
+            if not group:
+                continue
+            if route is not None:
+                chosen, home = self._place(model, group, route)
+                outcome = "affinity" if home else "spill"
+            else:
+                free = [s for s in group if self._free(s, model)]
+                chosen = min(free, key=lambda s: (s.busy, s.order)) if free else None
+                outcome = "fallback"
+            if chosen is None:
+                return FULL
+            chosen.order = next(self._turns)  # ties take turns
+            if self.metrics is not None and len(self.servers) > 1:
+                self.metrics.routes.labels(outcome).inc()
+            return chosen
         return None
 
+    def _place(self, model: str, group: list[_Server], route: str) -> tuple[_Server | None, bool]:
+        """The key's server on the ring among ``group``, within the load bound."""
+        if self._ring.nodes != self.servers.keys():
+            self._ring = Ring(frozenset(self.servers))
+        by_address = {s.address: s for s in group}
+        address, home = place(
+            self._ring,
+            f"{model}\n{route}",
+            {s.address: s.busy for s in group},
+            lambda a: self._free(by_address[a], model),
+            self.policy.balance,
+        )
+        return (by_address[address] if address is not None else None), home
+
+    # -- slots and the queue ---------------------------------------------------------------
+
+    def _take(self, server: _Server, model: str, waiter: Waiter | None, priority: int) -> None:
+        server.busy += 1
+        server.running[model] = server.running.get(model, 0) + 1
+        if self.metrics is not None and self.policy.max_inflight:
+            waited = time.monotonic() - waiter.since if waiter is not None else 0.0
+            self.metrics.queue_wait.labels(str(priority)).observe(waited)
+
+    def _release(self, server: _Server, model: str, started: float | None) -> None:
+        """Frees the slot (``started``: when the request began there, None if it never
+        did) and hands it on."""
+        server.busy -= 1
+        server.running[model] -= 1
+        if self.policy.max_inflight:
+            if started is not None:
+                self._queues.setdefault(model, Queue()).held(time.monotonic() - started)
+            self._dispatch(model)
+
+    def _dispatch(self, model: str) -> None:
+        """Hands the free slots to the waiting requests, best first."""
+        queue = self._queues.get(model)
+        if queue is None:
+            return
+        for waiter in list(queue.waiting):
+            if waiter.future.done():  # gone: it is leaving the queue
+                queue.discard(waiter)
+                continue
+            chosen = self._pick(model, waiter.tried, waiter.route)
+            if chosen == FULL:
+                break
+            queue.discard(waiter)
+            if isinstance(chosen, _Server):
+                self._take(chosen, model, waiter, waiter.priority)
+            waiter.future.set_result(chosen)
+        self._depth(model, queue)
+
+    def _depth(self, model: str, queue: Queue) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.labels(model).set(len(queue.waiting))
+
+    def _slots(self, model: str) -> int:
+        """Slots the model has over the servers that have it (all servers if none says so)."""
+        having = [s for s in self.servers.values() if s.up and model in s.models]
+        return self.policy.max_inflight * max(1, len(having) or len(self.servers))
+
+    def _shed(self, model: str, reason: str, position: int) -> OverloadedError:
+        queue = self._queues.setdefault(model, Queue())
+        wait = queue.wait_estimate(position, self._slots(model))
+        if self.metrics is not None:
+            self.metrics.shed.labels(model, reason).inc()
+        if reason == "queue_full":
+            message = (
+                f"The gateway is overloaded: {len(queue.waiting)} requests are already waiting "
+                f"for the model '{model}'. Try again later."
+            )
+        else:
+            message = (
+                f"The gateway is overloaded: this request waited {self.policy.max_wait_s:g} s "
+                f"for the model '{model}' without getting a slot. Try again later."
+            )
+        return OverloadedError(message, reason, wait)
+
+    async def _acquire(
+        self, model: str, tried: set[str], dispatch: Dispatch, route: str | None
+    ) -> _Server | None:
+        """A slot on a server for the request (None: no server left to try): at once when
+        one is free and nobody waits for the model, else after those ahead of it."""
+        queue = self._queues.get(model)
+        if queue is None or not queue.waiting:
+            chosen = self._pick(model, tried, route)
+            if chosen != FULL:
+                if isinstance(chosen, _Server):
+                    self._take(chosen, model, None, dispatch.priority)
+                return chosen if isinstance(chosen, _Server) else None
+        queue = self._queues.setdefault(model, Queue())
+        waiter = Waiter(
+            dispatch.priority,
+            next(self._arrivals),
+            route,
+            tried,
+            asyncio.get_running_loop().create_future(),
+            time.monotonic(),
+        )
+        refused = queue.add(waiter, self.policy.max_waiting)
+        if refused is waiter:
+            raise self._shed(model, "queue_full", len(queue.waiting))
+        if refused is not None and not refused.future.done():  # a worse one makes room
+            refused.future.set_exception(self._shed(model, "queue_full", len(queue.waiting)))
+        self._depth(model, queue)
+        self._dispatch(model)  # a slot may have freed meanwhile
+        try:
+            async with asyncio.timeout(self.policy.max_wait_s):
+                got: _Server | None = await waiter.future
+                return got
+        except TimeoutError:
+            if (taken := _result(waiter.future)) is not None:
+                return taken  # a slot came as the time ran out
+            position = queue.waiting.index(waiter) if waiter in queue.waiting else 0
+            raise self._shed(model, "wait_timeout", position) from None
+        except asyncio.CancelledError:  # the client went away: its slot, if any, goes on
+            if (taken := _result(waiter.future)) is not None:
+                self._release(taken, model, None)
+            raise
+        finally:
+            queue.discard(waiter)
+            self._depth(model, queue)
+
     async def _stream(
-        self, model: str, call: Callable[[Backend], AsyncGenerator[T, None]]
+        self,
+        model: str,
+        call: Callable[[Backend], AsyncGenerator[T, None]],
+        prompt: str | None = None,
     ) -> AsyncGenerator[T, None]:
         """``call`` on one server, and on the next while servers are unreachable or lack the
-        model; only while nothing was received (a stream cannot move)."""
+        model; only while nothing was received (a stream cannot move). The request holds
+        its slot until it ends (a stream: its last chunk)."""
         await self._started()
+        dispatch = scheduling.current()
+        route = self.policy.route_key(dispatch, prompt)
         tried: set[str] = set()
         last: GatewayError = BackendUnavailableError("No Triton server is reachable")
-        while (server := self._pick(model, tried)) is not None:
+        while (server := await self._acquire(model, tried, dispatch, route)) is not None:
             tried.add(server.address)
-            server.busy += 1
+            started = time.monotonic()
             received = False
             try:
                 async with aclosing(call(server.backend)) as results:
@@ -199,7 +372,7 @@ class BackendPool:
                     server.up = False
                 last = exc
             finally:
-                server.busy -= 1
+                self._release(server, model, started)
         raise last
 
     async def _everywhere(self, call: Callable[[Backend], Awaitable[T]]) -> list[T]:
@@ -252,7 +425,9 @@ class BackendPool:
         stream: bool,
         images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
-        return self._stream(model, lambda b: b.generate(model, prompt, options, stream, images))
+        return self._stream(
+            model, lambda b: b.generate(model, prompt, options, stream, images), prompt
+        )
 
     def synthesize(
         self, model: str, text: str, voice: str, speed: float
@@ -279,3 +454,10 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checker
         await asyncio.gather(*(s.backend.close() for s in self.servers.values()))
+
+
+def _result(future: asyncio.Future[_Server | None]) -> _Server | None:
+    """The server a waiter's future was resolved with, if it was."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    return None

@@ -28,7 +28,7 @@ from gateway.backend import Backend, Embeddings, ModelInfo
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
-from gateway.serving.protocol import Hint, Strict
+from gateway.serving.protocol import Hint, Priority, Strict
 from gateway.state.budgets import prompt_bound
 from gateway.state.limits import Meter
 
@@ -44,6 +44,8 @@ class EmbeddingRequest(Strict):
     user: Hint | None = None
     input_type: str | None = None
     """NVIDIA NIM's extension: ``query`` or ``passage`` for models that tell them apart."""
+    priority: Priority | None = None
+    """vLLM's scheduling priority (lower first; see ``docs/scheduling.md``)."""
 
 
 class Embedding(BaseModel):

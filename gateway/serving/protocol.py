@@ -4,7 +4,8 @@ Requests validate the OpenAI ranges, so bad input gets a 400 naming the paramete
 anything reaches Triton. Every parameter of the OpenAI API is declared, and each is
 honoured, refused when set (a 400 ``unsupported_parameter`` naming it and saying why, see
 :meth:`SamplingRequest.unsupported`), or accepted as a hint nothing depends on (``user``,
-``safety_identifier``, ``prompt_cache_key``, ``service_tier``). Fields the API does not
+``safety_identifier``, ``service_tier``; ``prompt_cache_key`` routes a request over several
+Tritons, see ``docs/scheduling.md``). Fields the API does not
 define are refused too (``extra="forbid"``: a 400 naming the field, never a silent drop), at
 the top and inside messages, content parts, tool calls, tools, formats and options. What the
 openai SDKs put on an answer a client sends back as history (:data:`Echoed`: ``annotations``,
@@ -27,6 +28,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+
+from gateway.backend.scheduling import MAX_PRIORITY, MIN_PRIORITY
 
 
 class Strict(BaseModel):
@@ -156,9 +159,12 @@ class ResponseFormat(Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
-#: A hint string (``user``, ``prompt_cache_key``): accepted, changing nothing here, but
-#: echoed and stored with a response, so bounded.
+#: A hint string (``user``, ``prompt_cache_key``): accepted (the latter routes, see
+#: ``docs/scheduling.md``), echoed and stored with a response, so bounded.
 Hint = Annotated[str, Field(max_length=256)]
+#: vLLM's ``priority``: lower goes first, 0 by default; honoured by the gateway's own queue
+#: (:mod:`gateway.backend.scheduling`), never before the key's own priority.
+Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 #: OpenAI's ``safety_identifier`` (at most 64 characters).
 SafetyIdentifier = Annotated[str, Field(max_length=64)]
 #: OpenAI's processing tiers; accepted as a hint (there is one tier here).
@@ -203,6 +209,8 @@ class SamplingRequest(Strict):
     repetition_penalty: float | None = Field(None, gt=0.0)
     min_tokens: int | None = Field(None, ge=0)
     ignore_eos: bool | None = None
+    priority: Priority | None = None
+    """vLLM's scheduling priority (lower first; see :data:`Priority`)."""
 
     @field_validator("n", mode="before")
     @classmethod
@@ -297,8 +305,10 @@ class ChatCompletionRequest(SamplingRequest):
     function_call: Literal["none", "auto"] | NamedFunction | None = None
     safety_identifier: SafetyIdentifier | None = None
     prompt_cache_key: Hint | None = None
+    """Keeps requests on one Triton server, where their prompts' prefix is cached (with
+    several servers; see ``docs/scheduling.md``)."""
     service_tier: ServiceTier | None = None
-    """Hints, like ``user``: accepted, nothing here depends on them."""
+    """A hint, like ``user``: accepted, nothing here depends on it."""
     reasoning_effort: ReasoningEffort | None = None
     """Passed to a chat template that takes it (``reasoning_effort``, or an
     ``enable_thinking`` switch: off for ``none``); refused for one that does not (see

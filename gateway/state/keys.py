@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from redis.asyncio import Redis
 
-from gateway.errors import NotFoundError, PermissionDeniedError
+from gateway.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 from gateway.state.redis import PREFIX, needs_store
 
 KEY_PREFIX = "sk-gw-"
@@ -50,6 +50,14 @@ class KeyLimits(BaseModel):
     rpm: int | None = Field(None, ge=1, description="Requests per minute.")
     tpm: int | None = Field(None, ge=1, description="Tokens (prompt + completion) per minute.")
     max_concurrency: int | None = Field(None, ge=1, description="Requests running at once.")
+    priority: int | None = Field(
+        None,
+        ge=-100,
+        le=100,
+        description="Scheduling priority of the key's requests, lower first (vLLM's "
+        "polarity); also the lowest value a request of the key may ask for in its own "
+        "`priority`. Null: 0.",
+    )
 
 
 #: A project's id: its name in the admin API and the Redis Cluster hash tag of its records.
@@ -144,6 +152,21 @@ class ApiKey(KeyLimits):
                 code="model_not_allowed",
             )
 
+    def request_priority(self, requested: int | None) -> int:
+        """The priority a request runs at: the one it asks for (vLLM's ``priority``), which
+        may not come before the key's own (a 400 naming it), else the key's."""
+        own = self.priority or 0
+        if requested is None:
+            return own
+        if requested < own:
+            raise InvalidRequestError(
+                f"priority {requested} is not allowed for this API key: its requests run at "
+                f"priority {own} or later (a larger number; lower goes first).",
+                param="priority",
+                code="priority_not_allowed",
+            )
+        return requested
+
 
 class KeyUpdate(BaseModel):
     """Body of ``PATCH /admin/keys/{id}``: the fields given are set (``null`` clears one),
@@ -153,6 +176,8 @@ class KeyUpdate(BaseModel):
 
     project: str | None = Field(None, pattern=PROJECT_ID)
     budget: Budget | None = None
+    priority: int | None = Field(None, ge=-100, le=100)
+    """As :attr:`KeyLimits.priority`; ``null``: 0."""
 
 
 class _StoredKey(ApiKey):
@@ -184,6 +209,7 @@ class KeyStore:
             rpm=spec.rpm,
             tpm=spec.tpm,
             max_concurrency=spec.max_concurrency,
+            priority=spec.priority,
             created_at=created,
             expires_at=expires,
             project=spec.project,
@@ -244,6 +270,8 @@ class KeyStore:
         if "budget" in given:
             budget = change.budget
             stored.budget = None if budget is None or budget.empty() else budget
+        if "priority" in given:
+            stored.priority = change.priority
         await self.redis.set(record_key(key_id), stored.model_dump_json())
         return _public(stored)
 

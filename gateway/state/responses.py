@@ -44,6 +44,10 @@ class StoredResponse(BaseModel):
     messages: list[dict[str, Any]]
     """The conversation up to and including this response's output (chat messages;
     ``instructions`` are not carried over, as with OpenAI)."""
+    root: str | None = None
+    """The first response of its ``previous_response_id`` chain: the key that keeps the
+    chain's requests on one Triton server (None in records stored before it was kept:
+    their own id stands for it)."""
 
 
 def not_found(response_id: str) -> NotFoundError:

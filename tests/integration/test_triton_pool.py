@@ -1,6 +1,8 @@
 """One gateway in front of two real Triton servers (both serving ``mock_chat``):
 requests spread over both, keep succeeding when one is killed during traffic, and reach
-it again once it is back."""
+it again once it is back; a session's turns stay on one server, and a hot session spills
+to the other at the load bound (docs/scheduling.md), whose keys' priority bounds their
+requests'."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.stack import processes
@@ -114,5 +117,74 @@ def test_requests_survive_a_triton_killed_mid_traffic(
             user.join(30)
         assert _served(again) > 0, "the restarted server got no request"
         assert statuses and set(statuses) == {200}, sorted(set(statuses))
+    finally:
+        gateway.stop()
+
+
+def test_a_sessions_turns_hit_one_triton_and_a_hot_session_spills_at_the_bound(
+    tritons: list[EmbeddedTriton],
+) -> None:
+    first, second = tritons
+    gateway = GatewayProcess(
+        triton_url=f"{first.grpc_url},{second.grpc_url}",
+        nginx=False,
+        env={"GATEWAY_MODELS": "mock_chat", "GATEWAY_TRITON_CHECK_INTERVAL_S": "0.2"},
+    ).start()
+    try:
+        gateway.wait_ready(60)
+        client = gateway.client()
+
+        def turn(session: str, text: str) -> None:
+            answer = client.chat.completions.create(
+                model="mock_chat",
+                messages=[{"role": "user", "content": text}],
+                max_tokens=20,
+                extra_headers={"X-Session-ID": session},
+            )
+            assert answer.choices[0].message.content
+
+        def served() -> list[int]:
+            return [_served(first), _served(second)]
+
+        # A conversation's turns, one after the other: every one on the same server.
+        for i in range(6):
+            turn("conversation-1", f"turn {i}")
+        _wait_for(lambda: sum(served()) == 6, "six turns counted")
+        assert sorted(served()) == [0, 6], served()
+        home = served().index(6)
+
+        # A hot session: eight turns at once, each about 2 s long. Its server takes at most
+        # ceil(1.25 x 8 / 2) = 5 of them (GATEWAY_ROUTE_BALANCE 0.25); the rest spill.
+        before = served()
+        threads = [
+            threading.Thread(target=turn, args=("conversation-1", f"[mock:delay_ms=100] {i}"))
+            for i in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        _wait_for(lambda: sum(served()) == sum(before) + 8, "eight turns counted")
+        took = [now - then for now, then in zip(served(), before, strict=True)]
+        assert took[home] == 5 and took[1 - home] == 3, took
+        metrics = httpx.get(gateway.base_url + "/metrics", timeout=5).text
+        routes = dict(re.findall(r'gateway_route_total\{outcome="(\w+)"\} ([\d.]+)', metrics))
+        assert float(routes["spill"]) == 3 and float(routes["affinity"]) == 6 + 5, routes
+
+        # A key's priority bounds the priority its requests ask for (vLLM's field).
+        batch = gateway.client(gateway.create_key("batch", priority=5)["key"])
+        with pytest.raises(openai.BadRequestError) as refused:
+            batch.chat.completions.create(
+                model="mock_chat",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"priority": 4},
+            )
+        assert refused.value.body["param"] == "priority"  # type: ignore[index]
+        later = batch.chat.completions.create(
+            model="mock_chat",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"priority": 9},
+        )
+        assert later.choices[0].message.content
     finally:
         gateway.stop()

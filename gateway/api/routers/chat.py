@@ -10,6 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.backend import scheduling
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.serving.sse import SSE_HEADERS
@@ -38,6 +39,8 @@ async def create_chat_completion(
     session_id: SessionHeader = None,
 ) -> Response:
     meter = admission.use_model(body.model)
+    priority = admission.key.request_priority(body.priority)
+    scheduling.start(priority, session_id, body.prompt_cache_key)
     chat, audio_chat = services.chat, services.audio_chat
     audio = AudioChat.involved(body)
     if audio:

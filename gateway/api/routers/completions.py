@@ -8,6 +8,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.backend import scheduling
 from gateway.serving.protocol import Completion, CompletionRequest
 from gateway.serving.sse import SSE_HEADERS
 
@@ -23,6 +24,7 @@ async def create_completion(
     body: CompletionRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
     meter = admission.use_model(body.model)
+    scheduling.start(admission.key.request_priority(body.priority))
     completions = services.completions
     prepared = await completions.prepare(body)
     if body.stream:

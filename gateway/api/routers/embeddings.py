@@ -8,6 +8,7 @@ from fastapi.responses import Response
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.backend import scheduling
 from gateway.serving.embeddings import EmbeddingList, EmbeddingRequest
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
@@ -22,5 +23,6 @@ async def create_embeddings(
     body: EmbeddingRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
     meter = admission.use_model(body.model)
+    scheduling.start(admission.key.request_priority(body.priority))
     result = await cancel_on_disconnect(request, services.embeddings.embed(body, meter))
     return Response(result.model_dump_json(), media_type="application/json")

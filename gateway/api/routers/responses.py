@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.auth import AdmissionDep, CallerDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.backend import scheduling
 from gateway.errors import InvalidRequestError
 from gateway.serving.responses import ResponsesRequest
 from gateway.serving.sse import SSE_HEADERS
@@ -23,8 +24,10 @@ async def create_response(
     body: ResponsesRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
     meter = admission.use_model(body.model)
+    priority = admission.key.request_priority(body.priority)
     responses = services.responses
     prepared = await responses.prepare(body, owner=admission.key.id)
+    scheduling.start(priority, prepared.root, body.prompt_cache_key)
     if body.stream:
         events = await responses.stream(prepared, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)

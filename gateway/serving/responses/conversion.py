@@ -459,4 +459,5 @@ def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredRespo
         response=response,
         input_items=prepared.input_items,
         messages=[*prepared.messages, reply],
+        root=prepared.root or None,
     )

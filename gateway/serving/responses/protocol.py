@@ -16,6 +16,7 @@ from gateway.serving.protocol import (
     FUNCTION_NAME,
     Echoed,
     Hint,
+    Priority,
     ReasoningEffort,
     SafetyIdentifier,
     ServiceTier,
@@ -131,14 +132,17 @@ class ResponsesRequest(Strict):
     reasoning: ReasoningConfig | None = None
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None
-    # Hints for OpenAI's own systems: abuse detection (user, safety_identifier), its prompt
-    # cache (prompt_cache_key) and processing tier (service_tier). Accepting them is
-    # harmless: nothing here has such a system, and the answer echoes them (the tier as
-    # "default", the one that served it).
+    # Hints for OpenAI's own systems: abuse detection (user, safety_identifier) and
+    # processing tier (service_tier). Accepting them is harmless: nothing here has such a
+    # system, and the answer echoes them (the tier as "default", the one that served it).
+    # prompt_cache_key keeps requests on one Triton server, where their prefix is cached
+    # (docs/scheduling.md).
     user: Hint | None = None
     safety_identifier: SafetyIdentifier | None = None
     prompt_cache_key: Hint | None = None
     service_tier: ServiceTier | None = None
+    priority: Priority | None = None
+    """vLLM's scheduling priority (lower first; see ``docs/scheduling.md``)."""
 
     def wants_logprobs(self) -> bool:
         return LOGPROBS in (self.include or [])
@@ -186,3 +190,6 @@ class PreparedResponse:
     messages: list[dict[str, Any]]
     """The conversation before the reply: stored chain + new input (no instructions)."""
     created_at: int = field(default_factory=lambda: int(time.time()))
+    root: str = ""
+    """The first response of its ``previous_response_id`` chain (its own id when it starts
+    one): what routes the chain's requests to one Triton server."""

@@ -43,21 +43,25 @@ class ResponsesService:
             raise InvalidRequestError(problem[1], param=problem[0], code="unsupported_parameter")
         history: list[dict[str, Any]] = []
         earlier: list[dict[str, Any]] = []
+        response_id = new_id("resp")
+        root = response_id
         if request.previous_response_id is not None:
             previous = await self.store.get(owner, request.previous_response_id)
             history = previous.messages
             earlier = [*previous.input_items, *previous.response["output"]]
+            root = previous.root or request.previous_response_id
         new, items = input_messages(request.input, history)
         messages = history + new
         names = replace(RESPONSES_NAMES, image_parts=image_names(request.input, history))
         chat = await self.chat.prepare(chat_request(request, messages), names=names)
         prepared = PreparedResponse(
-            id=new_id("resp"),
+            id=response_id,
             request=request,
             chat=chat,
             owner=owner,
             input_items=[*earlier, *items],
             messages=messages,
+            root=root,
         )
         if request.store is not False:
             # What is known before generating (all but the answer) must fit the store.
