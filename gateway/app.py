@@ -34,8 +34,9 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
+from gateway.outages import Outage
 from gateway.services import build_services
-from gateway.state.redis import LAYOUT, connect, migrate
+from gateway.state.redis import LAYOUT, REDIS_RESTART_S, connect, migrate
 
 logger = logging.getLogger("gateway")
 
@@ -71,19 +72,25 @@ def _triton(settings: Settings, metrics: Metrics) -> Backend:
     from gateway.backend.tokenizer import Tokenizers
     from gateway.backend.triton import TritonBackend
 
-    def client(url: str) -> Backend:
+    def client(url: str, outage: Outage | None = None) -> Backend:
         return TritonBackend(
             url,
             settings.triton_timeout_s,
             settings.triton_start_timeout_s,
             on_error=metrics.triton_error,
             tokenizers=tokenizers,
+            outage=outage,
         )
 
     tokenizers = Tokenizers(settings.tokenizers)
 
     if not pool.is_pool(settings.triton_url):
-        return client(settings.triton_url)
+        # One server: a request waits for it while it comes back. A pool's servers do not
+        # (the pool sends the request to another one).
+        outage = Outage(
+            "Triton", settings.triton_restart_s, settings.backend_wait_s, metrics.backend_wait
+        )
+        return client(settings.triton_url, outage)
     return pool.BackendPool(settings.triton_url, client, settings.triton_check_interval_s)
 
 
@@ -100,7 +107,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         if active is None:
             active = _triton(settings, metrics)
         redis = connect(
-            settings.redis_url, settings.redis_timeout_s, settings.redis_max_connections
+            settings.redis_url,
+            settings.redis_timeout_s,
+            settings.redis_max_connections,
+            Outage("Redis", REDIS_RESTART_S, settings.backend_wait_s, metrics.backend_wait),
         )
         migration = await _migrate(redis)
         services = build_services(settings, active, redis, metrics)
@@ -129,6 +139,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         metrics=metrics,
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
+        backend_wait_s=settings.backend_wait_s,
     )
     app.router.routes.extend(_routes())
     return app

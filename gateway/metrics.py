@@ -18,6 +18,8 @@ process imports ``prometheus_client``.
     gateway_audio_output_seconds_total{model}           audio synthesized
     gateway_triton_errors_total{model,code}             Triton failures, by gateway error code
     gateway_rate_limited_total{limit}                   429s: requests | tokens | concurrency
+    gateway_backend_waits_total{outcome}                calls that waited for Triton or Redis
+                                                        coming back: waited_ok | gave_up
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -115,6 +117,12 @@ class Metrics:
         self.rate_limited = counter(
             "gateway_rate_limited_total", "Requests refused by a rate limit", ("limit",)
         )
+        self.backend_waits = counter(
+            "gateway_backend_waits_total",
+            "Calls that waited for Triton or Redis coming back, by outcome (waited_ok: it came "
+            "back in time; gave_up: the request's wait allowance ran out first)",
+            ("outcome",),
+        )
 
         self.realtime_sessions = Gauge(
             "gateway_realtime_sessions",
@@ -171,6 +179,9 @@ class Metrics:
             self.audio_in.labels(model).inc(meter.audio_seconds_in)
         if meter.audio_seconds_out:
             self.audio_out.labels(model).inc(meter.audio_seconds_out)
+
+    def backend_wait(self, outcome: str) -> None:
+        self.backend_waits.labels(outcome).inc()
 
     def triton_error(self, model: str, code: str | None) -> None:
         self.triton_errors.labels(model, code or "unknown").inc()

@@ -44,6 +44,7 @@ from typing import Any
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import outages
 from gateway.api.dependencies import services_of
 from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
@@ -116,9 +117,15 @@ def _declared_length(scope: Scope) -> int | None:
 
 class GatewayMiddleware:
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, drain: Drain, max_body_mb: float = 36.0
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        drain: Drain,
+        max_body_mb: float = 36.0,
+        backend_wait_s: float = 5.0,
     ) -> None:
         self.app = app
+        self.backend_wait_s = backend_wait_s
         self.metrics = metrics
         self.drain = drain
         self.max_body = int(max_body_mb * 1024 * 1024)
@@ -169,6 +176,9 @@ class GatewayMiddleware:
         in_flight = self.metrics.in_flight.labels(_route_of(scope))
         in_flight.inc()
         self.drain.busy += 1
+        # The request's allowance to wait for a backend coming back; a wait also ends when
+        # the client goes away (no wait comes before the app has read the body).
+        outages.begin(self.backend_wait_s, lambda: _disconnected(bounded))
         try:
             await self.app(scope, bounded, send_wrapped)
         finally:
@@ -275,6 +285,12 @@ class GatewayMiddleware:
         await send(_DRAINING_START)
         await send({"type": "http.response.body", "body": _DRAINING_BODY})
         self.metrics.requests.labels(_route_of(scope), "", "503").inc()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone away (read only after the body was)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 _INFERENCE_ROUTES = frozenset(

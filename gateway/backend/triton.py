@@ -64,6 +64,7 @@ from gateway.errors import (
     ModelControlDisabledError,
     ModelNotFoundError,
 )
+from gateway.outages import Outage
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
@@ -160,9 +161,13 @@ class TritonBackend:
         load_timeout_s: float = 300.0,
         on_error: Callable[[str, str | None], None] | None = None,
         tokenizers: Tokenizers | None = None,
+        outage: Outage | None = None,
     ) -> None:
         """``on_error(model, code)`` hears of every failed inference (for metrics);
-        ``tokenizers`` are the models' tokenizer files (templates, token counts)."""
+        ``tokenizers`` are the models' tokenizer files (templates, token counts);
+        ``outage`` is what this process knows of Triton's outages (none given: calls never
+        wait for a Triton coming back, as in a pool, which routes around it instead)."""
+        self.outage = outage or Outage("Triton", usual_s=10.0, wait_s=0.0)
         self.tokenizers = tokenizers or Tokenizers()
         self._contracts: dict[str, Contract] = {}
         self.url = url
@@ -173,19 +178,50 @@ class TritonBackend:
         self.streams = streams.StreamPool(url)
 
     async def ready(self) -> bool:
+        """Whether Triton is ready now (never waits: a probe wants the answer of now)."""
         try:
-            return bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
+            ready = bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
         except InferenceServerException:
             return False
+        if ready:
+            self.outage.up()
+        return ready
+
+    async def _again(self, error: GatewayError, waited: bool) -> bool:
+        """After a call Triton never began to serve failed with ``error``: whether to try it
+        again, after a wait for a Triton coming back (:mod:`gateway.outages`). When not,
+        an unreachable Triton's error says in its ``Retry-After`` when to come back."""
+        if not isinstance(error, BackendUnavailableError):
+            return False
+        self.outage.down()
+        if await self.outage.wait():
+            return True
+        if waited:
+            self.outage.waited(False)
+        error.headers["Retry-After"] = str(self.outage.retry_after())
+        return False
+
+    def _reached(self, waited: bool) -> None:
+        """Triton answered a call (after waiting for it, if ``waited``)."""
+        self.outage.up()
+        if waited:
+            self.outage.waited(True)
 
     async def _index(self) -> list[dict[str, Any]]:
-        try:
-            index = await self.client.get_model_repository_index(
-                as_json=True, client_timeout=self.timeout_s
-            )
-        except InferenceServerException as exc:
-            raise _from_client_error(exc) from exc
-        return list(index.get("models", []))
+        waited = False
+        while True:
+            try:
+                index = await self.client.get_model_repository_index(
+                    as_json=True, client_timeout=self.timeout_s
+                )
+            except InferenceServerException as exc:
+                error = _from_client_error(exc)
+                if await self._again(error, waited):
+                    waited = True
+                    continue
+                raise error from exc
+            self._reached(waited)
+            return list(index.get("models", []))
 
     async def repository(self) -> list[RepositoryModel]:
         return [
@@ -275,25 +311,45 @@ class TritonBackend:
     ) -> AsyncGenerator[streams.Outputs, None]:
         """One request: yields each response's outputs up to the final one. A decoupled
         model's goes on a kept gRPC stream, another's is one plain call. Leaving early
-        cancels the request in Triton."""
-        answered = False
+        cancels the request in Triton. A request that fails on an unreachable Triton before
+        its first response is sent again once a Triton coming back is (within the
+        request's wait allowance, :mod:`gateway.outages`); after its first response a
+        failure is the request's."""
         message = streams.request(model, inputs)
-        try:
-            if not decoupled:
-                yield await self.streams.infer_once(message)
-                return
-            async with aclosing(self.streams.infer(message)) as results:
-                async for outputs in results:
+        waited = False
+        while True:
+            answered = False
+            try:
+                if not decoupled:
+                    outputs = await self.streams.infer_once(message)
                     answered = True
+                    self._reached(waited)
                     yield outputs
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(model, _from_rpc_error(exc, model)) from exc
-        except streams.ModelError as exc:
-            if not answered and not await self._model_ready(model):
-                # Unloaded since the catalog last looked (by another replica's admin call,
-                # say): Triton's in-stream error says so only in words.
-                raise ModelNotFoundError(model) from None
-            raise self._failed(model, _model_error(model, str(exc))) from None
+                    return
+                async with aclosing(self.streams.infer(message)) as results:
+                    async for outputs in results:
+                        if not answered:
+                            answered = True
+                            self._reached(waited)
+                        yield outputs
+                return
+            except grpc.aio.AioRpcError as exc:
+                error = _from_rpc_error(exc, model)
+                if answered:
+                    if isinstance(error, BackendUnavailableError):
+                        self.outage.down()
+                        error.headers["Retry-After"] = str(self.outage.retry_after())
+                elif await self._again(error, waited):
+                    waited = True
+                    continue
+                raise self._failed(model, error) from exc
+            except streams.ModelError as exc:
+                self.outage.up()  # Triton answered, with an error
+                if not answered and not await self._model_ready(model):
+                    # Unloaded since the catalog last looked (by another replica's admin
+                    # call, say): Triton's in-stream error says so only in words.
+                    raise ModelNotFoundError(model) from None
+                raise self._failed(model, _model_error(model, str(exc))) from None
 
     async def _model_ready(self, model: str) -> bool:
         try:

@@ -1,0 +1,223 @@
+"""A backend coming back (``gateway/outages.py``): a request waits for a Triton or a Redis
+that answered a moment ago (a real gRPC server speaking Triton's protocol, a real
+``redis-server``, each stopped and started again), within its allowance; past it, the 503
+says when to come back; a stream that began is never sent again; a client that leaves stops
+its wait."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from starlette.requests import ClientDisconnect
+from tritonclient.grpc import service_pb2_grpc
+
+from gateway import outages
+from gateway.backend import grpc_streams as streams
+from gateway.backend.triton import TritonBackend
+from gateway.errors import BackendUnavailableError, StoreUnavailableError
+from gateway.outages import Outage
+from gateway.state.redis import connect, ping
+from tests.redis_server import redis_server
+from tests.unit.test_grpc_streams import FakeTriton
+
+
+def test_retry_after_counts_down_to_the_usual_restart_then_spreads_the_retries() -> None:
+    outage = Outage("Triton", usual_s=4.0, wait_s=5.0)
+    outage.up()
+    outage.down()
+    began = outage.down_since
+    assert began is not None
+    # Never before the backend is likely back: the SDK's retry lands after the restart.
+    assert outage.retry_after(began + 0.5) == 4
+    assert outage.retry_after(began + 3.5) == 1
+    # Overdue: as long again as it has been down, at most the 60 s the SDKs honour.
+    assert outage.retry_after(began + 9.2) == 10
+    assert outage.retry_after(began + 500) == 60
+    assert outage.coming_back(began + 11)
+    assert not outage.coming_back(began + 13)  # three usual restarts: not coming back
+    # The next outage is expected to last as long as this one did.
+    outage.up()
+    assert outage.last_s is not None and outage.expected_s == outage.last_s < 4.0
+
+
+def test_a_backend_never_seen_up_is_not_waited_for() -> None:
+    outage = Outage("Triton", usual_s=4.0, wait_s=5.0)
+    outage.down()
+    assert not outage.coming_back()  # a wrong address, say: a 503 at once
+
+
+async def test_a_client_that_goes_away_stops_its_wait() -> None:
+    outage = Outage("Triton", usual_s=30.0, wait_s=20.0)
+    outage.up()
+    outage.down()
+
+    async def gone() -> None:
+        await asyncio.sleep(0.1)
+
+    outages.begin(20.0, gone)
+    started = time.monotonic()
+    with pytest.raises(ClientDisconnect):
+        while await outage.wait():
+            pass
+    assert time.monotonic() - started < 2
+
+
+# -- Triton ----------------------------------------------------------------------------------
+
+
+class _Server:
+    """The fake Triton on one port, which can be stopped and started again there."""
+
+    def __init__(self) -> None:
+        self.fake = FakeTriton()
+        self.port = 0
+        self.server: Any = None
+
+    async def start(self) -> None:
+        self.server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.fake, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop(None)
+
+
+@pytest.fixture
+async def triton() -> AsyncIterator[_Server]:
+    server = _Server()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def _backend(server: _Server, usual_s: float, wait_s: float, counted: list[str]) -> TritonBackend:
+    outage = Outage("Triton", usual_s, wait_s, counted.append)
+    return TritonBackend(f"127.0.0.1:{server.port}", outage=outage)
+
+
+async def _words(backend: TritonBackend, model: str, text: str, after: Callable[[], Any]) -> list:
+    got = []
+    inputs = [streams.text("text_input", text)]
+    async with aclosing(backend._stream(model, inputs)) as results:
+        async for outputs in results:
+            if (word := outputs.first_bytes("text_output")) is not None:
+                got.append(word.decode())
+                if len(got) == 1:
+                    await after()
+    return got
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def test_a_request_waits_for_a_triton_coming_back(triton: _Server) -> None:
+    counted: list[str] = []
+    backend = _backend(triton, usual_s=2.0, wait_s=10.0, counted=counted)
+    try:
+        assert await _words(backend, "echo", "before", _nothing) == ["before"]
+        await triton.stop()
+
+        async def restart() -> None:
+            await asyncio.sleep(0.8)
+            await triton.start()
+
+        restarted = asyncio.create_task(restart())
+        started = time.monotonic()
+        assert await _words(backend, "echo", "during the restart", _nothing) == [
+            "during",
+            "the",
+            "restart",
+        ]
+        assert time.monotonic() - started >= 0.7
+        await restarted
+        assert counted == ["waited_ok"]
+        assert backend.outage.down_since is None and backend.outage.last_s is not None
+    finally:
+        await backend.close()
+
+
+async def test_past_its_allowance_a_request_gets_a_503_that_says_when(triton: _Server) -> None:
+    counted: list[str] = []
+    backend = _backend(triton, usual_s=20.0, wait_s=0.6, counted=counted)
+    try:
+        await _words(backend, "echo", "before", _nothing)
+        await triton.stop()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError) as failed:
+            await _words(backend, "echo", "never answered", _nothing)
+        assert 0.5 < time.monotonic() - started < 3
+        # 20 s expected, 0.6 s of it gone: come back when it is likely up, not before.
+        assert failed.value.headers["Retry-After"] == "20"
+        assert counted == ["gave_up"]
+    finally:
+        await triton.start()  # for the fixture's stop
+        await backend.close()
+
+
+async def test_a_stream_that_began_ends_with_its_error_and_is_not_sent_again(
+    triton: _Server,
+) -> None:
+    counted: list[str] = []
+    backend = _backend(triton, usual_s=2.0, wait_s=10.0, counted=counted)
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError) as failed:
+            await _words(backend, "slow", "cut", triton.stop)
+        assert time.monotonic() - started < 2  # no wait: its client has had a response
+        assert int(failed.value.headers["Retry-After"]) >= 1
+        assert triton.fake.calls == 1 and counted == []
+    finally:
+        await triton.start()
+        await backend.close()
+
+
+# -- Redis -----------------------------------------------------------------------------------
+
+
+async def test_a_command_waits_for_a_redis_coming_back(tmp_path: Path) -> None:
+    server = redis_server(tmp_path)
+    counted: list[str] = []
+    client = connect(server.url, 1.0, 8, Outage("Redis", 2.0, 10.0, counted.append))
+    try:
+        assert await ping(client)
+        server.stop()
+
+        async def restart() -> None:
+            await asyncio.sleep(0.8)
+            await asyncio.to_thread(server.start)
+
+        restarted = asyncio.create_task(restart())
+        started = time.monotonic()
+        assert await ping(client)
+        assert time.monotonic() - started >= 0.7
+        await restarted
+        assert counted == ["waited_ok"]
+    finally:
+        await client.aclose()
+        server.stop()
+
+
+async def test_past_its_allowance_a_store_503_says_when(tmp_path: Path) -> None:
+    server = redis_server(tmp_path)
+    counted: list[str] = []
+    client = connect(server.url, 1.0, 8, Outage("Redis", 5.0, 0.5, counted.append))
+    try:
+        assert await ping(client)
+        server.stop()
+        with pytest.raises(StoreUnavailableError) as failed:
+            await ping(client)
+        assert failed.value.headers["Retry-After"] == "5"
+        assert counted == ["gave_up"]
+    finally:
+        await client.aclose()
