@@ -184,6 +184,8 @@ class GatewayMiddleware:
         finally:
             self.drain.busy -= 1
             in_flight.dec()
+            # Settling may wait for a Redis coming back too, whoever is still listening.
+            outages.begin(self.backend_wait_s)
             await self._settle(scope, status, started)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -140,7 +140,7 @@ class Soak:
             await self._wait_back(back, log)
 
     async def run(self) -> list[Window]:
-        def count(response: httpx.Response) -> None:
+        async def count(response: httpx.Response) -> None:
             if response.status_code >= 500 or response.status_code == 429:
                 self._window(time.monotonic()).retried += 1
 

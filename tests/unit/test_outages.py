@@ -25,6 +25,7 @@ from gateway.errors import BackendUnavailableError, StoreUnavailableError
 from gateway.outages import Outage
 from gateway.state.redis import connect, ping
 from tests.redis_server import redis_server
+from tests.unit.conftest import bearer, chat_body, make_settings, serve
 from tests.unit.test_grpc_streams import FakeTriton
 
 
@@ -221,3 +222,29 @@ async def test_past_its_allowance_a_store_503_says_when(tmp_path: Path) -> None:
         assert counted == ["gave_up"]
     finally:
         await client.aclose()
+
+
+async def test_a_request_through_the_app_waits_for_its_redis_and_settles(tmp_path: Path) -> None:
+    # Admission and the settling after the answer (usage, the concurrency slot) both need
+    # Redis: a user key's request sent while Redis restarts is answered, and counted.
+    server = redis_server(tmp_path)
+    try:
+        async with serve(make_settings(redis_url=server.url)) as (_app, http, _):
+            created = await http.post("/admin/keys", json={"name": "user", "rpm": 100})
+            key = created.json()["key"]
+            server.stop()
+
+            async def restart() -> None:
+                await asyncio.sleep(0.8)
+                await asyncio.to_thread(server.start)
+
+            restarted = asyncio.create_task(restart())
+            answer = await http.post("/v1/chat/completions", json=chat_body(), headers=bearer(key))
+            await restarted
+            assert answer.status_code == 200, answer.text
+            usage = await http.get(f"/admin/keys/{created.json()['id']}/usage")
+            assert usage.json()["requests"] == 1, usage.text
+            metrics = (await http.get("/metrics")).text
+            assert 'gateway_backend_waits_total{outcome="waited_ok"} 1.0' in metrics
+    finally:
+        server.stop()
