@@ -53,7 +53,7 @@ PATIENCE = 3.0
 MAX_RETRY_AFTER_S = 60
 
 
-class _Allowance:
+class Allowance:
     """How long one request may still wait for backends, and how it hears its client leave."""
 
     __slots__ = ("deadline", "gone")
@@ -63,22 +63,14 @@ class _Allowance:
         self.gone = gone
 
 
-_allowance: ContextVar[_Allowance | None] = ContextVar("backend_wait_allowance", default=None)
+_allowance: ContextVar[Allowance | None] = ContextVar("backend_wait_allowance", default=None)
 
 
 def begin(wait_s: float, gone: Callable[[], Awaitable[None]] | None = None) -> None:
     """Starts the wait allowance of the request running in this context (the middleware
     calls it once per request; the tasks the request starts share it). ``gone`` returns
     once the client has gone away."""
-    _allowance.set(_Allowance(wait_s, gone))
-
-
-def _current(wait_s: float) -> _Allowance:
-    allowance = _allowance.get()
-    if allowance is None:  # a call outside a request (a Realtime session's work, a test)
-        allowance = _Allowance(wait_s, None)
-        _allowance.set(allowance)
-    return allowance
+    _allowance.set(Allowance(wait_s, gone))
 
 
 class Outage:
@@ -145,15 +137,19 @@ class Outage:
         seconds = left if left > 0 else age
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(seconds)))
 
-    async def wait(self) -> bool:
-        """Waits for the backend to come back, within the request's allowance: True to try
-        again now (it was seen back, or it is time to look), False to give up (it is not
-        coming back, or the allowance is spent). Raises Starlette's ``ClientDisconnect``
-        (answered 499, which nobody reads) when the client went away."""
+    def allowance(self) -> Allowance:
+        """The allowance of the request running here; a call outside a request (a Realtime
+        session's work, say) gets one of its own."""
+        return _allowance.get() or Allowance(self.wait_s, None)
+
+    async def wait(self, allowance: Allowance) -> bool:
+        """Waits for the backend to come back, within ``allowance``: True to try again now
+        (it was seen back, or it is time to look), False to give up (it is not coming back,
+        or the allowance is spent). Raises Starlette's ``ClientDisconnect`` (answered 499,
+        which nobody reads) when the client went away."""
         now = time.monotonic()
         if self.wait_s <= 0 or not self.coming_back(now):
             return False
-        allowance = _current(self.wait_s)
         left = allowance.deadline - now
         if left <= 0:
             return False

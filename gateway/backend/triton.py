@@ -64,7 +64,7 @@ from gateway.errors import (
     ModelControlDisabledError,
     ModelNotFoundError,
 )
-from gateway.outages import Outage
+from gateway.outages import Allowance, Outage
 
 
 def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
@@ -151,6 +151,17 @@ def _contract(
     return contract_for(config, configs, tokenizer)
 
 
+class _Call:
+    """One call's wait for a Triton coming back: the request's allowance (taken at the
+    first failure), and whether it waited."""
+
+    __slots__ = ("allowance", "waited")
+
+    def __init__(self) -> None:
+        self.allowance: Allowance | None = None
+        self.waited = False
+
+
 class TritonBackend:
     """Talks to one Triton server over ``tritonclient.grpc.aio``."""
 
@@ -167,7 +178,7 @@ class TritonBackend:
         ``tokenizers`` are the models' tokenizer files (templates, token counts);
         ``outage`` is what this process knows of Triton's outages (none given: calls never
         wait for a Triton coming back, as in a pool, which routes around it instead)."""
-        self.outage = outage or Outage("Triton", usual_s=10.0, wait_s=0.0)
+        self.outage = outage
         self.tokenizers = tokenizers or Tokenizers()
         self._contracts: dict[str, Contract] = {}
         self.url = url
@@ -183,32 +194,37 @@ class TritonBackend:
             ready = bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
         except InferenceServerException:
             return False
-        if ready:
+        if ready and self.outage is not None:
             self.outage.up()
         return ready
 
-    async def _again(self, error: GatewayError, waited: bool) -> bool:
+    async def _again(self, error: GatewayError, call: _Call) -> bool:
         """After a call Triton never began to serve failed with ``error``: whether to try it
         again, after a wait for a Triton coming back (:mod:`gateway.outages`). When not,
         an unreachable Triton's error says in its ``Retry-After`` when to come back."""
-        if not isinstance(error, BackendUnavailableError):
+        outage = self.outage
+        if outage is None or not isinstance(error, BackendUnavailableError):
             return False
-        self.outage.down()
-        if await self.outage.wait():
+        outage.down()
+        if call.allowance is None:
+            call.allowance = outage.allowance()
+        if await outage.wait(call.allowance):
+            call.waited = True
             return True
-        if waited:
-            self.outage.waited(False)
-        error.headers["Retry-After"] = str(self.outage.retry_after())
+        if call.waited:
+            outage.waited(False)
+        error.headers["Retry-After"] = str(outage.retry_after())
         return False
 
-    def _reached(self, waited: bool) -> None:
-        """Triton answered a call (after waiting for it, if ``waited``)."""
-        self.outage.up()
-        if waited:
-            self.outage.waited(True)
+    def _reached(self, call: _Call) -> None:
+        """Triton answered ``call``."""
+        if self.outage is not None:
+            self.outage.up()
+            if call.waited:
+                self.outage.waited(True)
 
     async def _index(self) -> list[dict[str, Any]]:
-        waited = False
+        call = _Call()
         while True:
             try:
                 index = await self.client.get_model_repository_index(
@@ -216,11 +232,10 @@ class TritonBackend:
                 )
             except InferenceServerException as exc:
                 error = _from_client_error(exc)
-                if await self._again(error, waited):
-                    waited = True
+                if await self._again(error, call):
                     continue
                 raise error from exc
-            self._reached(waited)
+            self._reached(call)
             return list(index.get("models", []))
 
     async def repository(self) -> list[RepositoryModel]:
@@ -316,35 +331,35 @@ class TritonBackend:
         request's wait allowance, :mod:`gateway.outages`); after its first response a
         failure is the request's."""
         message = streams.request(model, inputs)
-        waited = False
+        call = _Call()
         while True:
             answered = False
             try:
                 if not decoupled:
                     outputs = await self.streams.infer_once(message)
                     answered = True
-                    self._reached(waited)
+                    self._reached(call)
                     yield outputs
                     return
                 async with aclosing(self.streams.infer(message)) as results:
                     async for outputs in results:
                         if not answered:
                             answered = True
-                            self._reached(waited)
+                            self._reached(call)
                         yield outputs
                 return
             except grpc.aio.AioRpcError as exc:
                 error = _from_rpc_error(exc, model)
                 if answered:
-                    if isinstance(error, BackendUnavailableError):
+                    if self.outage is not None and isinstance(error, BackendUnavailableError):
                         self.outage.down()
                         error.headers["Retry-After"] = str(self.outage.retry_after())
-                elif await self._again(error, waited):
-                    waited = True
+                elif await self._again(error, call):
                     continue
                 raise self._failed(model, error) from exc
             except streams.ModelError as exc:
-                self.outage.up()  # Triton answered, with an error
+                if self.outage is not None:
+                    self.outage.up()  # Triton answered, with an error
                 if not answered and not await self._model_ready(model):
                     # Unloaded since the catalog last looked (by another replica's admin
                     # call, say): Triton's in-stream error says so only in words.

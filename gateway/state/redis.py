@@ -158,12 +158,14 @@ class _ComingBack:
         self._waiting_now = True  # one wait: Sentinel's connect makes a connection inside
         try:
             waited = False
+            allowance = None
             while True:
                 try:
                     await attempt()
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     outage.down()
-                    if await outage.wait():
+                    allowance = allowance or outage.allowance()
+                    if await outage.wait(allowance):
                         waited = True
                         continue
                     if waited:

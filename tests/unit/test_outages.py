@@ -63,9 +63,10 @@ async def test_a_client_that_goes_away_stops_its_wait() -> None:
         await asyncio.sleep(0.1)
 
     outages.begin(20.0, gone)
+    allowance = outage.allowance()
     started = time.monotonic()
     with pytest.raises(ClientDisconnect):
-        while await outage.wait():
+        while await outage.wait(allowance):
             pass
     assert time.monotonic() - started < 2
 
@@ -143,7 +144,8 @@ async def test_a_request_waits_for_a_triton_coming_back(triton: _Server) -> None
         assert time.monotonic() - started >= 0.7
         await restarted
         assert counted == ["waited_ok"]
-        assert backend.outage.down_since is None and backend.outage.last_s is not None
+        outage = backend.outage
+        assert outage is not None and outage.down_since is None and outage.last_s is not None
     finally:
         await backend.close()
 
