@@ -182,11 +182,19 @@ class _ComingBack:
 
 class _SentinelComingBack(_ComingBack):
     """Sentinel's connection: it asks the Sentinels for the master first (none during a
-    failover: ``MasterNotFoundError``), which waits too."""
+    failover: ``MasterNotFoundError``), which waits too. redis-py 8 reconnects a dropped
+    connection before a command with ``connect_check_health``, which would try the old
+    master's address again and again: here that goes through the Sentinels too."""
 
     async def _connect_retry(self) -> None:
         parent = super()
         await self._waiting(lambda: parent._connect_retry())  # type: ignore[attr-defined]
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        if self._waiting_now or self._outage is None:  # called by _connect_retry itself
+            await super().connect_check_health(*args, **kwargs)
+        else:
+            await self.connect()  # type: ignore[attr-defined]
 
 
 def _coming_back(connection_class: type, mixin: type = _ComingBack) -> type:
