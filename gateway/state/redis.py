@@ -33,6 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    BusyLoadingError,
     ClusterDownError,
     MaxConnectionsError,
     OutOfMemoryError,
@@ -162,6 +163,7 @@ class _ComingBack:
             while True:
                 try:
                     await attempt()
+                    await self._serving()
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     outage.down()
                     allowance = allowance or outage.allowance()
@@ -178,6 +180,18 @@ class _ComingBack:
                 return
         finally:
             self._waiting_now = False
+
+    async def _serving(self) -> None:
+        """Raises ``BusyLoadingError`` (a ``ConnectionError``) while a Redis just started
+        reads its data back: it takes connections then (and AUTH), and refuses commands
+        with ``LOADING``. One PING per new connection, so a command is sent once, on a
+        Redis that serves it."""
+        try:
+            await self.send_command("PING", check_health=False)  # type: ignore[attr-defined]
+            await self.read_response()  # type: ignore[attr-defined]
+        except BusyLoadingError:
+            await self.disconnect()  # type: ignore[attr-defined]
+            raise
 
 
 class _SentinelComingBack(_ComingBack):

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+import redis as sync_redis
 from starlette.requests import ClientDisconnect
 from tritonclient.grpc import service_pb2_grpc
 
@@ -24,7 +25,7 @@ from gateway.backend.triton import TritonBackend
 from gateway.errors import BackendUnavailableError, StoreUnavailableError
 from gateway.outages import Outage
 from gateway.state.redis import connect, ping
-from tests.redis_server import redis_server
+from tests.redis_server import REDIS_SERVER, redis_server, wait_until
 from tests.unit.conftest import bearer, chat_body, make_settings, serve
 from tests.unit.test_grpc_streams import FakeTriton
 
@@ -235,6 +236,8 @@ async def test_a_request_through_the_app_waits_for_its_redis_and_settles(tmp_pat
             created = await http.post("/admin/keys", json={"name": "user", "rpm": 100})
             key = created.json()["key"]
             server.stop()
+            # The readiness probe answers at once, and does not spoil the wait.
+            assert (await http.get("/health/ready")).status_code == 503
 
             async def restart() -> None:
                 await asyncio.sleep(0.8)
@@ -250,3 +253,45 @@ async def test_a_request_through_the_app_waits_for_its_redis_and_settles(tmp_pat
             assert 'gateway_backend_waits_total{outcome="waited_ok"} 1.0' in metrics
     finally:
         server.stop()
+
+
+async def test_a_redis_reading_its_data_back_is_waited_for(tmp_path: Path) -> None:
+    # A restarted Redis takes connections while it loads its append-only file, and answers
+    # LOADING to commands meanwhile: that is not back yet.
+    server = redis_server(tmp_path)
+    with sync_redis.Redis.from_url(server.url) as filler:
+        filler.mset({f"k{i}": "v" for i in range(1500)})
+        filler.bgrewriteaof()  # into the file's RDB part, which loads key by key
+        wait_until(lambda: not filler.info("persistence")["aof_rewrite_in_progress"], "rewrite")
+    counted: list[str] = []
+    client = connect(server.url, 1.0, 8, Outage("Redis", 2.0, 15.0, counted.append))
+    loading: asyncio.subprocess.Process | None = None
+    try:
+        assert await ping(client)
+        server.stop()
+        # The same server, 2 ms per key to load (3 s), answering LOADING meanwhile.
+        loading = await asyncio.create_subprocess_exec(
+            REDIS_SERVER, "--port", str(server.port), "--bind", "127.0.0.1", "--dir",
+            str(server.directory), "--appendonly", "yes", "--save", "", "--key-load-delay",
+            "2000", "--loading-process-events-interval-bytes", "1024",
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        with sync_redis.Redis.from_url(server.url) as probe:
+
+            def is_loading() -> bool:
+                try:
+                    probe.ping()
+                except sync_redis.BusyLoadingError:
+                    return True
+                return False
+
+            wait_until(is_loading, "the server is up and loading", 10)
+        started = time.monotonic()
+        assert await ping(client)  # not a 503 store_unavailable (LOADING)
+        assert time.monotonic() - started > 0.3
+        assert counted == ["waited_ok"]
+    finally:
+        await client.aclose()
+        if loading is not None:
+            loading.kill()
+            await loading.wait()
