@@ -2,8 +2,9 @@
 killed once under load (issue 28's soak).
 
 Run with ``make bench`` (or ``python -m tests.bench.faults``; ``--scale 0.25`` for a
-quarter of the requests). It starts ``gateway up`` (nginx in front of two replicas,
-Redis, Triton with ``mock_chat``, the supervisor with its default intervals) and sends
+quarter of the requests). It starts ``gateway up`` as ``make run`` does (nginx in front of
+two replicas, Redis, Triton with its default models, whose loading makes a restart last
+about 10 s here, the supervisor with its default intervals) and sends
 12,000 chat requests at concurrency 32 through nginx with a user key (limits on: every
 request takes the Redis path), half of them streamed, from the official ``openai`` SDK
 with its own retries as users run it (two, honouring ``Retry-After``). A quarter of the way
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import httpx
 import openai
 
+from gateway.config import Settings
 from tests.bench import write_table
 from tests.stack import GatewayProcess
 
@@ -160,23 +162,23 @@ class Soak:
 
 def table(windows: list[Window], total: int, wall_s: float, wait: str) -> list[str]:
     rows = [
-        f"{total:,} chat requests (half streamed) at concurrency {CONCURRENCY} through nginx, "
-        f"the openai SDK's retries (2, Retry-After), GATEWAY_BACKEND_WAIT_S={wait}: "
+        f"{total:,} `mock_chat` requests (half streamed) at concurrency {CONCURRENCY} through "
+        f"nginx, the openai SDK's retries (2, Retry-After), GATEWAY_BACKEND_WAIT_S={wait}: "
         f"{total / wall_s:,.0f} req/s over {wall_s:.0f} s",
         "",
         "| fault (SIGKILL) | requests ended after it | lost (failed before streaming) | "
-        "streams cut | 5xx the SDK retried | slowest request |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "streams cut | 5xx the SDK retried | slowest request | the client's errors |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for w in windows:
-        errors = f" ({', '.join(f'{k} x{v}' for k, v in sorted(w.errors.items()))})"
+        errors = ", ".join(f"{k} x{v}" for k, v in sorted(w.errors.items()))
         rows.append(
             f"| {w.name} | {w.ended:,} | **{w.lost}** | {w.cut} | {w.retried} | "
-            f"{w.slowest_s:.1f} s |" + (errors if w.errors else "")
+            f"{w.slowest_s:.1f} s | {errors} |"
         )
     lost = sum(w.lost for w in windows)
     cut = sum(w.cut for w in windows)
-    rows.append(f"| **total** | {sum(w.ended for w in windows):,} | **{lost}** | {cut} | | |")
+    rows.append(f"| **total** | {sum(w.ended for w in windows):,} | **{lost}** | {cut} | | | |")
     return rows
 
 
@@ -184,11 +186,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the request count")
     parser.add_argument("--wait", default=None, help="GATEWAY_BACKEND_WAIT_S (default: its own)")
+    parser.add_argument(
+        "--models",
+        default=",".join(Settings.model_fields["models"].default),
+        help="the models Triton loads (default: gateway up's; they make its restart last)",
+    )
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
     total = int(12_000 * args.scale)
     env = {"GATEWAY_BACKEND_WAIT_S": args.wait} if args.wait is not None else {}
-    stack = GatewayProcess(models=["mock_chat"], env=env).start()
+    stack = GatewayProcess(models=args.models.split(","), env=env).start()
     try:
         stack.wait_ready()
         started = time.monotonic()
