@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.voice
 	$(BIN)/python -m tests.bench.multilingual
 	$(BIN)/python -m tests.bench.priorities
+	$(BIN)/python -m tests.bench.faults
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps

@@ -35,8 +35,9 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
+from gateway.outages import Outage
 from gateway.services import build_services
-from gateway.state.redis import LAYOUT, connect, migrate
+from gateway.state.redis import LAYOUT, REDIS_RESTART_S, connect, migrate
 from gateway.tracing import Tracing, traces_endpoint
 
 logger = logging.getLogger("gateway")
@@ -74,24 +75,37 @@ def _triton(settings: Settings, metrics: Metrics) -> Backend:
     from gateway.backend.tokenizer import Tokenizers
     from gateway.backend.triton import TritonBackend
 
-    def client(url: str) -> Backend:
+    def client(url: str, outage: Outage | None = None) -> Backend:
         return TritonBackend(
             url,
             settings.triton_timeout_s,
             settings.triton_start_timeout_s,
             on_error=metrics.triton_error,
             tokenizers=tokenizers,
+            outage=outage,
         )
 
     tokenizers = Tokenizers(settings.tokenizers)
 
-    # A single server is run through the pool too when requests wait for its slots: the
-    # pool holds the queue.
-    if not pool.is_pool(settings.triton_url) and not settings.triton_max_inflight:
-        return client(settings.triton_url)
+    if pool.is_pool(settings.triton_url):
+        # Several servers: a request that finds one down goes to another (no waiting).
+        return pool.BackendPool(
+            settings.triton_url,
+            client,
+            settings.triton_check_interval_s,
+            policy=Policy.from_settings(settings),
+            metrics=metrics,
+        )
+    # One server: a request waits for it while it comes back.
+    outage = Outage(
+        "Triton", settings.triton_restart_s, settings.backend_wait_s, metrics.backend_wait
+    )
+    if not settings.triton_max_inflight:
+        return client(settings.triton_url, outage)
+    # Requests wait for its slots: the pool holds the queue.
     return pool.BackendPool(
         settings.triton_url,
-        client,
+        lambda url: client(url, outage),
         settings.triton_check_interval_s,
         policy=Policy.from_settings(settings),
         metrics=metrics,
@@ -115,7 +129,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         if active is None:
             active = _triton(settings, metrics)
         redis = connect(
-            settings.redis_url, settings.redis_timeout_s, settings.redis_max_connections
+            settings.redis_url,
+            settings.redis_timeout_s,
+            settings.redis_max_connections,
+            Outage("Redis", REDIS_RESTART_S, settings.backend_wait_s, metrics.backend_wait),
         )
         migration = await _migrate(redis)
         services = build_services(settings, active, redis, metrics)
@@ -152,6 +169,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
         tracing=tracing,
+        backend_wait_s=settings.backend_wait_s,
     )
     app.router.routes.extend(_routes())
     return app

@@ -152,6 +152,19 @@ class Settings(BaseSettings):
     """How often ``gateway up`` reads which models Triton has ready (the ones it loads into a
     Triton that died and starts again)."""
 
+    # A backend coming back (docs/operations.md#short-outages): gateway/outages.py.
+    backend_wait_s: float = Field(5.0, ge=0, le=60, allow_inf_nan=False)
+    """How long one request may wait, in all, for Triton or Redis while it is coming back
+    (it answered this process before and went away a moment ago: a restart, a Sentinel
+    failover) instead of failing at once; past it, 503 with a ``Retry-After`` from what
+    the gateway knows. Part of the request's own time (a client's timeout counts it); a
+    client that goes away stops its wait. 0: never wait."""
+    triton_restart_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    """How long a Triton restart usually takes, until a replica has seen one end (then it
+    goes by the last one it saw): how long an outage counts as "coming back" (three times
+    this) and what ``Retry-After`` says. ``gateway up`` sets it for its replicas to the time
+    its Triton took to start, unless it is set."""
+
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM a gateway process answers new requests 503 (``/health/ready`` too) and lets
     the ones in flight, streams included, run to their end for up to this long before it

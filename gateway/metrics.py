@@ -26,6 +26,8 @@ process imports ``prometheus_client``.
     gateway_queue_depth{model}                          requests waiting for a Triton slot
     gateway_queue_wait_seconds{priority}                wait for a slot (with a slot limit)
     gateway_route_total{outcome}                        several Tritons: affinity | spill | fallback
+    gateway_backend_waits_total{outcome}                calls that waited for Triton or Redis
+                                                        coming back: waited_ok | gave_up
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -142,6 +144,12 @@ class Metrics:
             "Requests refused with 429 budget_exceeded, by the budget's scope",
             ("scope",),
         )
+        self.backend_waits = counter(
+            "gateway_backend_waits_total",
+            "Calls that waited for Triton or Redis coming back, by outcome (waited_ok: it came "
+            "back in time; gave_up: the request's wait allowance ran out first)",
+            ("outcome",),
+        )
 
         self.realtime_sessions = Gauge(
             "gateway_realtime_sessions",
@@ -233,6 +241,9 @@ class Metrics:
             self.audio_in.labels(model).inc(meter.audio_seconds_in)
         if meter.audio_seconds_out:
             self.audio_out.labels(model).inc(meter.audio_seconds_out)
+
+    def backend_wait(self, outcome: str) -> None:
+        self.backend_waits.labels(outcome).inc()
 
     def triton_error(self, model: str, code: str | None) -> None:
         self.triton_errors.labels(model, code or "unknown").inc()

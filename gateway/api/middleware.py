@@ -51,6 +51,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import outages
 from gateway.api.dependencies import services_of
 from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
@@ -130,8 +131,10 @@ class GatewayMiddleware:
         drain: Drain,
         max_body_mb: float = 36.0,
         tracing: Tracing | None = None,
+        backend_wait_s: float = 5.0,
     ) -> None:
         self.app = app
+        self.backend_wait_s = backend_wait_s
         self.metrics = metrics
         self.drain = drain
         self.tracing = tracing
@@ -197,11 +200,16 @@ class GatewayMiddleware:
         in_flight = self.metrics.in_flight.labels(_route_of(scope))
         in_flight.inc()
         self.drain.busy += 1
+        # The request's allowance to wait for a backend coming back; a wait also ends when
+        # the client goes away (no wait comes before the app has read the body).
+        outages.begin(self.backend_wait_s, lambda: _disconnected(bounded))
         try:
             await self.app(scope, bounded, send_wrapped)
         finally:
             self.drain.busy -= 1
             in_flight.dec()
+            # Settling may wait for a Redis coming back too, whoever is still listening.
+            outages.begin(self.backend_wait_s)
             await self._settle(scope, status, started)
 
     async def _websocket_denied(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -409,6 +417,12 @@ def _end_request_span(span: Span, scope: Scope, method: str, status: int, outcom
         span.set_attribute("error.type", str(status))
         span.set_status(Status(StatusCode.ERROR))
     span.end()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone away (read only after the body was)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 _INFERENCE_ROUTES = frozenset(

@@ -66,6 +66,7 @@ from gateway.errors import (
     ModelControlDisabledError,
     ModelNotFoundError,
 )
+from gateway.outages import Allowance, Outage
 
 
 def _end_span(span: Span, responses: int, exc: BaseException | None) -> None:
@@ -166,6 +167,17 @@ def _contract(
     return contract_for(config, configs, tokenizer)
 
 
+class _Call:
+    """One call's wait for a Triton coming back: the request's allowance (taken at the
+    first failure), and whether it waited."""
+
+    __slots__ = ("allowance", "waited")
+
+    def __init__(self) -> None:
+        self.allowance: Allowance | None = None
+        self.waited = False
+
+
 class TritonBackend:
     """Talks to one Triton server over ``tritonclient.grpc.aio``."""
 
@@ -176,9 +188,13 @@ class TritonBackend:
         load_timeout_s: float = 300.0,
         on_error: Callable[[str, str | None], None] | None = None,
         tokenizers: Tokenizers | None = None,
+        outage: Outage | None = None,
     ) -> None:
         """``on_error(model, code)`` hears of every failed inference (for metrics);
-        ``tokenizers`` are the models' tokenizer files (templates, token counts)."""
+        ``tokenizers`` are the models' tokenizer files (templates, token counts);
+        ``outage`` is what this process knows of Triton's outages (none given: calls never
+        wait for a Triton coming back, as in a pool, which routes around it instead)."""
+        self.outage = outage
         self.tokenizers = tokenizers or Tokenizers()
         self._contracts: dict[str, Contract] = {}
         self.url = url
@@ -189,19 +205,54 @@ class TritonBackend:
         self.streams = streams.StreamPool(url)
 
     async def ready(self) -> bool:
+        """Whether Triton is ready now (never waits: a probe wants the answer of now)."""
         try:
-            return bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
+            ready = bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
         except InferenceServerException:
             return False
+        if ready and self.outage is not None:
+            self.outage.up()
+        return ready
+
+    async def _again(self, error: GatewayError, call: _Call) -> bool:
+        """After a call Triton never began to serve failed with ``error``: whether to try it
+        again, after a wait for a Triton coming back (:mod:`gateway.outages`). When not,
+        an unreachable Triton's error says in its ``Retry-After`` when to come back."""
+        outage = self.outage
+        if outage is None or not isinstance(error, BackendUnavailableError):
+            return False
+        outage.down()
+        if call.allowance is None:
+            call.allowance = outage.allowance()
+        if await outage.wait(call.allowance):
+            call.waited = True
+            return True
+        if call.waited:
+            outage.waited(False)
+        error.headers["Retry-After"] = str(outage.retry_after())
+        return False
+
+    def _reached(self, call: _Call) -> None:
+        """Triton answered ``call``."""
+        if self.outage is not None:
+            self.outage.up()
+            if call.waited:
+                self.outage.waited(True)
 
     async def _index(self) -> list[dict[str, Any]]:
-        try:
-            index = await self.client.get_model_repository_index(
-                as_json=True, client_timeout=self.timeout_s
-            )
-        except InferenceServerException as exc:
-            raise _from_client_error(exc) from exc
-        return list(index.get("models", []))
+        call = _Call()
+        while True:
+            try:
+                index = await self.client.get_model_repository_index(
+                    as_json=True, client_timeout=self.timeout_s
+                )
+            except InferenceServerException as exc:
+                error = _from_client_error(exc)
+                if await self._again(error, call):
+                    continue
+                raise error from exc
+            self._reached(call)
+            return list(index.get("models", []))
 
     async def repository(self) -> list[RepositoryModel]:
         return [
@@ -291,8 +342,10 @@ class TritonBackend:
     ) -> AsyncGenerator[streams.Outputs, None]:
         """One request: yields each response's outputs up to the final one. A decoupled
         model's goes on a kept gRPC stream, another's is one plain call. Leaving early
-        cancels the request in Triton."""
-        answered = False
+        cancels the request in Triton. A request that fails on an unreachable Triton before
+        its first response is sent again once a Triton coming back is (within the
+        request's wait allowance, :mod:`gateway.outages`); after its first response a
+        failure is the request's."""
         message = streams.request(model, inputs)
         # Traced (the request is sampled): a span of its own, whose context Triton reads
         # from the call's metadata, so its spans join the trace under this one.
@@ -309,28 +362,45 @@ class TritonBackend:
             )
             metadata = tracing.metadata(span)
         responses, failure = 0, None
+        call = _Call()
         try:
-            try:
-                if not decoupled:
-                    outputs = await self.streams.infer_once(message, metadata)
-                    responses = 1
-                    yield outputs
-                    return
-                async with aclosing(self.streams.infer(message, metadata)) as results:
-                    async for outputs in results:
+            while True:
+                answered = False
+                try:
+                    if not decoupled:
+                        outputs = await self.streams.infer_once(message, metadata)
                         answered = True
-                        responses += 1
-                        if responses == 1 and span is not None:
-                            span.add_event("first_response")  # the time to first token
+                        responses = 1
+                        self._reached(call)
                         yield outputs
-            except grpc.aio.AioRpcError as exc:
-                raise self._failed(model, _from_rpc_error(exc, model)) from exc
-            except streams.ModelError as exc:
-                if not answered and not await self._model_ready(model):
-                    # Unloaded since the catalog last looked (by another replica's admin
-                    # call, say): Triton's in-stream error says so only in words.
-                    raise ModelNotFoundError(model) from None
-                raise self._failed(model, _model_error(model, str(exc))) from None
+                        return
+                    async with aclosing(self.streams.infer(message, metadata)) as results:
+                        async for outputs in results:
+                            responses += 1
+                            if not answered:
+                                answered = True
+                                self._reached(call)
+                                if span is not None:
+                                    span.add_event("first_response")  # time to first token
+                            yield outputs
+                    return
+                except grpc.aio.AioRpcError as exc:
+                    error = _from_rpc_error(exc, model)
+                    if answered:
+                        if self.outage is not None and isinstance(error, BackendUnavailableError):
+                            self.outage.down()
+                            error.headers["Retry-After"] = str(self.outage.retry_after())
+                    elif await self._again(error, call):
+                        continue
+                    raise self._failed(model, error) from exc
+                except streams.ModelError as exc:
+                    if self.outage is not None:
+                        self.outage.up()  # Triton answered, with an error
+                    if not answered and not await self._model_ready(model):
+                        # Unloaded since the catalog last looked (by another replica's
+                        # admin call, say): Triton's in-stream error says so only in words.
+                        raise ModelNotFoundError(model) from None
+                    raise self._failed(model, _model_error(model, str(exc))) from None
         except BaseException as exc:  # what the span ends with
             failure = exc
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
@@ -221,10 +222,12 @@ def _up(settings: Settings, parts: _Parts) -> int:
         parts.redis.start()
     parts.triton = _triton(settings)
     if parts.triton is not None:
+        began = time.monotonic()
         parts.triton.start()
         parts.triton.wait_ready(
             settings.triton_start_timeout_s, progress=lambda line: print(line, flush=True)
         )
+        settings = _restart_hint(settings, time.monotonic() - began)
     if not settings.embedded_nginx:
         return _serve_here(settings, parts.supervisor(settings))
     ensure_port_free(
@@ -257,6 +260,16 @@ def _up(settings: Settings, parts: _Parts) -> int:
     print(f"OpenAI API: http://{settings.host}:{settings.port}/v1", flush=True)
     parts.supervisor(settings).run()
     return 0  # not reached: the watch ends with a signal or GiveUp
+
+
+def _restart_hint(settings: Settings, start_s: float) -> Settings:
+    """``settings`` with ``triton_restart_s`` (unless the operator set it): how long a
+    restart of this Triton will take, from the start just timed, the supervisor's check
+    interval and its first back-off (the replicas' first guess, see gateway/outages.py)."""
+    if "triton_restart_s" in settings.model_fields_set:
+        return settings
+    hint = start_s + settings.supervise_interval_s + settings.restart_delay_s
+    return settings.model_copy(update={"triton_restart_s": round(hint, 1)})
 
 
 def _serve_here(settings: Settings, supervisor: Supervisor) -> int:

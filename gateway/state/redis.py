@@ -31,9 +31,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    BusyLoadingError,
     ClusterDownError,
     MaxConnectionsError,
     OutOfMemoryError,
@@ -44,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreFullError, StoreUnavailableError
+from gateway.outages import Outage
 
 #: Every key the gateway writes starts with this, so it can share a Redis with other apps.
 PREFIX = "gw:"
@@ -125,13 +127,108 @@ class _WaitingSentinelPool(_Waiting, SentinelConnectionPool):
     """The Sentinel's pool (it follows the master), waiting for a busy connection."""
 
 
-def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
+#: How long a Redis restart is taken to last until one was seen to end (``gateway up``
+#: starts a Redis that died again within about a second, its data read back from the
+#: append-only file).
+REDIS_RESTART_S = 2.0
+
+
+class _ComingBack:
+    """A connection that waits to connect while Redis is coming back (it answered this
+    process before, and went away a moment ago: a restart, a Sentinel failover with no
+    master yet), within the request's wait allowance (:mod:`gateway.outages`). Only the
+    connection waits: a command is sent once it is made, so none runs twice. Given up, the
+    error carries the ``Retry-After`` :func:`needs_store` gives the 503."""
+
+    _outage: Outage | None = None
+    _waiting_now = False
+
+    def __init__(self, *args: Any, outage: Outage | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._outage = outage
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        # Every connection is made here (redis-py 8: by connect() and before a command).
+        parent = super()
+        await self._waiting(lambda: parent.connect_check_health(*args, **kwargs))  # type: ignore[attr-defined]
+
+    async def _waiting(self, attempt: Callable[[], Awaitable[None]]) -> None:
+        outage = self._outage
+        if outage is None or self._waiting_now or self.is_connected:  # type: ignore[attr-defined]
+            await attempt()
+            return
+        self._waiting_now = True  # one wait: Sentinel's connect makes a connection inside
+        try:
+            waited = False
+            allowance = None
+            while True:
+                try:
+                    await attempt()
+                    await self._serving()
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    outage.down()
+                    allowance = allowance or outage.allowance()
+                    if await outage.wait(allowance):
+                        waited = True
+                        continue
+                    if waited:
+                        outage.waited(False)
+                    exc.retry_after_s = outage.retry_after()  # type: ignore[union-attr]
+                    raise
+                outage.up()
+                if waited:
+                    outage.waited(True)
+                return
+        finally:
+            self._waiting_now = False
+
+    async def _serving(self) -> None:
+        """Raises ``BusyLoadingError`` (a ``ConnectionError``) while a Redis just started
+        reads its data back: it takes connections then (and AUTH), and refuses commands
+        with ``LOADING``. One PING per new connection, so a command is sent once, on a
+        Redis that serves it."""
+        try:
+            await self.send_command("PING", check_health=False)  # type: ignore[attr-defined]
+            await self.read_response()  # type: ignore[attr-defined]
+        except BusyLoadingError:
+            await self.disconnect()  # type: ignore[attr-defined]
+            raise
+
+
+class _SentinelComingBack(_ComingBack):
+    """Sentinel's connection: it asks the Sentinels for the master first (none during a
+    failover: ``MasterNotFoundError``), which waits too. redis-py 8 reconnects a dropped
+    connection before a command with ``connect_check_health``, which would try the old
+    master's address again and again: here that goes through the Sentinels too."""
+
+    async def _connect_retry(self) -> None:
+        parent = super()
+        await self._waiting(lambda: parent._connect_retry())  # type: ignore[attr-defined]
+
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        if self._waiting_now or self._outage is None:  # called by _connect_retry itself
+            await super().connect_check_health(*args, **kwargs)
+        else:
+            await self.connect()  # type: ignore[attr-defined]
+
+
+def _coming_back(connection_class: type, mixin: type = _ComingBack) -> type:
+    """``connection_class`` (plain, TLS, Unix socket, Sentinel's) waiting for a Redis coming
+    back."""
+    return type(f"ComingBack{connection_class.__name__}", (mixin, connection_class), {})
+
+
+def connect(
+    url: str, timeout_s: float, max_connections: int, outage: Outage | None = None
+) -> Redis:
     """A client with short timeouts and one immediate retry: the retry replaces a pooled
     connection that died with a restarted Redis; a Redis that is really down fails at once.
 
     At most ``max_connections`` connections are open at once; a command that finds them all
     busy waits up to ``timeout_s`` for one, then fails like a Redis that does not answer
     (redis-py's own pool would refuse it at once: from redis-py 8 it holds 100 by default).
+    With ``outage`` (what this process knows of Redis's outages), a connection to a Redis
+    coming back waits for it (see :class:`_ComingBack`); not with a Cluster.
     A Cluster's client keeps that many per node and refuses past it (redis-py's Cluster
     client has no waiting pool).
 
@@ -157,8 +254,15 @@ def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
         return _cluster(url, timeout_s, max_connections)
     if scheme != SENTINEL_SCHEME:
         pool = _Waiting.from_url(url, max_connections=max_connections, wait_s=timeout_s, **options)
+        if outage is not None:
+            pool.connection_class = _coming_back(pool.connection_class)
+            pool.connection_kwargs["outage"] = outage
         return Redis.from_pool(pool)
     nodes, service, db, password = parse_sentinel_url(url)
+    waiting: dict[str, Any] = {}
+    if outage is not None:
+        managed = _coming_back(SentinelManagedConnection, _SentinelComingBack)
+        waiting = {"connection_class": managed, "outage": outage}
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
         nodes,
         sentinel_kwargs={"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s},
@@ -171,6 +275,7 @@ def connect(url: str, timeout_s: float, max_connections: int) -> Redis:
         max_connections=max_connections,
         wait_s=timeout_s,
         **options,
+        **waiting,
     )
     return master
 
@@ -235,7 +340,11 @@ def needs_store(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             ClusterDownError,
             RedisClusterException,
         ) as exc:
-            raise StoreUnavailableError(f"Redis: {type(exc).__name__}: {exc}") from exc
+            error = StoreUnavailableError(f"Redis: {type(exc).__name__}: {exc}")
+            retry_after = getattr(exc, "retry_after_s", None)  # see _ComingBack
+            if retry_after is not None:
+                error.headers["Retry-After"] = str(retry_after)
+            raise error from exc
 
     return wrapper
 

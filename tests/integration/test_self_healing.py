@@ -5,6 +5,7 @@ OpenAI errors meanwhile, nothing it started outlives it, and SIGTERM drains."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -195,6 +196,53 @@ def test_triton_killed_mid_stream_comes_back_with_every_model(stack: GatewayProc
     assert "Triton exited" in stack.output()
     _wait_until(lambda: "Triton is back" in stack.output(), 30, "the log says Triton is back")
     assert _pids_of(f"--grpc-port={stack.grpc_port}") != [triton]
+
+
+def _waits(stack: GatewayProcess, outcome: str) -> float:
+    """``gateway_backend_waits_total{outcome}``, summed over the replicas."""
+    text = httpx.get(stack.internal_url + "/metrics", timeout=10).text
+    found = re.search(rf'^gateway_backend_waits_total{{outcome="{outcome}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_no_request_fails_across_a_triton_restart(stack: GatewayProcess) -> None:
+    # The official SDK as users run it: two retries, honouring Retry-After. Requests in
+    # flight when Triton dies and those that come while it restarts wait for it (the
+    # gateway's GATEWAY_BACKEND_WAIT_S, default) instead of failing.
+    _wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), 60, "replicas ready")
+    key = stack.create_key("restart")["key"]
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, timeout=60)
+    [triton] = _pids_of(f"--grpc-port={stack.grpc_port}")
+    waited_before = _waits(stack, "waited_ok")
+    failures: list[BaseException] = []
+    slow: list[float] = []
+
+    def one(i: int) -> None:
+        started = time.monotonic()
+        try:
+            answer = client.chat.completions.create(
+                model="mock_chat",
+                messages=[{"role": "user", "content": f"[mock:delay_ms=40] [mock:words=4] n{i}"}],
+                max_tokens=4,
+            )
+            assert answer.choices[0].message.content
+        except Exception as exc:  # every failure is reported, whatever its kind
+            failures.append(exc)
+        if time.monotonic() - started > 1:
+            slow.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(36)]
+    for i, thread in enumerate(threads):
+        thread.start()
+        if i == 8:  # some in flight, the rest to come during the restart
+            os.kill(triton, signal.SIGKILL)
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join(120)
+    assert failures == [], failures
+    assert slow, "no request met the restart"
+    assert _waits(stack, "waited_ok") > waited_before
+    _wait_until(lambda: "Triton is back" in stack.output().split("Triton exited")[-1], 30, "back")
 
 
 def test_nothing_outlives_gateway_up_killed_with_sigkill(stack: GatewayProcess) -> None:

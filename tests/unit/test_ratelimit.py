@@ -212,7 +212,9 @@ async def test_redis_down_fails_fast_with_503_lets_nothing_in_and_recovers(
 ) -> None:
     own = redis_server(tmp_path)
     try:
-        async with serve(make_settings(redis_url=own.url, redis_timeout_s=0.5)) as (_, http, _s):
+        # Not waiting for a Redis coming back (tests/unit/test_outages.py waits).
+        settings = make_settings(redis_url=own.url, redis_timeout_s=0.5, backend_wait_s=0)
+        async with serve(settings) as (_, http, _s):
             key = (await new_key(http, rpm=100))["key"]
             assert (await http.post(CHAT, json=chat_body(), headers=bearer(key))).status_code == 200
             own.stop()

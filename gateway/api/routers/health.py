@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from gateway import outages
 from gateway.api.dependencies import ServicesDep
 from gateway.errors import BackendUnavailableError
 
@@ -19,7 +20,9 @@ async def live() -> dict[str, str]:
 @router.get("/ready")
 async def ready(services: ServicesDep) -> dict[str, object]:
     """Redis answers, Triton is up and every model named in ``GATEWAY_MODELS`` is loaded;
-    503 otherwise."""
+    503 otherwise: at once, never waiting for a backend coming back (a probe wants the
+    answer of now)."""
+    outages.begin(0.0)
     await services.redis_health.check()  # 503 when Redis does not answer
     if not await services.backend.ready():
         raise BackendUnavailableError("Triton is not ready", code="not_ready")
