@@ -44,6 +44,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway import outages
 from gateway.errors import StoreFullError, StoreUnavailableError
 from gateway.outages import Outage
 
@@ -451,6 +452,9 @@ class RedisHealth:
 
     async def _keep_checking(self) -> None:
         task = asyncio.current_task()
+        # Like the readiness probe, the check reports what it finds now: it never waits for
+        # a Redis coming back (nor is it counted among the requests that did).
+        outages.begin(0.0)
         while True:
             # Down is reported; any failure is one (a Redis that refuses the password too).
             with contextlib.suppress(Exception):
