@@ -235,8 +235,9 @@ def connect(
 
     ``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]`` asks those
     Sentinels for the master of ``service_name`` and follows it through a failover: while
-    there is no master (the old one is gone, no new one is elected yet) requests fail
-    with 503 like a Redis that is down, and none is let through unchecked.
+    there is no master (the old one is gone, no new one is elected yet) a request waits
+    for the new one up to ``GATEWAY_BACKEND_WAIT_S`` (with ``outage``), then fails with 503
+    like a Redis that is down; none is let through unchecked.
 
     ``redis+cluster://[:password@]host:port[,host:port...]`` is a Redis Cluster (redis-py's
     ``RedisCluster``, which finds every node from these): every key of one API key shares

@@ -96,7 +96,8 @@ async def audit_log(
 async def update_key(
     key_id: str, change: KeyUpdate, services: ServicesDep, audit: AuditDep
 ) -> ApiKey:
-    """Sets a key's project or budget (docs/budgets.md); ``null`` clears one."""
+    """Sets a key's project, budget or priority (docs/budgets.md, docs/scheduling.md);
+    ``null`` clears one."""
     async with audit("key.update", key_id, change.model_dump(exclude_unset=True)):
         return await services.admin.update_key(key_id, change)
 
