@@ -24,7 +24,7 @@ run: $(STAMP) system-deps
 # The project's modules are compiled first: the suite starts some twenty Python processes
 # (workers, replicas, model stubs), which under PYTHONDONTWRITEBYTECODE would each compile
 # them again (pip compiles the installed packages; keep it so).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) system-deps $(JS_STAMP)
 	@$(BIN)/python -m compileall -q -j 0 gateway triton_repo tests > /dev/null
 	@mkdir -p .run; nice -n 10 $(MAKE) --no-print-directory lint > .run/lint.log 2>&1 & lint=$$!; \

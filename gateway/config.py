@@ -324,10 +324,10 @@ class Settings(BaseSettings):
     redis_check_interval_s: float = Field(5.0, gt=0, le=300)
     """How often each gateway process pings Redis in the background to set its
     ``gateway_redis_up`` gauge (``/health/ready`` sets it too)."""
-    audit_retention_days: float = Field(90.0, gt=0)
+    audit_retention_days: float = Field(90.0, gt=0, le=3650, allow_inf_nan=False)
     """How long an entry of the admin audit log is kept (older entries are trimmed as new
     ones are written)."""
-    audit_max_entries: int = Field(100_000, ge=100)
+    audit_max_entries: int = Field(100_000, ge=100, le=10_000_000)
     """The most entries the audit log keeps, whatever their age (Redis memory's bound)."""
     # Traces (docs/tracing.md)
     otlp_traces_endpoint: str | None = Field(None, pattern=r"^https?://[^\s]+$")
@@ -336,19 +336,19 @@ class Settings(BaseSettings):
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` with
     ``/v1/traces``; none set (or ``OTEL_SDK_DISABLED=true``): no traces."""
     # Priorities, shedding and routing over Tritons (docs/scheduling.md).
-    triton_max_inflight: int = Field(0, ge=0)
+    triton_max_inflight: int = Field(0, ge=0, le=100_000)
     """Requests one replica keeps in flight per model and per Triton server; the rest wait
     in the replica's queue for the model, by priority then arrival. 0 (the default): no
     limit and no queue, every request goes to Triton at once."""
-    queue_max_waiting: int = Field(256, ge=1)
+    queue_max_waiting: int = Field(256, ge=1, le=100_000)
     """Requests waiting per model in one replica (with ``triton_max_inflight``); past it,
     the worst-ranked request is refused with 503 ``overloaded``."""
-    queue_max_wait_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    queue_max_wait_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
     """The longest a request waits for a slot before a 503 ``overloaded``."""
     route_balance: float = Field(0.25, ge=0, le=10, allow_inf_nan=False)
     """Several Tritons: a conversation's server takes at most (1 + this) times the average
     load before its requests spill to the next server on the ring."""
-    route_prefix_chars: int = Field(1024, ge=0)
+    route_prefix_chars: int = Field(1024, ge=0, le=1_000_000)
     """Several Tritons: a prompt at least this long (in characters, as rendered) is routed by
     its first this many characters, so requests that share a long prefix meet its cache.
     0: only conversations (``X-Session-ID``, ``previous_response_id``, ``prompt_cache_key``)

@@ -229,7 +229,9 @@ class OverloadedError(GatewayError):
     code = "overloaded"
 
     def __init__(self, message: str, reason: str, retry_after_s: float) -> None:
-        retry_after = str(max(1, math.ceil(retry_after_s)))
+        # 1 to 60 s: the OpenAI SDKs ignore a longer one (and slow streams must not make it
+        # tell clients to stay away for minutes).
+        retry_after = str(min(60, max(1, math.ceil(retry_after_s))))
         super().__init__(message, headers={"Retry-After": retry_after})
         self.reason = reason
 

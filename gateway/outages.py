@@ -73,6 +73,13 @@ def begin(wait_s: float, gone: Callable[[], Awaitable[None]] | None = None) -> N
     _allowance.set(Allowance(wait_s, gone))
 
 
+def client_gone() -> Callable[[], Awaitable[None]] | None:
+    """What returns once the client of the request running here has gone away (None
+    outside a request): for other waits of the request (a place in a model's queue)."""
+    allowance = _allowance.get()
+    return allowance.gone if allowance is not None else None
+
+
 class Outage:
     """One backend as one process sees it. :meth:`up` after every call that reached it (or
     only after connections, where that is what is seen), :meth:`down` when a call finds it

@@ -133,7 +133,30 @@ def parent_of(headers: Iterable[tuple[bytes, bytes]]) -> otel_context.Context:
         for name, value in headers
         if name in _CONTEXT_HEADERS
     }
+    if "tracestate" in carrier:
+        carrier["tracestate"] = _bounded_tracestate(carrier["tracestate"])
     return _PROPAGATOR.extract(carrier) if carrier else otel_context.Context()
+
+
+#: The most of a client's ``tracestate`` passed on (to the spans and Triton's call
+#: metadata): what W3C Trace Context asks propagators to keep at least. A client's longer
+#: one could fill gRPC's 8 KB of call headers and fail the call to Triton.
+TRACESTATE_MAX = 512
+
+
+def _bounded_tracestate(value: str) -> str:
+    """The leading members of ``value`` (the most recent vendors') that fit
+    :data:`TRACESTATE_MAX` characters, whole."""
+    kept: list[str] = []
+    size = 0
+    for member in (m.strip() for m in value.split(",")):
+        if not member:
+            continue
+        size += len(member) + (1 if kept else 0)
+        if size > TRACESTATE_MAX:
+            break
+        kept.append(member)
+    return ",".join(kept)
 
 
 class Activation:

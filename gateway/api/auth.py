@@ -82,6 +82,7 @@ async def admit(
     setattr(connection.state, ADMISSION, admission)
     # The key's priority for every backend call of the request (a route that takes a
     # request's own priority or a conversation's key sets its dispatch again).
+    scheduling.admitted(admission.key.project or f"key:{admission.key.id}")
     scheduling.start(admission.key.request_priority(None))
     return admission
 

@@ -33,6 +33,7 @@ import itertools
 import logging
 import socket
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from starlette.requests import ClientDisconnect
 
+from gateway import outages
 from gateway.backend import scheduling
 from gateway.backend.base import (
     AudioChunk,
@@ -324,10 +327,23 @@ class BackendPool:
             refused.future.set_exception(self._shed(model, "queue_full", len(queue.waiting)))
         self._depth(model, queue)
         self._dispatch(model)  # a slot may have freed meanwhile
+        gone = outages.client_gone()
+        left: asyncio.Task[None] | None = None
         try:
             async with asyncio.timeout(self.policy.max_wait_s):
+                if gone is not None:
+                    # A client that goes away leaves the queue (a stream waits here before
+                    # its response starts, outside the route's disconnect watch).
+                    left = asyncio.ensure_future(gone())
+                    await asyncio.wait((waiter.future, left), return_when=FIRST_COMPLETED)
+                    if not waiter.future.done():
+                        raise ClientDisconnect
                 got: _Server | None = await waiter.future
                 return got
+        except ClientDisconnect:
+            if (taken := _result(waiter.future)) is not None:
+                self._release(taken, model, None)
+            raise
         except TimeoutError:
             if (taken := _result(waiter.future)) is not None:
                 return taken  # a slot came as the time ran out
@@ -338,6 +354,8 @@ class BackendPool:
                 self._release(taken, model, None)
             raise
         finally:
+            if left is not None:
+                left.cancel()
             queue.discard(waiter)
             self._depth(model, queue)
 

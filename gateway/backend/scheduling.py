@@ -52,13 +52,23 @@ class Dispatch:
 
 
 _current: ContextVar[Dispatch | None] = ContextVar("gateway_dispatch", default=None)
+_tenant: ContextVar[str] = ContextVar("gateway_tenant", default="")
+
+
+def admitted(tenant: str) -> None:
+    """Sets whose request runs in this context (a project, else an API key): its routing
+    keys are its own, so no tenant can pin its requests to another's server or cache, nor
+    learn from timing which server another's prompts went to."""
+    _tenant.set(tenant)
 
 
 def start(priority: int = 0, *route_keys: str | None) -> Dispatch:
     """Sets the dispatch of the request running in this context: its priority and the first
     of ``route_keys`` that is set (an ``X-Session-ID``, the root of a ``previous_response_id``
-    chain, a ``prompt_cache_key``, in that order of preference)."""
-    dispatch = Dispatch(priority, next((k for k in route_keys if k), None))
+    chain, a ``prompt_cache_key``, in that order of preference), within its tenant's."""
+    chosen = next((k for k in route_keys if k), None)
+    route_key = f"{_tenant.get()}|{chosen}" if chosen is not None else None
+    dispatch = Dispatch(priority, route_key)
     _current.set(dispatch)
     return dispatch
 
@@ -99,7 +109,7 @@ class Policy:
         if dispatch.route_key is not None:
             return dispatch.route_key
         if prompt is not None and self.prefix_chars and len(prompt) >= self.prefix_chars:
-            return "prefix:" + prompt[: self.prefix_chars]
+            return f"prefix:{_tenant.get()}|{prompt[: self.prefix_chars]}"
         return None
 
 

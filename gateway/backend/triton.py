@@ -111,6 +111,11 @@ _CONTEXT_EXCEEDED = ("maximum context length", "longer than the maximum model le
 #: code (UNAVAILABLE) would read as an outage.
 _CONTROL_DISABLED = ("explicit model load / unload is not allowed",)
 
+#: How a running Triton refuses a request with UNAVAILABLE of its own (a model's queue of
+#: its dynamic batcher is full: ``max_queue_size``): that is no outage to wait for, and
+#: trying again at once would only add to its queue.
+_SERVER_BUSY = ("Exceeds maximum queue size",)
+
 
 #: How a model marks an error on a stream as the client's fault (see the module docstring).
 INVALID_PREFIX = "Invalid request: "
@@ -220,6 +225,9 @@ class TritonBackend:
         an unreachable Triton's error says in its ``Retry-After`` when to come back."""
         outage = self.outage
         if outage is None or not isinstance(error, BackendUnavailableError):
+            return False
+        if any(sign in (error.detail or "") for sign in _SERVER_BUSY):
+            outage.up()  # it answered: busy, not gone
             return False
         outage.down()
         if call.allowance is None:

@@ -134,12 +134,16 @@ class AuditLog:
     ) -> tuple[list[AuditEntry], bool]:
         """Entries newest first: up to ``limit`` (at most :data:`MAX_PAGE`, checked by the
         route) older than the entry ``after`` (or the newest), and whether there are more."""
-        if after is not None and not _ENTRY_ID.fullmatch(after):
+        if after is not None and (
+            not _ENTRY_ID.fullmatch(after) or max(map(int, after.split("-"))) >= 2**64
+        ):
             raise InvalidRequestError(
                 "after must be the id of an audit entry (such as 1732435200000-0).",
                 param="after",
                 code="invalid_cursor",
             )
+        if after is not None and not any(map(int, after.split("-"))):
+            return [], False  # 0-0: nothing is older than the first id there can be
         newest = f"({after}" if after is not None else "+"
         raw: list[tuple[str, dict[str, str]]] = await self.redis.xrevrange(  # type: ignore[assignment]
             STREAM, max=newest, min=self._oldest_kept(now or time.time()), count=limit + 1

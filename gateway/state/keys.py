@@ -75,8 +75,8 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tokens_per_day: int | None = Field(None, ge=1)
-    tokens_per_month: int | None = Field(None, ge=1)
+    tokens_per_day: int | None = Field(None, ge=1, le=10**15)
+    tokens_per_month: int | None = Field(None, ge=1, le=10**15)
     cost_per_day: float | None = Field(None, gt=0, le=MAX_COST_BUDGET)
     cost_per_month: float | None = Field(None, gt=0, le=MAX_COST_BUDGET)
 

@@ -1,12 +1,15 @@
 """The Redis connection every replica shares, and the one place that turns "Redis is down"
 into a clean 503.
 
-Keys, sessions, rate-limit counters and usage live in Redis so that any number of gateway
-processes behave as one. When Redis cannot be reached, a request that needs it fails fast
-(at once when refused, after ``redis_timeout_s`` per try when unanswered) with
-:class:`StoreUnavailableError`; nothing waits and nothing is let
-through. The client's pool reconnects on the next command, so the gateway recovers by itself
-when Redis returns. A Redis that refuses a write because it is full (``maxmemory`` with the
+Keys, sessions, rate-limit counters, usage, budgets and the audit log live in Redis so that
+any number of gateway processes behave as one. When Redis cannot be reached, a request that
+needs it first waits (within ``GATEWAY_BACKEND_WAIT_S``, :mod:`gateway.outages`) if this
+process reached Redis a moment ago (a restart, a Sentinel failover), then fails with
+:class:`StoreUnavailableError`, whose ``Retry-After`` says when Redis is likely back; a
+Redis gone for long, never reached, or a Cluster's node fails at once (or after
+``redis_timeout_s`` per try when unanswered). Nothing is let through unchecked. The
+client's pool reconnects on the next command, so the gateway recovers by itself when
+Redis returns. A Redis that refuses a write because it is full (``maxmemory`` with the
 ``noeviction`` policy) gives :class:`StoreFullError`, also a 503. Stored conversations
 (responses, sessions, spoken answers' transcripts) may only fill it to
 :data:`STORED_SHARE` of ``maxmemory`` (:class:`Headroom`): the rest stays free for what every

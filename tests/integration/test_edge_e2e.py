@@ -153,6 +153,21 @@ def test_request_ids_are_passed_through_or_created(stack: GatewayProcess) -> Non
     assert {"req-42.a", made.headers["x-request-id"]} <= logged
 
 
+def test_the_audit_log_records_the_address_nginx_saw_not_the_clients_claim(
+    stack: GatewayProcess,
+) -> None:
+    spoofed = {**stack.headers, "X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9"}
+    created = httpx.post(
+        stack.base_url + "/admin/keys", json={"name": "spoofer"}, headers=spoofed, timeout=10
+    )
+    assert created.status_code == 201, created.text
+    entries = httpx.get(
+        stack.base_url + "/admin/audit", params={"limit": 50}, headers=stack.headers, timeout=10
+    ).json()["data"]
+    mine = [e for e in entries if e["target"] == created.json()["id"]]
+    assert mine and {e["client"] for e in mine} == {"127.0.0.1"}
+
+
 def test_metrics_stay_off_the_public_listener(stack: GatewayProcess) -> None:
     public = httpx.get(stack.base_url + "/metrics")
     assert public.status_code == 404

@@ -130,8 +130,11 @@ async def test_pages_follow_after_and_are_bounded(http: httpx.AsyncClient) -> No
     )
     for bad in ({"limit": 0}, {"limit": 1001}):
         assert_openai_error(await http.get("/admin/audit", params=bad), 400, param="limit")
-    bad_cursor = await http.get("/admin/audit", params={"after": "nope"})
-    assert_openai_error(bad_cursor, 400, param="after")
+    for cursor in ("nope", "99999999999999999999-0"):  # the second: past Redis's 64 bits
+        bad_cursor = await http.get("/admin/audit", params={"after": cursor})
+        assert_openai_error(bad_cursor, 400, param="after")
+    first = await http.get("/admin/audit", params={"after": "0-0"})
+    assert first.status_code == 200 and first.json()["data"] == []
 
 
 async def test_retention_drops_entries_by_age_and_bounds_their_count(

@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from gateway import outages
 from gateway.backend import grpc_streams as streams
-from gateway.backend.triton import TritonBackend
+from gateway.backend.triton import TritonBackend, _Call
 from gateway.errors import BackendUnavailableError, StoreUnavailableError
 from gateway.outages import Outage
 from gateway.state.redis import connect, ping
@@ -295,3 +295,22 @@ async def test_a_redis_reading_its_data_back_is_waited_for(tmp_path: Path) -> No
         if loading is not None:
             loading.kill()
             await loading.wait()
+
+
+async def test_a_triton_refusing_for_a_full_queue_is_busy_not_gone() -> None:
+    # Triton answers UNAVAILABLE of its own when a model's dynamic-batcher queue is full: the
+    # request gets its 503 at once instead of waiting (and adding to that queue), and the
+    # server counts as up.
+    outage = Outage("Triton", usual_s=10.0, wait_s=5.0)
+    outage.up()
+    backend = TritonBackend("127.0.0.1:1", outage=outage)
+    try:
+        busy = BackendUnavailableError("busy", detail="UNAVAILABLE: Exceeds maximum queue size")
+        started = time.monotonic()
+        assert not await backend._again(busy, _Call())
+        assert time.monotonic() - started < 0.1 and outage.down_since is None
+        gone = BackendUnavailableError("gone", detail="UNAVAILABLE: failed to connect")
+        assert await backend._again(gone, _Call())  # a Triton that answered a moment ago
+        assert outage.down_since is not None
+    finally:
+        await backend.close()

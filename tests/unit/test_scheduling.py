@@ -15,7 +15,9 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import pytest
+from starlette.requests import ClientDisconnect
 
+from gateway import outages
 from gateway.app import _triton
 from gateway.backend import scheduling
 from gateway.backend.base import ChatImage, GenerationChunk, SamplingOptions
@@ -223,6 +225,35 @@ async def test_a_client_that_leaves_leaves_the_queue() -> None:
         await pool.close()
 
 
+async def test_a_client_that_hangs_up_while_its_stream_waits_leaves_the_queue() -> None:
+    # A stream waits for its slot before its response starts, where nothing cancels it:
+    # the request's own "client gone" (the middleware's) takes it out of the queue.
+    pool, fakes = pool_of("a:1", max_inflight=1, max_waiting=1)
+    fake = fakes["a:1"]
+    hung_up = asyncio.Event()
+
+    async def hanging_up() -> str:
+        outages.begin(5.0, hung_up.wait)
+        return await ask(pool, "gone")
+
+    try:
+        await pool.ready()
+        fake.gate.clear()
+        first = asyncio.create_task(ask(pool, "first"))
+        await until(lambda: fake.started, "the first request runs")
+        gone = asyncio.create_task(hanging_up())
+        await until(lambda: waiting(pool) == 1, "it waits")
+        hung_up.set()
+        with pytest.raises(ClientDisconnect):
+            await gone
+        assert waiting(pool) == 0
+        fake.gate.set()
+        await first
+        assert served_by(fakes)["a:1"] == ["first"]
+    finally:
+        await pool.close()
+
+
 async def test_a_stream_holds_its_slot_until_its_last_chunk() -> None:
     pool, fakes = pool_of("a:1", max_inflight=1)
     fake = fakes["a:1"]
@@ -418,3 +449,18 @@ async def test_a_slot_limit_puts_even_one_triton_behind_the_queue() -> None:
     assert isinstance(limited, BackendPool) and limited.metrics is metrics
     assert limited.policy == Policy(max_inflight=3)
     await limited.close()
+
+
+def test_a_conversations_routing_key_is_its_tenants_own() -> None:
+    # The same X-Session-ID (or prompt prefix) from another project or key is another
+    # conversation: it cannot be pinned to, nor probe, the first one's server.
+    policy = Policy(prefix_chars=8)
+    keys = []
+    for tenant in ("team-a", "team-b", "key:0123456789ab"):
+        scheduling.admitted(tenant)
+        dispatch = scheduling.start(0, None, "session-1")
+        keys.append((dispatch.route_key, policy.route_key(scheduling.start(0), "x" * 16)))
+    assert len({conversation for conversation, _ in keys}) == 3
+    assert len({prefix for _, prefix in keys}) == 3
+    scheduling.admitted("team-a")
+    assert scheduling.start(0, "session-1").route_key == keys[0][0]  # the same, again

@@ -232,3 +232,23 @@ def test_a_realtime_session_has_its_span_and_one_per_response(receiver: OtlpRece
         "gen_ai.usage.output_tokens": done["usage"]["output_tokens"],
     }
     assert _one(spans, "redis.admission").parent_id == session.span_id
+
+
+def test_a_clients_tracestate_reaches_triton_whole_members_and_at_most_512_characters() -> None:
+    """What Triton's call metadata carries of a client's ``tracestate``: its leading whole
+    members, 512 characters at most (gRPC refuses calls with more than 8 KB of headers)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gateway.tracing import metadata, parent_of
+
+    sent = ",".join(f"v{i}=" + "x" * 200 for i in range(32))  # 6.6 KB, 32 members
+    parent = f"00-{TRACE_ID}-{PARENT_ID}-01".encode()
+    context = parent_of([(b"traceparent", parent), (b"tracestate", sent.encode())])
+    span = TracerProvider().get_tracer("test").start_span("triton.infer", context=context)
+    carried = dict(metadata(span))
+    assert carried["traceparent"].split("-")[1] == TRACE_ID
+    assert carried["tracestate"] == ",".join(sent.split(",")[:2])  # 2 x 203 + 1 characters
+    small = "vendor=abc,other=def"
+    context = parent_of([(b"traceparent", parent), (b"tracestate", small.encode())])
+    span = TracerProvider().get_tracer("test").start_span("triton.infer", context=context)
+    assert dict(metadata(span))["tracestate"] == small
