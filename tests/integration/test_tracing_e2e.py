@@ -44,11 +44,17 @@ def _trace(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:
 
 
 def _complete(trace_id: str) -> object:
-    """Whether the trace has the gateway's request span and Triton's model span."""
+    """Whether the trace has all its spans: the gateway's request and Triton call, Triton's
+    request and model spans (each side exports in batches of its own, in any order)."""
 
     def found(spans: list[ReceivedSpan]) -> bool:
         names = {(s.service, s.name) for s in _trace(spans, trace_id)}
-        return {("triton-gateway", "POST /v1/chat/completions"), ("triton", "mock_chat")} <= names
+        return {
+            ("triton-gateway", "POST /v1/chat/completions"),
+            ("triton-gateway", "triton.infer"),
+            ("triton", "InferRequest"),
+            ("triton", "mock_chat"),
+        } <= names
 
     return found
 
