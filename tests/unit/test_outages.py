@@ -7,6 +7,7 @@ its wait."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -84,10 +85,20 @@ class _Server:
         self.server: Any = None
 
     async def start(self) -> None:
-        self.server = grpc.aio.server()
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.fake, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
-        await self.server.start()
+        # Started again on its port: a port below the ephemeral range (32768 up), which no
+        # outgoing connection of another test can have taken meanwhile.
+        for _ in range(50):
+            port = self.port or random.randrange(20_000, 32_000)
+            self.server = grpc.aio.server()
+            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.fake, self.server)
+            try:
+                self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+            except RuntimeError:  # taken (by another test's server), or not freed yet
+                await asyncio.sleep(0.05)
+                continue
+            await self.server.start()
+            return
+        raise RuntimeError("no port for the fake Triton")
 
     async def stop(self) -> None:
         await self.server.stop(None)
