@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -100,6 +100,24 @@ def waiting(pool: BackendPool) -> int:
     return len(queue.waiting) if queue else 0
 
 
+@asynccontextmanager
+async def one_slot_taken(
+    **policy: object,
+) -> AsyncIterator[tuple[BackendPool, Held, asyncio.Task[str]]]:
+    """A pool of one server with one slot for the model (``policy`` sets the rest), taken by
+    a request ("first") that runs until the test opens ``fake.gate``."""
+    pool, fakes = pool_of("a:1", max_inflight=1, **policy)
+    fake = fakes["a:1"]
+    try:
+        await pool.ready()
+        fake.gate.clear()
+        first = asyncio.create_task(ask(pool, "first"))
+        await until(lambda: fake.started, "the first request runs")
+        yield pool, fake, first
+    finally:
+        await pool.close()
+
+
 # -- the ring --------------------------------------------------------------------------------
 
 
@@ -163,13 +181,7 @@ async def test_waiting_requests_get_slots_by_priority_then_arrival() -> None:
 
 
 async def test_a_full_queue_sheds_the_worst_request_with_retry_after() -> None:
-    pool, fakes = pool_of("a:1", max_inflight=1, max_waiting=2)
-    fake = fakes["a:1"]
-    try:
-        await pool.ready()
-        fake.gate.clear()
-        first = asyncio.create_task(ask(pool, "first"))
-        await until(lambda: fake.started, "the first request runs")
+    async with one_slot_taken(max_waiting=2) as (pool, fake, first):
         low = [asyncio.create_task(ask(pool, f"low-{i}", priority=5)) for i in range(2)]
         await until(lambda: waiting(pool) == 2, "two wait")
         with pytest.raises(OverloadedError) as refused:  # no better than those waiting
@@ -181,36 +193,20 @@ async def test_a_full_queue_sheds_the_worst_request_with_retry_after() -> None:
             await low[1]
         fake.gate.set()
         await asyncio.gather(first, low[0], high)
-        assert served_by(fakes)["a:1"] == ["first", "high", "low-0"]
-    finally:
-        await pool.close()
+        assert list(fake.started) == ["first", "high", "low-0"]
 
 
 async def test_a_request_that_waits_too_long_is_shed() -> None:
-    pool, fakes = pool_of("a:1", max_inflight=1, max_wait_s=0.05)
-    fake = fakes["a:1"]
-    try:
-        await pool.ready()
-        fake.gate.clear()
-        first = asyncio.create_task(ask(pool, "first"))
-        await until(lambda: fake.started, "the first request runs")
+    async with one_slot_taken(max_wait_s=0.05) as (pool, fake, first):
         with pytest.raises(OverloadedError) as shed:
             await ask(pool, "late")
         assert shed.value.reason == "wait_timeout" and waiting(pool) == 0
         fake.gate.set()
         await first
-    finally:
-        await pool.close()
 
 
 async def test_a_client_that_leaves_leaves_the_queue() -> None:
-    pool, fakes = pool_of("a:1", max_inflight=1, max_waiting=1)
-    fake = fakes["a:1"]
-    try:
-        await pool.ready()
-        fake.gate.clear()
-        first = asyncio.create_task(ask(pool, "first"))
-        await until(lambda: fake.started, "the first request runs")
+    async with one_slot_taken(max_waiting=1) as (pool, fake, first):
         gone = asyncio.create_task(ask(pool, "gone"))
         await until(lambda: waiting(pool) == 1, "it waits")
         gone.cancel()
@@ -219,29 +215,21 @@ async def test_a_client_that_leaves_leaves_the_queue() -> None:
         await until(lambda: waiting(pool) == 1, "the next one waits")
         fake.gate.set()
         await asyncio.gather(first, after)
-        assert served_by(fakes)["a:1"] == ["first", "after"]
+        assert list(fake.started) == ["first", "after"]
         assert pool.servers["a:1"].busy == 0 and pool.servers["a:1"].running["fake-chat"] == 0
-    finally:
-        await pool.close()
 
 
 async def test_a_client_that_hangs_up_while_its_stream_waits_leaves_the_queue() -> None:
     # A stream waits for its slot before its response starts, where nothing cancels it:
     # the request's own "client gone" (the middleware's) takes it out of the queue.
-    pool, fakes = pool_of("a:1", max_inflight=1, max_waiting=1)
-    fake = fakes["a:1"]
     hung_up = asyncio.Event()
 
-    async def hanging_up() -> str:
+    async def hanging_up(pool: BackendPool) -> str:
         outages.begin(5.0, hung_up.wait)
         return await ask(pool, "gone")
 
-    try:
-        await pool.ready()
-        fake.gate.clear()
-        first = asyncio.create_task(ask(pool, "first"))
-        await until(lambda: fake.started, "the first request runs")
-        gone = asyncio.create_task(hanging_up())
+    async with one_slot_taken(max_waiting=1) as (pool, fake, first):
+        gone = asyncio.create_task(hanging_up(pool))
         await until(lambda: waiting(pool) == 1, "it waits")
         hung_up.set()
         with pytest.raises(ClientDisconnect):
@@ -249,9 +237,7 @@ async def test_a_client_that_hangs_up_while_its_stream_waits_leaves_the_queue() 
         assert waiting(pool) == 0
         fake.gate.set()
         await first
-        assert served_by(fakes)["a:1"] == ["first"]
-    finally:
-        await pool.close()
+        assert list(fake.started) == ["first"]
 
 
 async def test_a_stream_holds_its_slot_until_its_last_chunk() -> None:
