@@ -66,18 +66,28 @@ def tritons(tmp_path: Path) -> Iterator[list[EmbeddedTriton]]:
         processes.stop_all([s.process for s in servers], signal.SIGKILL, 10)
 
 
-def test_requests_survive_a_triton_killed_mid_traffic(
-    tritons: list[EmbeddedTriton], tmp_path: Path
-) -> None:
-    first, second = tritons
+def _gateway(tritons: list[EmbeddedTriton]) -> GatewayProcess:
+    """One gateway process (no nginx) in front of both Tritons, ready; the caller stops it."""
     gateway = GatewayProcess(
-        triton_url=f"{first.grpc_url},{second.grpc_url}",
+        triton_url=",".join(triton.grpc_url for triton in tritons),
         nginx=False,
         # Servers checked every 0.2 s instead of every second: the same, sooner.
         env={"GATEWAY_MODELS": "mock_chat", "GATEWAY_TRITON_CHECK_INTERVAL_S": "0.2"},
     ).start()
     try:
         gateway.wait_ready(60)
+    except BaseException:
+        gateway.stop()
+        raise
+    return gateway
+
+
+def test_requests_survive_a_triton_killed_mid_traffic(
+    tritons: list[EmbeddedTriton], tmp_path: Path
+) -> None:
+    first, second = tritons
+    gateway = _gateway(tritons)
+    try:
         statuses: list[int] = []
         stop = threading.Event()
 
@@ -125,13 +135,8 @@ def test_a_sessions_turns_hit_one_triton_and_a_hot_session_spills_at_the_bound(
     tritons: list[EmbeddedTriton],
 ) -> None:
     first, second = tritons
-    gateway = GatewayProcess(
-        triton_url=f"{first.grpc_url},{second.grpc_url}",
-        nginx=False,
-        env={"GATEWAY_MODELS": "mock_chat", "GATEWAY_TRITON_CHECK_INTERVAL_S": "0.2"},
-    ).start()
+    gateway = _gateway(tritons)
     try:
-        gateway.wait_ready(60)
         client = gateway.client()
 
         def turn(session: str, text: str) -> None:
