@@ -8,6 +8,7 @@ land on one server."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -438,6 +439,11 @@ async def test_a_slot_limit_puts_even_one_triton_behind_the_queue() -> None:
 
 
 def test_a_conversations_routing_key_is_its_tenants_own() -> None:
+    # In a context of its own: what a request sets must not reach the other tests.
+    contextvars.copy_context().run(_routing_keys_are_their_tenants)
+
+
+def _routing_keys_are_their_tenants() -> None:
     # The same X-Session-ID (or prompt prefix) from another project or key is another
     # conversation: it cannot be pinned to, nor probe, the first one's server.
     policy = Policy(prefix_chars=8)
