@@ -12,7 +12,7 @@ import base64
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,6 +28,19 @@ pytestmark = pytest.mark.integration
 
 PCM_RATE = 24_000
 CHUNK = PCM_RATE * 2 // 10  # 100 ms of pcm16
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[GatewayProcess]:
+    """A stack of this module's own with the voice chain's models (and mock_chat, which
+    answers as slowly as asked): its sessions (Whisper, SmolLM2 and Piper on every turn)
+    then run on another worker than the shared stack's tests, which set the suite's time."""
+    gateway = GatewayProcess(models=[*VOICE, "mock_chat"]).start()
+    try:
+        gateway.wait_ready()
+        yield gateway
+    finally:
+        gateway.stop()
 
 
 def silence(seconds: float) -> bytes:
