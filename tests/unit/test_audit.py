@@ -182,7 +182,8 @@ async def test_the_bootstrap_key_manages_models_with_redis_down_and_logs_it(
     own = redis_server(tmp_path)
     fake = FakeBackend()
     try:
-        settings = make_settings(redis_url=own.url, redis_timeout_s=0.5)
+        # No wait for a Redis coming back (GATEWAY_BACKEND_WAIT_S): down is down here.
+        settings = make_settings(redis_url=own.url, redis_timeout_s=0.5, backend_wait_s=0)
         async with serve(settings, fake) as (_, http, _sdk):
             own.stop()
             # GATEWAY_ADMIN_KEY exists for this: no Redis needed to unload a model.
