@@ -183,3 +183,36 @@ class Outage:
         """A call that waited ended: it reached the backend (``ok``), or gave up."""
         if self.on_wait is not None:
             self.on_wait("waited_ok" if ok else "gave_up")
+
+
+class Attempt:
+    """One call's tries at a backend that may be coming back (a Triton request, a Redis
+    connection): the request's allowance, taken at its first failure, and whether it
+    waited, counted once when it ends."""
+
+    __slots__ = ("allowance", "outage", "waited")
+
+    def __init__(self, outage: Outage) -> None:
+        self.outage = outage
+        self.allowance: Allowance | None = None
+        self.waited = False
+
+    async def failed(self) -> bool:
+        """The call could not reach the backend: True to try it again (it was waited for),
+        False to give up (the error's ``Retry-After`` is then :meth:`Outage.retry_after`)."""
+        outage = self.outage
+        outage.down()
+        if self.allowance is None:
+            self.allowance = outage.allowance()
+        if await outage.wait(self.allowance):
+            self.waited = True
+            return True
+        if self.waited:
+            outage.waited(False)
+        return False
+
+    def reached(self) -> None:
+        """The call reached the backend."""
+        self.outage.up()
+        if self.waited:
+            self.outage.waited(True)

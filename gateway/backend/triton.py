@@ -66,7 +66,7 @@ from gateway.errors import (
     ModelControlDisabledError,
     ModelNotFoundError,
 )
-from gateway.outages import Allowance, Outage
+from gateway.outages import Attempt, Outage
 
 
 def _end_span(span: Span, responses: int, exc: BaseException | None) -> None:
@@ -172,17 +172,6 @@ def _contract(
     return contract_for(config, configs, tokenizer)
 
 
-class _Call:
-    """One call's wait for a Triton coming back: the request's allowance (taken at the
-    first failure), and whether it waited."""
-
-    __slots__ = ("allowance", "waited")
-
-    def __init__(self) -> None:
-        self.allowance: Allowance | None = None
-        self.waited = False
-
-
 class TritonBackend:
     """Talks to one Triton server over ``tritonclient.grpc.aio``."""
 
@@ -219,36 +208,32 @@ class TritonBackend:
             self.outage.up()
         return ready
 
-    async def _again(self, error: GatewayError, call: _Call) -> bool:
+    def _attempt(self) -> Attempt | None:
+        """A call's tries (none without ``outage``: it never waits)."""
+        return Attempt(self.outage) if self.outage is not None else None
+
+    async def _again(self, error: GatewayError, call: Attempt | None) -> bool:
         """After a call Triton never began to serve failed with ``error``: whether to try it
         again, after a wait for a Triton coming back (:mod:`gateway.outages`). When not,
         an unreachable Triton's error says in its ``Retry-After`` when to come back."""
-        outage = self.outage
-        if outage is None or not isinstance(error, BackendUnavailableError):
+        if call is None or not isinstance(error, BackendUnavailableError):
             return False
         if any(sign in (error.detail or "") for sign in _SERVER_BUSY):
-            outage.up()  # it answered: busy, not gone
+            call.outage.up()  # it answered: busy, not gone
             return False
-        outage.down()
-        if call.allowance is None:
-            call.allowance = outage.allowance()
-        if await outage.wait(call.allowance):
-            call.waited = True
+        if await call.failed():
             return True
-        if call.waited:
-            outage.waited(False)
-        error.headers["Retry-After"] = str(outage.retry_after())
+        error.headers["Retry-After"] = str(call.outage.retry_after())
         return False
 
-    def _reached(self, call: _Call) -> None:
+    @staticmethod
+    def _reached(call: Attempt | None) -> None:
         """Triton answered ``call``."""
-        if self.outage is not None:
-            self.outage.up()
-            if call.waited:
-                self.outage.waited(True)
+        if call is not None:
+            call.reached()
 
     async def _index(self) -> list[dict[str, Any]]:
-        call = _Call()
+        call = self._attempt()
         while True:
             try:
                 index = await self.client.get_model_repository_index(
@@ -370,7 +355,7 @@ class TritonBackend:
             )
             metadata = tracing.metadata(span)
         responses, failure = 0, None
-        call = _Call()
+        call = self._attempt()
         try:
             while True:
                 answered = False

@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import outages
 from gateway.errors import StoreFullError, StoreUnavailableError
-from gateway.outages import Outage
+from gateway.outages import Attempt, Outage
 
 #: Every key the gateway writes starts with this, so it can share a Redis with other apps.
 PREFIX = "gw:"
@@ -163,25 +163,17 @@ class _ComingBack:
             return
         self._waiting_now = True  # one wait: Sentinel's connect makes a connection inside
         try:
-            waited = False
-            allowance = None
+            tries = Attempt(outage)
             while True:
                 try:
                     await attempt()
                     await self._serving()
                 except (RedisConnectionError, RedisTimeoutError) as exc:
-                    outage.down()
-                    allowance = allowance or outage.allowance()
-                    if await outage.wait(allowance):
-                        waited = True
+                    if await tries.failed():
                         continue
-                    if waited:
-                        outage.waited(False)
                     exc.retry_after_s = outage.retry_after()  # type: ignore[union-attr]
                     raise
-                outage.up()
-                if waited:
-                    outage.waited(True)
+                tries.reached()
                 return
         finally:
             self._waiting_now = False

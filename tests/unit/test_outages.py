@@ -22,9 +22,9 @@ from tritonclient.grpc import service_pb2_grpc
 
 from gateway import outages
 from gateway.backend import grpc_streams as streams
-from gateway.backend.triton import TritonBackend, _Call
+from gateway.backend.triton import TritonBackend
 from gateway.errors import BackendUnavailableError, StoreUnavailableError
-from gateway.outages import Outage
+from gateway.outages import Attempt, Outage
 from gateway.state.redis import connect, ping
 from tests.redis_server import REDIS_SERVER, redis_server, wait_until
 from tests.unit.conftest import bearer, chat_body, make_settings, serve
@@ -318,10 +318,10 @@ async def test_a_triton_refusing_for_a_full_queue_is_busy_not_gone() -> None:
     try:
         busy = BackendUnavailableError("busy", detail="UNAVAILABLE: Exceeds maximum queue size")
         started = time.monotonic()
-        assert not await backend._again(busy, _Call())
+        assert not await backend._again(busy, Attempt(outage))
         assert time.monotonic() - started < 0.1 and outage.down_since is None
         gone = BackendUnavailableError("gone", detail="UNAVAILABLE: failed to connect")
-        assert await backend._again(gone, _Call())  # a Triton that answered a moment ago
+        assert await backend._again(gone, Attempt(outage))  # a Triton that answered a moment ago
         assert outage.down_since is not None
     finally:
         await backend.close()
