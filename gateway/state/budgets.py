@@ -48,7 +48,7 @@ from gateway.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from gateway.state.keys import PROJECT_ID, ApiKey, Budget, record_key
+from gateway.state.keys import PROJECT_ID, ApiKey, Budget, budget_or_none, record_key
 from gateway.state.limits import _FINISH, Meter
 from gateway.state.redis import PREFIX, needs_store
 
@@ -364,10 +364,6 @@ class Project(BaseModel):
     created_at: int
 
 
-def _budget(budget: Budget | None) -> Budget | None:
-    return None if budget is None or budget.empty() else budget
-
-
 def _day(unix: float) -> str:
     return dt.datetime.fromtimestamp(unix, dt.UTC).date().isoformat()
 
@@ -516,12 +512,7 @@ class Budgets:
         request ends in one script run per slot. Never raises: the response is already
         sent (a lease not released expires)."""
         key, meter, model = admission.key, admission.meter, admission.model
-        used = bool(
-            meter.prompt_tokens
-            or meter.completion_tokens
-            or meter.audio_seconds_in
-            or meter.audio_seconds_out
-        )
+        used = meter.used
         price = self.prices.get(model)
         cost = price.cost(meter) if price is not None and used else 0
         date = _day(time.time())
@@ -575,7 +566,7 @@ class Budgets:
         project = Project(
             id=spec.id,
             name=spec.name or spec.id,
-            budget=_budget(spec.budget),
+            budget=budget_or_none(spec.budget),
             created_at=int(time.time()),
         )
         if not await self.redis.set(project_key(spec.id), project.model_dump_json(), nx=True):
@@ -605,7 +596,7 @@ class Budgets:
         if "name" in given and change.name is not None:
             project.name = change.name
         if "budget" in given:
-            project.budget = _budget(change.budget)
+            project.budget = budget_or_none(change.budget)
         await self.redis.set(project_key(project_id), project.model_dump_json())
         return project
 

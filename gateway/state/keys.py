@@ -86,6 +86,11 @@ class Budget(BaseModel):
         )
 
 
+def budget_or_none(budget: Budget | None) -> Budget | None:
+    """``budget`` as stored: None when it sets no budget at all."""
+    return None if budget is None or budget.empty() else budget
+
+
 class KeyCreate(KeyLimits):
     """Body of ``POST /admin/keys`` (a field it does not declare is a 400 naming it: a
     misspelt limit must not leave a key unlimited)."""
@@ -213,7 +218,7 @@ class KeyStore:
             created_at=created,
             expires_at=expires,
             project=spec.project,
-            budget=None if spec.budget is None or spec.budget.empty() else spec.budget,
+            budget=budget_or_none(spec.budget),
             redacted_value=f"{KEY_PREFIX}{key_id}-****",
             secret_hash=hash_key(key),
         )
@@ -268,8 +273,7 @@ class KeyStore:
         if "project" in given:
             stored.project = change.project
         if "budget" in given:
-            budget = change.budget
-            stored.budget = None if budget is None or budget.empty() else budget
+            stored.budget = budget_or_none(change.budget)
         if "priority" in given:
             stored.priority = change.priority
         await self.redis.set(record_key(key_id), stored.model_dump_json())

@@ -165,6 +165,16 @@ class Meter:
     budgeter: Budgeter | None = field(default=None, repr=False)
     """Set when the key or its project may have a budget."""
 
+    @property
+    def used(self) -> bool:
+        """Whether the request used tokens or audio (a refused one, a 404, used nothing)."""
+        return bool(
+            self.prompt_tokens
+            or self.completion_tokens
+            or self.audio_seconds_in
+            or self.audio_seconds_out
+        )
+
     def add_tokens(self, prompt: int, completion: int) -> None:
         self.prompt_tokens += prompt
         self.completion_tokens += completion
@@ -264,12 +274,6 @@ class Limits:
         """The keys and arguments of :data:`_FINISH` for :meth:`settle` (which
         :mod:`gateway.state.budgets` also runs in one script with a key's budget)."""
         _, tokens, leases = limit_keys(key_id)
-        used = bool(
-            meter.prompt_tokens
-            or meter.completion_tokens
-            or meter.audio_seconds_in
-            or meter.audio_seconds_out
-        )
         keys = [tokens, leases, usage_key(key_id), model_usage_key(key_id)]
         args = [
             meter.prompt_tokens + meter.completion_tokens,
@@ -278,7 +282,7 @@ class Limits:
             meter.completion_tokens,
             round(meter.audio_seconds_in, 3),
             round(meter.audio_seconds_out, 3),
-            model if used else "",
+            model if meter.used else "",
             int(record),
             *(n for reservation in meter.reservations for n in reservation),
         ]
