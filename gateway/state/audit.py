@@ -42,14 +42,12 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from gateway.errors import GatewayError, InvalidRequestError, StoreUnavailableError
+from gateway.state.admission import BOOTSTRAP_ADMIN
 from gateway.state.redis import PREFIX, needs_store
 
 logger = logging.getLogger("gateway.audit")
 
 STREAM = f"{PREFIX}audit"
-#: The bootstrap admin key's id (``GATEWAY_ADMIN_KEY``): the one actor whose actions go ahead
-#: while Redis is down (see :meth:`Auditor.__call__`).
-BREAK_GLASS = "admin"
 #: The most entries one ``GET /admin/audit`` returns.
 MAX_PAGE = 1000
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
@@ -179,7 +177,7 @@ class Auditor:
         try:
             await self._append(action, "requested", target, details or {})
         except StoreUnavailableError as exc:
-            if self.actor.id != BREAK_GLASS:
+            if self.actor.id != BOOTSTRAP_ADMIN.id:
                 raise  # nothing runs
             # GATEWAY_ADMIN_KEY exists to manage models while Redis is down: its action
             # goes ahead, recorded in the process log instead.
