@@ -340,16 +340,13 @@ class BackendPool:
                         raise ClientDisconnect
                 got: _Server | None = await waiter.future
                 return got
-        except ClientDisconnect:
-            if (taken := _result(waiter.future)) is not None:
-                self._release(taken, model, None)
-            raise
         except TimeoutError:
             if (taken := _result(waiter.future)) is not None:
                 return taken  # a slot came as the time ran out
             position = queue.waiting.index(waiter) if waiter in queue.waiting else 0
             raise self._shed(model, "wait_timeout", position) from None
-        except asyncio.CancelledError:  # the client went away: its slot, if any, goes on
+        except (ClientDisconnect, asyncio.CancelledError):
+            # The client went away: its slot, if one came meanwhile, goes on.
             if (taken := _result(waiter.future)) is not None:
                 self._release(taken, model, None)
             raise
