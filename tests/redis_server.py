@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -46,14 +47,27 @@ def wait_until(check: Callable[[], object], what: str, timeout_s: float = 20) ->
     raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` different ports nothing listens on now: each held open until all are
+    picked (one at a time, the kernel may hand the same one out twice)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 class Cluster:
     """Three masters on free ports, the slots spread over them (``redis-cli --cluster
     create``); ``url`` is the gateway's ``redis+cluster://`` URL."""
 
     def __init__(self, directory: Path) -> None:
-        self.ports = [free_port() for _ in range(3)]
+        *self.ports, bus_a, bus_b, bus_c = free_ports(6)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
-        for port in self.ports:
+        for port, bus in zip(self.ports, (bus_a, bus_b, bus_c), strict=True):
             data = directory / str(port)
             data.mkdir()
             self.processes[port] = subprocess.Popen(
@@ -69,7 +83,7 @@ class Cluster:
                     "yes",
                     # The bus port is port + 10000 unless set: past 65535 for a high port.
                     "--cluster-port",
-                    str(free_port()),
+                    str(bus),
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",

@@ -18,8 +18,7 @@ import pytest
 import redis
 
 from gateway.state.redis import parse_sentinel_url
-from tests.redis_server import ONE_TRY, wait_until
-from tests.stack import free_port
+from tests.redis_server import ONE_TRY, free_ports, wait_until
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
 
 SERVICE = "gwmaster"
@@ -29,10 +28,14 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 @dataclass
 class SentinelSet:
     directory: Path
-    master: int = field(default_factory=free_port)
-    replica: int = field(default_factory=free_port)
-    sentinels: list[int] = field(default_factory=lambda: [free_port() for _ in range(3)])
+    master: int = 0
+    replica: int = 0
+    sentinels: list[int] = field(default_factory=list)
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Five different ports (picked one at a time, two could be the same).
+        self.master, self.replica, *self.sentinels = free_ports(5)
 
     @property
     def url(self) -> str:
