@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -48,16 +47,13 @@ def wait_until(check: Callable[[], object], what: str, timeout_s: float = 20) ->
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` different ports nothing listens on now: each held open until all are
-    picked (one at a time, the kernel may hand the same one out twice)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` different ports nothing listens on now (:func:`free_port` may pick the same
+    one twice)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    return ports
 
 
 class Cluster:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -109,8 +110,23 @@ class TritonInstall:
         return sysconfig.get_paths()["purelib"]
 
 
+#: Where :func:`free_port` picks: below Linux's ephemeral range (32768 up), from which
+#: the kernel gives outgoing connections their local ports, so none of those can take a
+#: port between its pick and the server that binds it.
+PORTS = range(20_000, 32_000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the kernel's pick)."""
+    """A port nothing listens on now, at random in :data:`PORTS` (the kernel's pick when
+    a hundred tries found none)."""
+    for _ in range(100):
+        port = random.choice(PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

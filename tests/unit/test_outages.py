@@ -7,7 +7,6 @@ its wait."""
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -25,6 +24,7 @@ from gateway.backend import grpc_streams as streams
 from gateway.backend.triton import TritonBackend
 from gateway.errors import BackendUnavailableError, StoreUnavailableError
 from gateway.outages import Attempt, Outage
+from gateway.stack.triton_server import free_port
 from gateway.state.redis import connect, ping
 from tests.redis_server import REDIS_SERVER, redis_server, wait_until
 from tests.unit.conftest import bearer, chat_body, make_settings, serve
@@ -85,10 +85,10 @@ class _Server:
         self.server: Any = None
 
     async def start(self) -> None:
-        # Started again on its port: a port below the ephemeral range (32768 up), which no
-        # outgoing connection of another test can have taken meanwhile.
+        # Started again on its port (free_port's are below the ephemeral range, so no
+        # outgoing connection of another test can have taken it meanwhile).
         for _ in range(50):
-            port = self.port or random.randrange(20_000, 32_000)
+            port = self.port or free_port()
             self.server = grpc.aio.server()
             service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.fake, self.server)
             try:
