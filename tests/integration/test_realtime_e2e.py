@@ -147,7 +147,11 @@ async def test_spoken_question_gets_a_spoken_answer_in_order(
     assert done.transcript == deltas and deltas.strip()
     assert pcm_seconds(events) > 0.3
     response = events[-1].response
-    assert response.status == "completed"
+    # SmolLM2 samples (the session's temperature): now and then its answer runs past the
+    # 40 tokens, and the response says so.
+    if response.status != "completed":
+        assert response.status == "incomplete", response
+        assert response.status_details.reason == "max_output_tokens"
     assert response.usage.output_tokens > 0 and response.usage.input_tokens > 0
     assert response.output[0].content[0].transcript == deltas
     ids = [e.event_id for e in events]
