@@ -28,7 +28,7 @@ TEST_WORKERS ?= 3
 test: $(STAMP) system-deps $(JS_STAMP)
 	@$(BIN)/python -m compileall -q -j 0 gateway triton_repo tests > /dev/null
 	@mkdir -p .run; nice -n 10 $(MAKE) --no-print-directory lint > .run/lint.log 2>&1 & lint=$$!; \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder; tests=$$?; \
 	wait $$lint; linted=$$?; cat .run/lint.log; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 

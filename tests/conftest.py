@@ -22,13 +22,24 @@ def _group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
+def _starts_servers(item: pytest.Item) -> bool:
+    """An integration test (a stack, Triton, a browser) or a model's own weights: the
+    groups that take tens of seconds, where a unit module takes a few."""
+    return item.nodeid.startswith(("tests/integration/", "tests/models/"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    seen: set[str] = set()
+    groups: dict[str, list[pytest.Item]] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-        if item.nodeid in seen:
-            # schemathesis gives each API operation's test the same node id (the operation
-            # is only in the name); xdist schedules by node id and would run one of them.
-            item._nodeid = f"{item.nodeid.split('::')[0]}::{item.name}"  # type: ignore[attr-defined]
-        seen.add(item.nodeid)
+        group = _group(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
+    # xdist hands the groups out in this order (``make test`` passes
+    # --no-loadscope-reorder), each to the next free worker: the long ones first, so the
+    # unit modules fill the workers' ends instead of one stack's tests running alone
+    # at the end (a module of two tests that starts two Tritons was last, for 15 s).
+    ordered = sorted(
+        groups.values(), key=lambda group: (not _starts_servers(group[0]), -len(group))
+    )
+    items[:] = [item for group in ordered for item in group]

@@ -22,7 +22,7 @@ QUESTIONS = [
     "Explain how a bicycle works.",
     "Describe Paris to a tourist.",
 ]
-STEPS = 20
+STEPS = 12
 
 
 class Reply:

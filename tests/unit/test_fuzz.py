@@ -39,7 +39,14 @@ def _schema() -> dict[str, object]:
     return create_app(offline, backend=FakeBackend()).openapi()
 
 
-schema = schemathesis.openapi.from_dict(_schema())
+@pytest.fixture(scope="module")
+def api_schema() -> schemathesis.BaseSchema:
+    """Loaded when the test runs: schemathesis builds its boundary cases as it loads, a few
+    seconds that every worker would spend collecting the module if it were loaded there."""
+    return schemathesis.openapi.from_dict(_schema())
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @pytest.fixture(scope="module")
