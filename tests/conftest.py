@@ -22,10 +22,12 @@ def _group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def _starts_servers(item: pytest.Item) -> bool:
-    """An integration test (a stack, Triton, a browser) or a model's own weights: the
-    groups that take tens of seconds, where a unit module takes a few."""
-    return item.nodeid.startswith(("tests/integration/", "tests/models/"))
+def _long(item: pytest.Item) -> bool:
+    """An integration test (a stack, Triton, a browser), a model's own weights, or a test
+    marked ``long``: the groups that take tens of seconds, where a unit module takes a few."""
+    return item.nodeid.startswith(("tests/integration/", "tests/models/")) or bool(
+        item.get_closest_marker("long")
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
@@ -40,6 +42,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # unit modules fill the workers' ends instead of one stack's tests running alone
     # at the end (a module of two tests that starts two Tritons was last, for 15 s).
     ordered = sorted(
-        groups.values(), key=lambda group: (not _starts_servers(group[0]), -len(group))
+        groups.values(), key=lambda group: (not _long(group[0]), -len(group))
     )
     items[:] = [item for group in ordered for item in group]

@@ -21,6 +21,8 @@ from gateway.config import Settings
 from gateway.stack.triton_server import free_port
 from tests.unit.conftest import ADMIN_KEY, AUTH, make_settings
 
+pytestmark = pytest.mark.long  # two thousand requests: scheduled with the stacks
+
 #: The fake model each route serves.
 MODELS = {
     "/v1/embeddings": "fake-embed",
