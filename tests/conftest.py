@@ -41,7 +41,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # --no-loadscope-reorder), each to the next free worker: the long ones first, so the
     # unit modules fill the workers' ends instead of one stack's tests running alone
     # at the end (a module of two tests that starts two Tritons was last, for 15 s).
-    ordered = sorted(
-        groups.values(), key=lambda group: (not _long(group[0]), -len(group))
-    )
+    ordered = sorted(groups.values(), key=lambda group: (not _long(group[0]), -len(group)))
     items[:] = [item for group in ordered for item in group]
