@@ -173,6 +173,20 @@ class BudgetExceededError(GatewayError):
         self.scope = scope
 
 
+class BudgetHeldError(GatewayError):
+    """A budget would fit the request but for what requests of the same key or project still
+    running have reserved (docs/budgets.md): a 429 the SDKs retry (``Retry-After: 1``), as
+    the running requests release what they do not use when they end."""
+
+    status_code = 429
+    type = "tokens"
+    code = "budget_held"
+
+    def __init__(self, message: str, scope: str) -> None:
+        super().__init__(message, headers={"Retry-After": "1", "x-should-retry": "true"})
+        self.scope = scope
+
+
 class BackendError(GatewayError):
     """The model or Triton failed while serving a request."""
 

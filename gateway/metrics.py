@@ -22,6 +22,7 @@ process imports ``prometheus_client``.
     gateway_spend_total{project,model}                  money spent (GATEWAY_PRICES' unit)
     gateway_budget_used_ratio{scope,name,period}        spend / budget (key|project, day|month)
     gateway_budget_exceeded_total{scope}                429 budget_exceeded, by key | project
+    gateway_budget_held_total{scope}                    429 budget_held, by key | project
     gateway_shed_total{model,reason}                    503 overloaded: queue_full | wait_timeout
     gateway_queue_depth{model}                          requests waiting for a Triton slot
     gateway_queue_wait_seconds{priority}                wait for a slot (with a slot limit)
@@ -142,6 +143,12 @@ class Metrics:
         self.budget_exceeded = counter(
             "gateway_budget_exceeded_total",
             "Requests refused with 429 budget_exceeded, by the budget's scope",
+            ("scope",),
+        )
+        self.budget_held = counter(
+            "gateway_budget_held_total",
+            "Requests refused with 429 budget_held (the budget was held by running requests of "
+            "the same key or project), by the budget's scope",
             ("scope",),
         )
         self.backend_waits = counter(

@@ -11,12 +11,14 @@ the check and the increment cannot interleave between replicas:
   ``tpm``): the prompt at most one token per UTF-8 byte (no tokenizer makes more from text;
   one more for the begin-of-sequence token an engine may add) plus ``n x max_tokens``, or
   their price, must fit what every budget of the scope has left, else 429
-  ``budget_exceeded`` naming when the period resets. A request with no ``max_tokens`` is
-  given what is left. Work that cannot be sized beforehand (speech; a transcription's money
-  is, from its duration) is refused once a budget is spent and counted when it ends.
+  ``budget_exceeded`` naming when the period resets. What running requests have reserved
+  is held apart from what ended ones used: a request that would fit but for it gets a 429
+  ``budget_held`` the SDKs retry. A request with no ``max_tokens`` is given what is left.
+  Work that cannot be sized beforehand (speech; a transcription's money is, from its
+  duration) is refused once a budget is spent and counted when it ends.
 - **Settle** (:data:`_SETTLE`, when the response has been sent, whatever its outcome):
-  the reservations are replaced by what the request used, in the period they were taken
-  in; a request that failed used nothing, so its reservation is released. The spend is
+  the reservations are released and replaced by what the request used, in the period they
+  were taken in; a request that failed used nothing, so its reservation is released. The spend is
   added to the scope's history of the day (by model; a project's by key too), which
   ``GET /admin/spend`` and ``/v1/me`` read.
 
@@ -44,6 +46,7 @@ from redis.exceptions import RedisError
 from gateway.config import ModelPrice
 from gateway.errors import (
     BudgetExceededError,
+    BudgetHeldError,
     InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
@@ -106,12 +109,19 @@ local month = y * 12 + m - 1
 local ny, nm = y, m + 1
 if nm > 12 then ny, nm = y + 1, 1 end
 local resets = {day = (day + 1) * 86400 - now, month = first_day(ny, nm) * 86400 - now}
+local FIELDS = {'day_tokens', 'day_cost', 'month_tokens', 'month_cost'}
 local c = redis.call('HMGET', KEYS[1], 'day', 'month', 'day_tokens', 'day_cost',
-  'month_tokens', 'month_cost')
-local used = {day_tokens = tonumber(c[3] or '0'), day_cost = tonumber(c[4] or '0'),
-  month_tokens = tonumber(c[5] or '0'), month_cost = tonumber(c[6] or '0')}
-if tonumber(c[1]) ~= day then used.day_tokens, used.day_cost = 0, 0 end
-if tonumber(c[2]) ~= month then used.month_tokens, used.month_cost = 0, 0 end
+  'month_tokens', 'month_cost', 'held_day_tokens', 'held_day_cost', 'held_month_tokens',
+  'held_month_cost')
+-- used: what settled requests used; held: what running requests have reserved.
+local used, held = {}, {}
+for i, f in ipairs(FIELDS) do
+  used[f], held[f] = tonumber(c[i + 2] or '0'), tonumber(c[i + 6] or '0')
+end
+local gone = {day = tonumber(c[1]) ~= day, month = tonumber(c[2]) ~= month}
+for _, f in ipairs(FIELDS) do
+  if gone[string.match(f, '^%a+')] then used[f], held[f] = 0, 0 end
+end
 local function limits(raw)
   local out = {}
   if not raw then return out end
@@ -130,14 +140,19 @@ local function limits(raw)
   return out
 end
 local function save()
-  redis.call('HSET', KEYS[1], 'day', int(day), 'month', int(month),
-    'day_tokens', int(used.day_tokens), 'day_cost', int(used.day_cost),
-    'month_tokens', int(used.month_tokens), 'month_cost', int(used.month_cost))
+  local args = {'day', int(day), 'month', int(month)}
+  for _, f in ipairs(FIELDS) do
+    args[#args + 1], args[#args + 2] = f, int(used[f])
+    args[#args + 1], args[#args + 2] = 'held_' .. f, int(held[f])
+  end
+  redis.call('HSET', KEYS[1], unpack(args))
   redis.call('EXPIRE', KEYS[1], 40 * 86400)
 end
 local function ratios(budgets)
   local r = {day = -1, month = -1}
-  for _, b in ipairs(budgets) do r[b.period] = math.max(r[b.period], used[b.field] / b.limit) end
+  for _, b in ipairs(budgets) do
+    r[b.period] = math.max(r[b.period], (used[b.field] + held[b.field]) / b.limit)
+  end
   return {tostring(r.day), tostring(r.month)}
 end
 """
@@ -147,8 +162,10 @@ end
 # request set no max_tokens, it may be given fewer), price of a prompt token and of a
 # generated token (billionths), money of the rest (audio, billionths), unpriced (1: the
 # model has no price). Returns {'none'} (no budget: nothing reserved), {'unpriced', budget},
-# {'no', budget, seconds until it resets, used, limit, needed} or {'ok', tokens granted per
-# generation, day, month, tokens reserved, money reserved, day ratio, month ratio}.
+# {'no', budget, seconds until it resets, used, limit, needed} (spent: it cannot fit before
+# the reset), {'held', budget, 0, used, limit, needed, held} (it would fit but for what
+# running requests have reserved) or {'ok', tokens granted per generation, day, month,
+# tokens reserved, money reserved, day ratio, month ratio}.
 _RESERVE = (
     _COMMON
     + """
@@ -166,8 +183,8 @@ if ARGV[4] == '1' then
   least = math.min(1, per)
   for _, b in ipairs(budgets) do
     if each(b) > 0 then
-      local fits = math.floor((b.limit - used[b.field] - fixed(b)) / (count * each(b)))
-      grant = math.min(grant, fits)
+      local left = b.limit - used[b.field] - held[b.field] - fixed(b)
+      grant = math.min(grant, math.floor(left / (count * each(b))))
     end
   end
 end
@@ -179,12 +196,19 @@ for _, b in ipairs(budgets) do
             int(need)}
   end
 end
+for _, b in ipairs(budgets) do
+  local need = fixed(b) + count * grant * each(b)
+  if used[b.field] + held[b.field] + need > b.limit then
+    return {'held', b.name, '0', int(used[b.field]), int(b.limit), int(need),
+            int(held[b.field])}
+  end
+end
 local tokens = prompt + count * grant
 local cost = prompt * pin + extra + count * grant * pout
-used.day_tokens = used.day_tokens + tokens
-used.month_tokens = used.month_tokens + tokens
-used.day_cost = used.day_cost + cost
-used.month_cost = used.month_cost + cost
+held.day_tokens = held.day_tokens + tokens
+held.month_tokens = held.month_tokens + tokens
+held.day_cost = held.day_cost + cost
+held.month_cost = held.month_cost + cost
 save()
 local r = ratios(budgets)
 return {'ok', int(grant), int(day), int(month), int(tokens), int(cost), r[1], r[2]}
@@ -196,9 +220,9 @@ return {'ok', int(grant), int(day), int(month), int(tokens), int(cost), r[1], r[
 # used (billionths), the model ('' : no history), the key (a project's history counts by
 # key too; '' for a key's own), prompt tokens, completion tokens, charge (1; 0: work no
 # client asked for, charged nothing), then the reservations as day, month, tokens, money.
-# The usage fills the reservations in turn; each one of a period still current is settled
-# to its share (never below zero), one of a period gone counts no more; usage beyond them
-# all is counted now. Returns the day's and the month's ratio (-1: no budget).
+# The usage fills the reservations in turn; each one of a period still current leaves what
+# is held and its share is used, one of a period gone counts no more; usage beyond them all
+# is counted now. Returns the day's and the month's ratio (-1: no budget).
 _SETTLE = (
     _COMMON
     + """
@@ -209,12 +233,14 @@ for i = 8, #ARGV, 4 do
   local st, sc = math.min(tokens, rt), math.min(cost, rc)
   tokens, cost = tokens - st, cost - sc
   if tonumber(ARGV[i]) == day then
-    used.day_tokens = math.max(used.day_tokens + st - rt, 0)
-    used.day_cost = math.max(used.day_cost + sc - rc, 0)
+    held.day_tokens = math.max(held.day_tokens - rt, 0)
+    held.day_cost = math.max(held.day_cost - rc, 0)
+    used.day_tokens, used.day_cost = used.day_tokens + st, used.day_cost + sc
   end
   if tonumber(ARGV[i + 1]) == month then
-    used.month_tokens = math.max(used.month_tokens + st - rt, 0)
-    used.month_cost = math.max(used.month_cost + sc - rc, 0)
+    held.month_tokens = math.max(held.month_tokens - rt, 0)
+    held.month_cost = math.max(held.month_cost - rc, 0)
+    used.month_tokens, used.month_cost = used.month_tokens + st, used.month_cost + sc
   end
 end
 used.day_tokens = used.day_tokens + tokens
@@ -467,8 +493,8 @@ class Budgets:
                     param="model",
                     code="model_not_priced",
                 )
-            if result[0] == "no":
-                raise self._refusal(key, scope, name, result[1:])
+            if result[0] in ("no", "held"):
+                raise self._refusal(key, scope, name, result[0] == "held", result[1:])
             grant = int(result[1])
             meter.budget_reservations.append(
                 (scope, int(result[2]), int(result[3]), int(result[4]), int(result[5]))
@@ -476,12 +502,26 @@ class Budgets:
             self._ratios(scope, name, result[6:8])
         return grant
 
-    def _refusal(self, key: ApiKey, scope: Scope, name: str, result: list[str]) -> Exception:
+    def _refusal(
+        self, key: ApiKey, scope: Scope, name: str, held: bool, result: list[str]
+    ) -> Exception:
         budget, wait = str(result[0]), float(result[1])
         used, limit, needed = int(result[2]), int(result[3]), int(result[4])
+        whose = f"project '{name}'" if scope == "project" else f"API key '{key.name}'"
+        if held:
+            if self.metrics is not None:
+                self.metrics.budget_held.labels(scope).inc()
+            reserved = int(result[5])
+            return BudgetHeldError(
+                f"The budget of {whose} on {_BUDGET_WORDS[budget]} is held by its requests "
+                f"still running: limit {_amount(budget, limit)}, used "
+                f"{_amount(budget, used)}, reserved by running requests "
+                f"{_amount(budget, reserved)}, this request needs {_amount(budget, needed)}. "
+                "Try again when they end (what they do not use is released).",
+                scope,
+            )
         if self.metrics is not None:
             self.metrics.budget_exceeded.labels(scope).inc()
-        whose = f"project '{name}'" if scope == "project" else f"API key '{key.name}'"
         period = "day" if budget.endswith("day") else "month"
         resets = _day(time.time() + wait + 1)
         needs = f", this request needs {_amount(budget, needed)}" if needed else ""
@@ -728,7 +768,8 @@ def _totals(history: list[dict[str, str]]) -> dict[str, Any]:
 def _uses(
     scope: Scope, name: str, budget: Budget | None, counters: dict[str, str], now: float
 ) -> list[dict[str, Any]]:
-    """Each budget of a scope: its limit, what is used of it, when it resets."""
+    """Each budget of a scope: its limit, what settled requests used of it, what running
+    ones have reserved, when it resets."""
     if budget is None:
         return []
     today = dt.datetime.fromtimestamp(now, dt.UTC).date()
@@ -743,8 +784,14 @@ def _uses(
     uses = []
     for field, limit in budget.model_dump(exclude_none=True).items():
         unit, _, period = field.partition("_per_")
-        counted = int(counters.get(f"{period}_{unit}", 0)) if current[period] else 0
-        used = counted / NANO if unit == "cost" else counted
+        used, reserved = (
+            (
+                _counted(counters, f"{period}_{unit}", unit),
+                _counted(counters, f"held_{period}_{unit}", unit),
+            )
+            if current[period]
+            else (0, 0)
+        )
         uses.append(
             {
                 "scope": scope,
@@ -752,8 +799,14 @@ def _uses(
                 "budget": field,
                 "limit": limit,
                 "used": used,
-                "remaining": max(limit - used, 0),
+                "reserved": reserved,
+                "remaining": max(limit - used - reserved, 0),
                 "resets_at": f"{resets[period].isoformat()}T00:00:00Z",
             }
         )
     return uses
+
+
+def _counted(counters: dict[str, str], field: str, unit: str) -> float:
+    counted = int(counters.get(field, 0))
+    return counted / NANO if unit == "cost" else counted

@@ -26,6 +26,7 @@ from tests.unit.conftest import (
     serve,
     sse_json,
 )
+from tests.unit.test_scheduling import until
 from tests.unit.test_transcription import tone_file
 
 CHAT = "/v1/chat/completions"
@@ -123,12 +124,50 @@ async def test_concurrent_requests_spend_exactly_and_never_past_the_budget(
     # Each reserves its prompt's bound + 100 while it runs: the budget holds 8 at once.
     bound = len(fake.calls[0].prompt.encode()) + 1
     assert codes == [200] * (1000 // (bound + 100)) + [429] * (20 - 1000 // (bound + 100))
+    # The others were refused for what the running ones held, not for a spent budget: a
+    # 429 the SDKs retry a second later.
+    for refused in (r for r in responses if r.status_code == 429):
+        assert_openai_error(refused, 429, type="tokens", code="budget_held")
+        assert refused.headers["retry-after"] == "1"
+        assert refused.headers["x-should-retry"] == "true"
     spent = sum(_stream_usage(r.text) for r in responses if r.status_code == 200)
     assert _used(await _me(http, key), "tokens_per_day") == spent <= 1000
     by_key = (await http.get("/admin/spend", params={"group_by": "key"})).json()["data"]
     (row,) = [r for r in by_key if r["key"] != "admin"]
     assert row["total_tokens"] == spent
     assert row["requests"] == codes.count(200)
+
+
+async def test_a_request_without_max_tokens_holds_what_is_left_only_while_it_runs(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """It is granted what the budget has left; one arriving meanwhile is refused for what
+    the first holds (429 budget_held, which the SDK retries), and once the first has ended
+    and released what it did not use, the SDK's retry gets through."""
+    key = (await new_key(http, budget={"tokens_per_day": 400}))["key"]
+    fake.reply = "a b c"
+    fake.token_delay_s = 0.2  # the first request streams for about half a second
+    body = chat_body(stream=True, stream_options={"include_usage": True})
+    first = asyncio.create_task(http.post(CHAT, json=body, headers=bearer(key)))
+    await until(lambda: fake.calls, "the first request never reached the model")
+    (use,) = (await _me(http, key))["budgets"]
+    assert use["used"] == 0 and use["reserved"] == 400 and use["remaining"] == 0
+
+    refused = await http.post(CHAT, json=chat_body(max_tokens=5), headers=bearer(key))
+    error = assert_openai_error(refused, 429, type="tokens", code="budget_held")
+    assert "reserved by running requests 400" in error["message"], error
+    # The official SDK retries it after Retry-After (1 s): by then the first has ended.
+    client = sdk(http, key).with_options(max_retries=2)
+    answer = await client.chat.completions.create(
+        model="fake-chat", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    assert answer.choices[0].message.content
+    done = await first
+    assert done.status_code == 200, done.text
+    (use,) = (await _me(http, key))["budgets"]
+    assert answer.usage is not None
+    spent = _stream_usage(done.text) + answer.usage.total_tokens
+    assert use["used"] == spent and use["reserved"] == 0 and use["remaining"] == 400 - spent
 
 
 def _stream_usage(text: str) -> int:

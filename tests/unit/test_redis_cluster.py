@@ -108,8 +108,10 @@ async def test_budgets_hold_exactly_over_a_cluster_across_two_replicas(cluster: 
         bound = len(fake.calls[0].prompt.encode()) + 1
         admitted = 600 // (bound + 40)
         assert codes == [200] * admitted + [429] * (16 - admitted), codes
+        # Refused for what the running ones held (the SDKs retry it), naming the project.
         refused = next(r for r in replies if r.status_code == 429)
-        assert refused.json()["error"]["code"] == "budget_exceeded"
+        assert refused.json()["error"]["code"] == "budget_held"
+        assert f"project '{project}'" in refused.json()["error"]["message"]
         spent = sum(
             e["usage"]["total_tokens"]
             for r in replies
