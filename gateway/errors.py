@@ -12,6 +12,7 @@
     ├── PayloadTooLargeError          413 invalid_request_error / file_too_large
     ├── RateLimitError                429 requests|tokens / rate_limit_exceeded (Retry-After)
     ├── BudgetExceededError           429 insufficient_quota / budget_exceeded (Retry-After)
+    ├── BudgetHeldError               429 tokens / budget_held (Retry-After: 1, retried)
     ├── BackendError                  500 server_error / model_error
     ├── BackendUnavailableError       503 server_error / backend_unavailable (Retry-After)
     ├── StoreUnavailableError         503 server_error / store_unavailable (Retry-After)

@@ -3,7 +3,11 @@
 stack of its own, a Redis Cluster) is built once; the modules that share a costly
 session-scoped fixture are one group, so it is built once, not once per worker:
 ``tests/integration/conftest.py``'s ``stack`` (the real stack with every model) and
-``tests/models/conftest.py``'s ``llm`` (the SmolLM2 weights)."""
+``tests/models/conftest.py``'s ``llm`` (the SmolLM2 weights).
+
+The groups are handed out longest first (see the end of the file): integration and model
+modules, and unit modules marked ``pytestmark = pytest.mark.long``, then the other unit
+modules, which fill the workers' ends."""
 
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ def _group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def _long(item: pytest.Item) -> bool:
-    """An integration test (a stack, Triton, a browser), a model's own weights, or a test
+def _long(group: list[pytest.Item]) -> bool:
+    """Integration tests (a stack, Triton, a browser), a model's own weights, or a test
     marked ``long``: the groups that take tens of seconds, where a unit module takes a few."""
-    return item.nodeid.startswith(("tests/integration/", "tests/models/")) or bool(
-        item.get_closest_marker("long")
+    return any(
+        item.nodeid.startswith(("tests/integration/", "tests/models/"))
+        or item.get_closest_marker("long")
+        for item in group
     )
 
 
@@ -37,9 +43,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = _group(item)
         item.add_marker(pytest.mark.xdist_group(group))
         groups.setdefault(group, []).append(item)
-    # xdist hands the groups out in this order (``make test`` passes
-    # --no-loadscope-reorder), each to the next free worker: the long ones first, so the
-    # unit modules fill the workers' ends instead of one stack's tests running alone
-    # at the end (a module of two tests that starts two Tritons was last, for 15 s).
-    ordered = sorted(groups.values(), key=lambda group: (not _long(group[0]), -len(group)))
+    # xdist hands the groups out in this order, each to the next free worker, when run
+    # with --no-loadscope-reorder (as ``make test`` does; without it, xdist orders the
+    # groups by their number of tests alone, and a module of two tests that starts two
+    # Tritons ran last, alone, for 15 s). The long ones first, the largest first within
+    # each kind (the number of tests stands in for the time), so the unit modules fill the
+    # workers' ends.
+    ordered = sorted(groups.values(), key=lambda group: (not _long(group), -len(group)))
     items[:] = [item for group in ordered for item in group]

@@ -121,11 +121,14 @@ class GatewayProcess:
         )
 
     def clear_speech(self, text: str, heard: str, voice: str = "alloy") -> bytes:
-        """``text`` spoken by Piper through this stack, as 24 kHz pcm16, in a rendition that
-        Whisper hears as ``heard`` alone and within the silences a VAD cut leaves around it.
-        Piper's synthesis is random (its noise scales), and now and then Whisper tiny mishears
-        a rendition ("the capital of friends"), sometimes only with 0.2 s of silence before
-        it: not what the tests that speak to the gateway test. At most five tries."""
+        """Piper's rendition of ``text`` through this stack (24 kHz pcm16, unpadded) in which
+        Whisper tiny hears ``heard`` (case-insensitive) three times: bare, with 0.2 s of
+        silence before and 0.1 s after, and with 0.3 s before and 0.5 s after (a VAD's cut
+        keeps some silence around speech: server_vad's default prefix_padding_ms and
+        silence_duration_ms). Piper's synthesis is random (its noise scales), and now and then
+        Whisper tiny mishears a rendition ("the capital of friends"), sometimes only with
+        silence around it: not what the tests that speak to the gateway test. At most five
+        renditions."""
         client = self.client()
         said = ""
         for _ in range(5):
@@ -140,8 +143,8 @@ class GatewayProcess:
                     response_format="text",
                 )
                 if heard.lower() not in str(said).lower():
-                    break
-            else:
+                    break  # misheard: the next rendition
+            else:  # heard in every padding
                 return pcm
         raise AssertionError(f"Whisper never heard {heard!r} in Piper's {text!r}: {said!r}")
 

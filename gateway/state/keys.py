@@ -71,7 +71,8 @@ class Budget(BaseModel):
     """Budgets of a key or a project (docs/budgets.md): tokens (prompt + completion) or
     money (at the prices of ``GATEWAY_PRICES``) per calendar day or month in UTC; ``None``
     means none. Reached, the key's (or the project's keys') requests are refused with 429
-    ``budget_exceeded`` until the period resets."""
+    ``budget_exceeded`` until the period resets (``budget_held`` while only what running
+    requests reserved is in the way)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -192,7 +192,7 @@ class Meter:
         ``flexible`` (the client set no ``max_tokens``): fewer tokens per generation may be
         granted, as many as fit. Then the same under the key's and its project's budgets,
         the prompt counted at ``prompt_bound`` (the most tokens it can be) when given: 429
-        ``budget_exceeded``. Returns the tokens granted per generation."""
+        ``budget_exceeded`` (or ``budget_held``). Returns the tokens granted per generation."""
         granted = per_generation
         if self.reserver is not None:
             granted = await self.reserver(self, prompt, per_generation, generations, flexible)

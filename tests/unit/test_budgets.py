@@ -1,6 +1,7 @@
 """Projects, budgets and spend (docs/budgets.md) on a real redis-server: reserved at
 admission, settled to what was used, exact under concurrency, released on failure; 429
-budget_exceeded with its reset; prices; the admin API, /v1/me and the metrics."""
+budget_exceeded with its reset, 429 budget_held while running requests hold the rest;
+prices; the admin API, /v1/me and the metrics."""
 
 from __future__ import annotations
 

@@ -48,6 +48,7 @@ def api_schema() -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_dict(_schema())
 
 
+#: One test, with a subtest per API operation (so one node id: xdist schedules it whole).
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 

@@ -71,8 +71,9 @@ class _Transcription:
 
 
 async def _admitted(session: RealtimeSession, uses: list[_Use]) -> Admission:
-    """The request admitted, and refused (429 ``budget_exceeded``) when a budget of the key
-    or its project is spent: its audio is not known yet, so nothing more is reserved."""
+    """The request admitted, and refused (429 ``budget_exceeded``, or ``budget_held``) when a
+    budget of the key or its project is spent: its audio is not known yet, so nothing more
+    is reserved."""
     admission = await session._admit(uses)
     try:
         await admission.meter.check_budget()
