@@ -36,6 +36,7 @@ import datetime as dt
 import logging
 import math
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -112,15 +113,19 @@ local resets = {day = (day + 1) * 86400 - now, month = first_day(ny, nm) * 86400
 local FIELDS = {'day_tokens', 'day_cost', 'month_tokens', 'month_cost'}
 local c = redis.call('HMGET', KEYS[1], 'day', 'month', 'day_tokens', 'day_cost',
   'month_tokens', 'month_cost', 'held_day_tokens', 'held_day_cost', 'held_month_tokens',
-  'held_month_cost')
--- used: what settled requests used; held: what running requests have reserved.
+  'held_month_cost', 'held_day', 'held_month')
+-- used: what settled requests used; held: what running requests have reserved, stamped
+-- with its own period (a writer that knew only `used` may have moved `day` on).
 local used, held = {}, {}
 for i, f in ipairs(FIELDS) do
   used[f], held[f] = tonumber(c[i + 2] or '0'), tonumber(c[i + 6] or '0')
 end
 local gone = {day = tonumber(c[1]) ~= day, month = tonumber(c[2]) ~= month}
+local held_gone = {day = tonumber(c[11]) ~= day, month = tonumber(c[12]) ~= month}
 for _, f in ipairs(FIELDS) do
-  if gone[string.match(f, '^%a+')] then used[f], held[f] = 0, 0 end
+  local period = string.match(f, '^%a+')
+  if gone[period] then used[f] = 0 end
+  if held_gone[period] then held[f] = 0 end
 end
 local function limits(raw)
   local out = {}
@@ -140,7 +145,8 @@ local function limits(raw)
   return out
 end
 local function save()
-  local args = {'day', int(day), 'month', int(month)}
+  local args = {'day', int(day), 'month', int(month), 'held_day', int(day),
+    'held_month', int(month)}
   for _, f in ipairs(FIELDS) do
     args[#args + 1], args[#args + 2] = f, int(used[f])
     args[#args + 1], args[#args + 2] = 'held_' .. f, int(held[f])
@@ -161,11 +167,13 @@ end
 # ARGV: prompt tokens (at most), tokens per generation, generations, flexible (1: the
 # request set no max_tokens, it may be given fewer), price of a prompt token and of a
 # generated token (billionths), money of the rest (audio, billionths), unpriced (1: the
-# model has no price). Returns {'none'} (no budget: nothing reserved), {'unpriced', budget},
-# {'no', budget, seconds until it resets, used, limit, needed} (spent: it cannot fit before
-# the reset), {'held', budget, 0, used, limit, needed, held} (it would fit but for what
-# running requests have reserved) or {'ok', tokens granted per generation, day, month,
-# tokens reserved, money reserved, day ratio, month ratio}.
+# model has no price), the request's id, then what the request itself holds in this scope
+# already as day, month, tokens, money (it will be used: it cannot make room for this).
+# Returns {'none'} (no budget: nothing reserved), {'unpriced', budget}, {'no', budget,
+# seconds until it resets, used, limit, needed} (spent: it cannot fit before the reset),
+# {'held', budget, 0, used, limit, needed, held} (it would fit but for what running
+# requests have reserved) or {'ok', tokens granted per generation, day, month, tokens
+# reserved, money reserved, day ratio, month ratio}.
 _RESERVE = (
     _COMMON
     + """
@@ -178,6 +186,17 @@ local prompt, per, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3
 local pin, pout, extra = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local function fixed(b) if b.money then return prompt * pin + extra end return prompt end
 local function each(b) if b.money then return pout end return 1 end
+local own = {day_tokens = 0, day_cost = 0, month_tokens = 0, month_cost = 0}
+for i = 10, #ARGV, 4 do
+  if tonumber(ARGV[i]) == day then
+    own.day_tokens = own.day_tokens + tonumber(ARGV[i + 2])
+    own.day_cost = own.day_cost + tonumber(ARGV[i + 3])
+  end
+  if tonumber(ARGV[i + 1]) == month then
+    own.month_tokens = own.month_tokens + tonumber(ARGV[i + 2])
+    own.month_cost = own.month_cost + tonumber(ARGV[i + 3])
+  end
+end
 local grant, least = per, per
 if ARGV[4] == '1' then
   least = math.min(1, per)
@@ -191,14 +210,17 @@ end
 if grant < least then grant = least end
 for _, b in ipairs(budgets) do
   local need = fixed(b) + count * grant * each(b)
-  if used[b.field] >= b.limit or used[b.field] + need > b.limit then
-    return {'no', b.name, tostring(resets[b.period]), int(used[b.field]), int(b.limit),
-            int(need)}
+  local mine = used[b.field] + own[b.field]
+  if used[b.field] >= b.limit or mine + need > b.limit then
+    return {'no', b.name, tostring(resets[b.period]), int(mine), int(b.limit), int(need)}
   end
 end
 for _, b in ipairs(budgets) do
   local need = fixed(b) + count * grant * each(b)
-  if used[b.field] + held[b.field] + need > b.limit then
+  local total = used[b.field] + held[b.field] + need
+  -- Work sized at 0 (counted when it ends) needs some room left, unless the request holds
+  -- some already.
+  if total > b.limit or (need == 0 and own[b.field] == 0 and total >= b.limit) then
     return {'held', b.name, '0', int(used[b.field]), int(b.limit), int(need),
             int(held[b.field])}
   end
@@ -210,6 +232,7 @@ held.month_tokens = held.month_tokens + tokens
 held.day_cost = held.day_cost + cost
 held.month_cost = held.month_cost + cost
 save()
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[9], '1')
 local r = ratios(budgets)
 return {'ok', int(grant), int(day), int(month), int(tokens), int(cost), r[1], r[2]}
 """
@@ -219,7 +242,9 @@ return {'ok', int(grant), int(day), int(month), int(tokens), int(cost), r[1], r[
 # report the use of). ARGV: tokens used, money
 # used (billionths), the model ('' : no history), the key (a project's history counts by
 # key too; '' for a key's own), prompt tokens, completion tokens, charge (1; 0: work no
-# client asked for, charged nothing), then the reservations as day, month, tokens, money.
+# client asked for, charged nothing), the request's id, then the reservations as day,
+# month, tokens, money. A request with reservations is settled once: run again (a retry
+# after a lost reply), the script changes nothing.
 # The usage fills the reservations in turn; each one of a period still current leaves what
 # is held and its share is used, one of a period gone counts no more; usage beyond them all
 # is counted now. Returns the day's and the month's ratio (-1: no budget).
@@ -228,7 +253,11 @@ _SETTLE = (
     + """
 local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 if ARGV[7] ~= '1' then tokens, cost = 0, 0 end
-for i = 8, #ARGV, 4 do
+if #ARGV > 8 and redis.call('HDEL', KEYS[1], 'r:' .. ARGV[8]) == 0 then
+  if not KEYS[3] then return {'-1', '-1'} end
+  return ratios(limits(redis.call('GET', KEYS[3])))
+end
+for i = 9, #ARGV, 4 do
   local rt, rc = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local st, sc = math.min(tokens, rt), math.min(cost, rc)
   tokens, cost = tokens - st, cost - sc
@@ -307,6 +336,21 @@ def history_key(scope: Scope, name: str, date: str) -> str:
     """A key's or a project's spend on ``date`` (``YYYY-MM-DD``, UTC)."""
     kind = "spend" if scope == "key" else "pspend"
     return f"{PREFIX}{kind}:{{{name}}}:{date}"
+
+
+async def _to_the_end(call: Awaitable[Any]) -> tuple[Any, bool]:
+    """``call``'s result, and whether the request was cancelled meanwhile (its client went
+    away): a reservation the script made must reach the meter, which settles it, or it
+    would be held until its period ends; the caller raises the cancellation then."""
+    task = asyncio.ensure_future(call)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
 
 
 def project_key(project_id: str) -> str:
@@ -469,20 +513,27 @@ class Budgets:
         extra = round(audio_seconds_in * price.audio_input) if price else 0
         grant = per_generation
         for scope, name in self._scopes(key):
-            result = await self._reserve(
-                keys=[counters_key(scope, name), _record(scope, name)],
-                args=[
-                    prompt,
-                    grant,
-                    generations,
-                    int(flexible),
-                    price.input if price else 0,
-                    price.output if price else 0,
-                    extra,
-                    int(price is None),
-                ],
+            mine = [n for r in meter.budget_reservations if r[0] == scope for n in r[1:]]
+            result, cancelled = await _to_the_end(
+                self._reserve(
+                    keys=[counters_key(scope, name), _record(scope, name)],
+                    args=[
+                        prompt,
+                        grant,
+                        generations,
+                        int(flexible),
+                        price.input if price else 0,
+                        price.output if price else 0,
+                        extra,
+                        int(price is None),
+                        meter.id,
+                        *mine,
+                    ],
+                )
             )
             if result[0] == "none":
+                if cancelled:
+                    raise asyncio.CancelledError
                 continue
             if result[0] == "unpriced":
                 whose = f"the project '{name}'" if scope == "project" else "this API key"
@@ -500,6 +551,8 @@ class Budgets:
                 (scope, int(result[2]), int(result[3]), int(result[4]), int(result[5]))
             )
             self._ratios(scope, name, result[6:8])
+            if cancelled:
+                raise asyncio.CancelledError  # recorded: the request's settle releases it
         return grant
 
     def _refusal(
@@ -576,6 +629,7 @@ class Budgets:
                     meter.prompt_tokens,
                     meter.completion_tokens,
                     int(record),
+                    meter.id,
                     *(n for r in reservations for n in r[1:]),
                 ]
             if scope == "key" and finish is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +160,8 @@ class Meter:
     tokens): settled to what was used at the end."""
     reserver: Reserver | None = field(default=None, repr=False)
     """Set when the key has a ``tpm`` limit."""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """The request's id in the budget scripts (its reservations are settled once)."""
     budget_reservations: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     """Reserved under a budget (docs/budgets.md), as (scope, day, month, tokens, money):
     settled to what was used at the end."""

@@ -13,10 +13,15 @@ import httpx
 import openai
 import pytest
 import redis
+from fastapi import FastAPI
 
 from gateway.backend.fake import FakeBackend
+from gateway.errors import BudgetExceededError
 from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.admission import Admission
 from gateway.state.budgets import counters_key
+from gateway.state.keys import ApiKey
+from gateway.state.limits import Meter
 from tests.unit.conftest import (
     assert_openai_error,
     bearer,
@@ -391,3 +396,105 @@ async def test_a_transcription_reserves_the_price_of_its_audio() -> None:
         )
         error = assert_openai_error(refused, 429, code="budget_exceeded")
         assert "this request needs 1" in error["message"]
+
+
+async def test_audio_waits_while_running_requests_hold_all_that_is_left(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """Speech is counted when it ends: while a request without max_tokens holds all that
+    is left, it would spend past the budget, so it is refused for the hold (retryable)."""
+    key = (await new_key(http, budget={"tokens_per_day": 400}))["key"]
+    fake.reply = "a b c"
+    fake.token_delay_s = 0.2
+    body = chat_body(stream=True, stream_options={"include_usage": True})
+    first = asyncio.create_task(http.post(CHAT, json=body, headers=bearer(key)))
+    await until(lambda: fake.calls, "the first request never reached the model")
+    speech = {"model": "fake-tts", "input": "hello", "voice": "alloy"}
+    refused = await http.post("/v1/audio/speech", json=speech, headers=bearer(key))
+    assert_openai_error(refused, 429, code="budget_held")
+    assert (await first).status_code == 200
+    spoken = await http.post("/v1/audio/speech", json=speech, headers=bearer(key))
+    assert spoken.status_code == 200, spoken.text
+
+
+def _admission(api_key: ApiKey) -> Admission:
+    return Admission(key=api_key, headers={}, meter=Meter(), model="fake-chat")
+
+
+async def test_what_a_request_holds_itself_cannot_make_room_so_it_is_budget_exceeded(
+    http: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """A request that reserves twice (audio chat: its audio, then its answer) is refused
+    for good when the second cannot fit beside the first, not asked to retry."""
+    made = await new_key(http, budget={"tokens_per_day": 400})
+    budgets = app.state.services.budgets
+    request = _admission(await app.state.services.keys.get(made["id"]))
+    assert await budgets.reserve(request, request.meter, 10, 290, 1, False) == 290
+    with pytest.raises(BudgetExceededError):
+        await budgets.reserve(request, request.meter, 10, 150, 1, False)
+    await budgets.settle(request)
+    assert (await _me(http, made["key"]))["budgets"][0]["reserved"] == 0
+
+
+async def test_a_settle_run_twice_counts_once_and_leaves_the_others_holds(
+    http: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """Redis may run a settle whose reply was lost, and the client send it again: the
+    second run changes nothing, so it neither counts the spend twice nor releases what
+    other running requests hold."""
+    made = await new_key(http, budget={"tokens_per_day": 400})
+    budgets = app.state.services.budgets
+    api_key = await app.state.services.keys.get(made["id"])
+    running, ended = _admission(api_key), _admission(api_key)
+    await budgets.reserve(running, running.meter, 10, 190, 1, False)  # holds 200
+    await budgets.reserve(ended, ended.meter, 10, 40, 1, False)  # holds 50
+    ended.meter.add_tokens(8, 12)
+    await budgets.settle(ended)
+    await budgets.settle(ended)  # again
+    (use,) = (await _me(http, made["key"]))["budgets"]
+    assert (use["used"], use["reserved"], use["remaining"]) == (20, 200, 180)
+    await budgets.settle(running)
+    (use,) = (await _me(http, made["key"]))["budgets"]
+    assert (use["used"], use["reserved"]) == (20, 0)
+
+
+async def test_a_client_gone_while_its_reservation_is_made_still_has_it_released(
+    http: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while the reserving script runs, the request still records what the
+    script reserved, so its settle releases it (else it would be held all day)."""
+    made = await new_key(http, budget={"tokens_per_day": 400})
+    budgets = app.state.services.budgets
+    script = budgets._reserve
+    started = asyncio.Event()
+
+    async def slow(**kwargs: Any) -> Any:
+        started.set()
+        await asyncio.sleep(0.2)  # the client leaves meanwhile
+        return await script(**kwargs)
+
+    monkeypatch.setattr(budgets, "_reserve", slow)
+    request = _admission(await app.state.services.keys.get(made["id"]))
+    reserving = asyncio.create_task(budgets.reserve(request, request.meter, 10, 290, 1, True))
+    await started.wait()
+    reserving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reserving
+    assert [r[3] for r in request.meter.budget_reservations] == [300]
+    await budgets.settle(request)
+    assert (await _me(http, made["key"]))["budgets"][0]["reserved"] == 0
+
+
+async def test_holds_of_a_period_gone_count_nothing(
+    http: httpx.AsyncClient, fake: FakeBackend, redis_server: EmbeddedRedis
+) -> None:
+    """What was held is stamped with its own day: once that day is not today (a writer
+    that knew only the spend moved the counters on), it holds nothing."""
+    made = await new_key(http, budget={"tokens_per_day": 100})
+    key = made["key"]
+    assert (await http.post(CHAT, json=chat_body(max_tokens=5), headers=bearer(key))).is_success
+    with redis.Redis.from_url(redis_server.url, decode_responses=True) as store:
+        counters = counters_key("key", made["id"])
+        store.hset(counters, mapping={"held_day_tokens": 100, "held_day": 1})
+    answer = await http.post(CHAT, json=chat_body(max_tokens=5), headers=bearer(key))
+    assert answer.status_code == 200, answer.text
