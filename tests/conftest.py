@@ -11,7 +11,18 @@ modules, which fill the workers' ends."""
 
 from __future__ import annotations
 
+import functools
+import ssl
+
 import pytest
+
+# Every httpx client (and so every openai SDK client) builds an SSL context and reads the CA
+# bundle into it, about 20 ms of CPU, though every server of the tests speaks plain HTTP:
+# the thousands the suite makes (a stack's readiness polled every 0.25 s, a client per
+# call) cost a minute of CPU on 2 cores (py-spy: a third of the test processes' time).
+# Contexts made alike are one shared context here (they are not changed after; nothing in
+# the tests speaks TLS).
+ssl.create_default_context = functools.cache(ssl.create_default_context)
 
 #: Session fixtures worth one worker's whole life, and the group of their users.
 SHARED = {"stack": "the-shared-stack", "llm": "the-smollm2-weights"}

@@ -217,15 +217,16 @@ class GatewayProcess:
     def wait_ready(self, timeout_s: float = 300.0, path: str = "/health/ready") -> None:
         deadline = time.monotonic() + timeout_s
         assert self.process is not None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"gateway up exited early:\n{self.output()}")
-            try:
-                if httpx.get(self.base_url + path, timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
+        with httpx.Client(timeout=2) as http:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"gateway up exited early:\n{self.output()}")
+                try:
+                    if http.get(self.base_url + path).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.25)
         raise RuntimeError(f"gateway up not ready after {timeout_s} s:\n{self.output()}")
 
     def stop(self, timeout_s: float = 60.0) -> int:
