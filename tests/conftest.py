@@ -39,7 +39,7 @@ def _group(item: pytest.Item) -> str:
 
 def _long(group: list[pytest.Item]) -> bool:
     """Integration tests (a stack, Triton, a browser), a model's own weights, or a test
-    marked ``long``: the groups that take tens of seconds, where a unit module takes a few."""
+    marked ``long``: the groups that take many seconds, where a unit module takes one or two."""
     return any(
         item.nodeid.startswith(("tests/integration/", "tests/models/"))
         or item.get_closest_marker("long")

@@ -21,7 +21,8 @@ from gateway.config import Settings
 from gateway.stack.triton_server import free_port
 from tests.unit.conftest import ADMIN_KEY, AUTH, make_settings
 
-pytestmark = pytest.mark.long  # two thousand requests: scheduled with the stacks
+# Two thousand requests: handed out with the long groups (tests/conftest.py).
+pytestmark = pytest.mark.long
 
 #: The fake model each route serves.
 MODELS = {

@@ -38,6 +38,10 @@ from tests.unit.conftest import (
     serve,
 )
 
+# Many requests, then a wait for memory to settle: handed out with the long groups
+# (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 CHAT = "/v1/chat/completions"
 
 

@@ -30,6 +30,10 @@ from tests.redis_server import REDIS_SERVER, redis_server, wait_until
 from tests.unit.conftest import bearer, chat_body, make_settings, serve
 from tests.unit.test_grpc_streams import FakeTriton
 
+# Restarts a gRPC server and a redis-server mid-test: handed out with the long groups
+# (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 
 def test_retry_after_counts_down_to_the_usual_restart_then_spreads_the_retries() -> None:
     outage = Outage("Triton", usual_s=4.0, wait_s=5.0)

@@ -31,6 +31,9 @@ from tests.unit.conftest import (
 )
 from tests.unit.test_transcription import tone_file
 
+# Waits out rate-limit windows: handed out with the long groups (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 CHAT = "/v1/chat/completions"
 
 

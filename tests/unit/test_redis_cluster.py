@@ -14,6 +14,9 @@ from gateway.backend.fake import FakeBackend
 from tests.redis_server import Cluster
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve, sse_json
 
+# A three-master Redis Cluster: handed out with the long groups (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 CHAT = "/v1/chat/completions"
 
 

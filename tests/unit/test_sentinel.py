@@ -21,6 +21,9 @@ from gateway.state.redis import parse_sentinel_url
 from tests.redis_server import ONE_TRY, free_ports, wait_until
 from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
 
+# A Sentinel set and its failover: handed out with the long groups (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 SERVICE = "gwmaster"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 

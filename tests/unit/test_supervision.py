@@ -13,6 +13,9 @@ import pytest
 
 from gateway.stack.supervisor import GiveUp, Restarts
 
+# Waits on restarted processes: handed out with the long groups (tests/conftest.py).
+pytestmark = pytest.mark.long
+
 
 def test_restarts_back_off_and_give_up_on_a_crash_loop() -> None:
     restarts = Restarts("Redis", limit=5, window_s=60)
