@@ -15,6 +15,7 @@ from gateway.backend.fake import FakeBackend
 from gateway.backend.pool import BackendPool, is_pool, targets
 from gateway.errors import BackendUnavailableError
 from tests.unit.conftest import REPLY, chat_body, make_settings, serve
+from tests.unit.test_scheduling import until
 
 OPTIONS = SamplingOptions(max_tokens=None)
 
@@ -51,7 +52,8 @@ async def test_the_least_busy_server_gets_the_next_request() -> None:
     fakes["a:1"].token_delay_s = fakes["b:1"].token_delay_s = 0.05
     try:
         slow = asyncio.create_task(answer(pool, stream=True))
-        await asyncio.sleep(0.01)
+        # (a fixed 10 ms was once too short on a busy machine)
+        await until(lambda: any(f.calls for f in fakes.values()), "the stream never started")
         busy = next(name for name, fake in fakes.items() if fake.calls)
         for _ in range(2):  # while the stream runs
             await answer(pool)
