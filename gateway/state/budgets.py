@@ -253,10 +253,11 @@ _SETTLE = (
     + """
 local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 if ARGV[7] ~= '1' then tokens, cost = 0, 0 end
-if #ARGV > 8 and redis.call('HDEL', KEYS[1], 'r:' .. ARGV[8]) == 0 then
+local function report()
   if not KEYS[3] then return {'-1', '-1'} end
   return ratios(limits(redis.call('GET', KEYS[3])))
 end
+if #ARGV > 8 and redis.call('HDEL', KEYS[1], 'r:' .. ARGV[8]) == 0 then return report() end
 for i = 9, #ARGV, 4 do
   local rt, rc = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local st, sc = math.min(tokens, rt), math.min(cost, rc)
@@ -298,8 +299,7 @@ if ARGV[7] == '1' and ARGV[3] ~= '' then
   if ARGV[4] ~= '' then by('k', ARGV[4]) end
   redis.call('EXPIRE', KEYS[2], HISTORY_S)
 end
-if not KEYS[3] then return {'-1', '-1'} end
-return ratios(limits(redis.call('GET', KEYS[3])))
+return report()
 """.replace("HISTORY_S", str(HISTORY_DAYS * 86400))
 )
 
@@ -829,23 +829,17 @@ def _uses(
     today = dt.datetime.fromtimestamp(now, dt.UTC).date()
     day = (today - dt.date(1970, 1, 1)).days
     month = today.year * 12 + today.month - 1
-    current = {
-        "day": counters.get("day") == str(day),
-        "month": counters.get("month") == str(month),
-    }
+    now_of = {"day": str(day), "month": str(month)}
     next_month = (today.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
     resets = {"day": today + dt.timedelta(days=1), "month": next_month}
     uses = []
     for field, limit in budget.model_dump(exclude_none=True).items():
         unit, _, period = field.partition("_per_")
-        used, reserved = (
-            (
-                _counted(counters, f"{period}_{unit}", unit),
-                _counted(counters, f"held_{period}_{unit}", unit),
-            )
-            if current[period]
-            else (0, 0)
-        )
+        # Each counted in its own period, as the scripts read them (_COMMON).
+        current = counters.get(period) == now_of[period]
+        held_current = counters.get(f"held_{period}") == now_of[period]
+        used = _counted(counters, f"{period}_{unit}", unit) if current else 0
+        reserved = _counted(counters, f"held_{period}_{unit}", unit) if held_current else 0
         uses.append(
             {
                 "scope": scope,

@@ -496,5 +496,7 @@ async def test_holds_of_a_period_gone_count_nothing(
     with redis.Redis.from_url(redis_server.url, decode_responses=True) as store:
         counters = counters_key("key", made["id"])
         store.hset(counters, mapping={"held_day_tokens": 100, "held_day": 1})
+    (use,) = (await _me(http, key))["budgets"]
+    assert use["reserved"] == 0 and use["remaining"] == 100 - use["used"]
     answer = await http.post(CHAT, json=chat_body(max_tokens=5), headers=bearer(key))
     assert answer.status_code == 200, answer.text
