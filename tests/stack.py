@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import wave
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,7 +138,7 @@ class GatewayProcess:
                 model="piper_tts", voice=voice, input=text, response_format="pcm"
             ).content
             for before, after in ((0, 0), (0.2, 0.1), (0.3, 0.5)):
-                padded = _silence(before) + pcm + _silence(after)
+                padded = silence(before) + pcm + silence(after)
                 said = client.audio.transcriptions.create(
                     model="whisper_stt",
                     file=("said.wav", wav_bytes(padded)),
@@ -211,6 +213,17 @@ class GatewayProcess:
         )
         return self
 
+    @contextmanager
+    def running(self) -> Iterator[GatewayProcess]:
+        """Started and ready for the ``with`` block, stopped after it (a module's own
+        stack)."""
+        self.start()
+        try:
+            self.wait_ready()
+            yield self
+        finally:
+            self.stop()
+
     def output(self) -> str:
         return (self.run_dir / f"gateway-{self.port}.log").read_text(errors="replace")
 
@@ -243,7 +256,8 @@ class GatewayProcess:
         return self.process.returncode
 
 
-def _silence(seconds: float, rate: int = 24_000) -> bytes:
+def silence(seconds: float, rate: int = 24_000) -> bytes:
+    """``seconds`` of pcm16 silence."""
     return bytes(int(rate * seconds) * 2)
 
 

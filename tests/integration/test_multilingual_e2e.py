@@ -44,12 +44,9 @@ def stack() -> Iterator[GatewayProcess]:
     """A stack of this module's own: whisper_base (its first load joins its weights into
     the cache), whisper_stt, and a Realtime session's mock_chat and piper_tts. Its decoding
     takes half a minute, which runs on another worker than the shared stack's tests."""
-    gateway = GatewayProcess(models=["mock_chat", "whisper_stt", "piper_tts", MODEL]).start()
-    try:
-        gateway.wait_ready()
+    models = ["mock_chat", "whisper_stt", "piper_tts", MODEL]
+    with GatewayProcess(models=models).running() as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @pytest.fixture(scope="module")

@@ -27,12 +27,9 @@ def stack() -> Iterator[GatewayProcess]:
     """A stack of this module's own, with the models the playground's tabs use (its admin
     tab unloads and loads them): its browser tests, about 50 s, then run on another worker
     than the shared stack's group, which sets the suite's time."""
-    gateway = GatewayProcess(models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"]).start()
-    try:
-        gateway.wait_ready()
+    models = ["smollm2", "mock_chat", "piper_tts", "whisper_stt"]
+    with GatewayProcess(models=models).running() as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import websockets
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
 from tests.integration.conftest import generation_stops
-from tests.stack import GatewayProcess
+from tests.stack import GatewayProcess, silence
 
 pytestmark = pytest.mark.integration
 
@@ -35,16 +35,8 @@ def stack() -> Iterator[GatewayProcess]:
     """A stack of this module's own with the voice chain's models (and mock_chat, which
     answers as slowly as asked): its sessions (Whisper, SmolLM2 and Piper on every turn)
     then run on another worker than the shared stack's tests, which set the suite's time."""
-    gateway = GatewayProcess(models=[*VOICE, "mock_chat"]).start()
-    try:
-        gateway.wait_ready()
+    with GatewayProcess(models=[*VOICE, "mock_chat"]).running() as gateway:
         yield gateway
-    finally:
-        gateway.stop()
-
-
-def silence(seconds: float) -> bytes:
-    return bytes(int(PCM_RATE * seconds) * 2)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -75,6 +75,16 @@ def sse_json(text: str) -> list[dict[str, Any]]:
     assert events[-1] == "[DONE]"
     assert "[DONE]" not in events[:-1]
     return [json.loads(e) for e in events[:-1]]
+
+
+async def until(check: Callable[[], object], what: str) -> None:
+    """Waits (up to a second) for ``check()`` to be true: for what a task started a moment
+    ago does, on a machine whose other work may delay it."""
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(what)
 
 
 def assert_openai_error(response: httpx.Response, status: int, **fields: Any) -> dict[str, Any]:

@@ -14,8 +14,7 @@ from gateway.backend.base import SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.backend.pool import BackendPool, is_pool, targets
 from gateway.errors import BackendUnavailableError
-from tests.unit.conftest import REPLY, chat_body, make_settings, serve
-from tests.unit.test_scheduling import until
+from tests.unit.conftest import REPLY, chat_body, make_settings, serve, until
 
 OPTIONS = SamplingOptions(max_tokens=None)
 

@@ -31,8 +31,8 @@ from tests.unit.conftest import (
     sdk,
     serve,
     sse_json,
+    until,
 )
-from tests.unit.test_scheduling import until
 from tests.unit.test_transcription import tone_file
 
 CHAT = "/v1/chat/completions"

@@ -34,6 +34,7 @@ from tests.unit.conftest import (
     make_settings,
     new_key,
     serve,
+    until,
 )
 
 OPTIONS = SamplingOptions(max_tokens=None)
@@ -86,14 +87,6 @@ async def ask(
 
 def served_by(fakes: dict[str, Held]) -> dict[str, list[str]]:
     return {name: list(fake.started) for name, fake in fakes.items()}
-
-
-async def until(check: object, what: str) -> None:
-    for _ in range(200):
-        if check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(what)
 
 
 def waiting(pool: BackendPool) -> int:
