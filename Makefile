@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.multilingual
 	$(BIN)/python -m tests.bench.priorities
 	$(BIN)/python -m tests.bench.faults
+	$(BIN)/python -m tests.bench.hostile
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps

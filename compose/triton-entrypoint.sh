@@ -22,8 +22,14 @@ if [[ ${#load_args[@]} -eq 0 ]]; then
     exit 64
 fi
 
+# --strict-readiness=false: the server's readiness (/v2/health/ready, the probes') means it
+# serves, not that every model it ever tried is ready: with the default, one model that fails
+# to load later (an admin's load of a broken model) would take every Triton pod out of the
+# Service. A model of TRITON_MODELS that fails at start still stops the server
+# (--exit-on-error, on by default), and the gateways check the models they serve themselves.
 exec tritonserver \
     --model-repository="${repository}" \
     --model-control-mode=explicit \
+    --strict-readiness=false \
     "${load_args[@]}" \
     "$@"

@@ -37,6 +37,7 @@ from gateway.errors import StoreUnavailableError, install_handlers
 from gateway.metrics import Metrics
 from gateway.outages import Outage
 from gateway.services import build_services
+from gateway.serving.json_shape import JsonLimits
 from gateway.state.redis import LAYOUT, REDIS_RESTART_S, connect, migrate
 from gateway.tracing import Tracing, traces_endpoint
 
@@ -118,6 +119,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     ``settings.redis_url``."""
     settings = settings or Settings()
     metrics = Metrics()
+    # The models this gateway is configured to serve are label values from the start (the
+    # catalog adds what it reads from Triton), so a refusal before the first read that
+    # names one is counted under its name, not ``unknown``.
+    metrics.models.update(settings.models)
     endpoint = traces_endpoint(settings.otlp_traces_endpoint)
     tracing = Tracing(endpoint) if endpoint else None
 
@@ -168,6 +173,10 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         metrics=metrics,
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
+        edge_body_mb=settings.edge_body_mb,
+        json_limits=JsonLimits(
+            settings.max_json_depth, settings.max_json_containers, settings.max_json_values
+        ),
         tracing=tracing,
         backend_wait_s=settings.backend_wait_s,
     )

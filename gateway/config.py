@@ -247,6 +247,36 @@ class Settings(BaseSettings):
     realtime_max_items: int = Field(256, ge=1)
     """Conversation items a Realtime session keeps; past it, the oldest are dropped (with a
     ``conversation.item.deleted`` event), as OpenAI truncates a full conversation."""
+    max_decodes: int = Field(2, ge=1, le=64)
+    """Audio jobs one replica holds decoded at once, whatever the requests: an upload from
+    its decoding until it is transcribed, a chat request's ``input_audio`` parts until they
+    are; the others wait their turn (at most ``queue_max_wait_s``, and at most
+    ``queue_max_waiting`` of them, then 503 ``overloaded``). Each holds its samples once, as
+    float32 at 16 kHz: 64 KB per second of audio, up to ``max_audio_seconds``."""
+    max_messages: int = Field(2048, ge=1, le=1_000_000)
+    """Messages (chat) or input items (Responses) in one request."""
+    max_content_parts: int = Field(4096, ge=1, le=1_000_000)
+    """Content parts in one request, every message's together."""
+    max_tools_kb: int = Field(512, ge=1)
+    """The request's ``tools`` together (names, descriptions and schemas), in KB of JSON."""
+    max_json_depth: int = Field(128, ge=8, le=512)
+    """How deeply a request body's JSON may nest (objects and arrays), checked before the
+    body is parsed; a tool call's ``arguments`` in the history are held to it too."""
+    max_json_containers: int = Field(65_536, ge=16, le=10_000_000)
+    """Objects and arrays in one request body's JSON, counted before it is parsed (each
+    becomes a Python object: a 28 MB body of a million small messages would hold gigabytes
+    once parsed and validated)."""
+    max_json_values: int = Field(1_048_576, ge=16, le=100_000_000)
+    """Values in one request body's JSON (array items and object members), counted before
+    it is parsed; token arrays (embeddings, completions) are one value a token."""
+    stored_mb_per_key: float = Field(32.0, ge=0)
+    """What one key may keep stored in Redis (Responses with their conversation, sessions,
+    spoken answers' transcripts), in MB of what is stored plus 512 bytes per record, until
+    the records expire or are deleted. Past it, that key's storing is refused before
+    anything is generated (403 ``storage_quota_exceeded``) while other keys go on. 0: no
+    quota of its own (only the global headroom); the bytes are still shown in ``/v1/me``."""
+    stored_mb_per_project: float = Field(128.0, ge=0)
+    """The same, for all the keys of one project together. 0: no quota."""
     redis_maxmemory_mb: int = Field(512, ge=16)
     """``maxmemory`` of the embedded Redis, with the ``noeviction`` policy: when full, writes
     fail with a clear 503 instead of keys or limits being evicted silently."""
@@ -353,6 +383,15 @@ class Settings(BaseSettings):
     its first this many characters, so requests that share a long prefix meet its cache.
     0: only conversations (``X-Session-ID``, ``previous_response_id``, ``prompt_cache_key``)
     are routed."""
+
+    @property
+    def edge_body_mb(self) -> float:
+        """The largest request body the gateway takes, and so nginx's cap (MiB): the request
+        limit, or the upload limit plus 1 MiB for a multipart body's boundaries and fields
+        when that is larger. A larger body gets nginx's 413 and never reaches a replica; a
+        replica reads a refused body up to this size to its end before it answers, so that
+        nginx, still sending it, sees no reset (``gateway/api/middleware.py``)."""
+        return max(self.max_request_mb, self.max_audio_upload_mb + 1)
 
     @field_validator("admin_key")
     @classmethod

@@ -338,6 +338,9 @@ async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
             type(exc).__name__,
             exc.detail or exc.message,
         )
+    elif exc.detail:  # a client's error told in a library's words (FFmpeg's, Jinja's)
+        rid = response.headers[REQUEST_ID_HEADER]
+        logger.info("request %s: %s: %s", rid, type(exc).__name__, exc.detail)
     return response
 
 

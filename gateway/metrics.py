@@ -29,6 +29,18 @@ process imports ``prometheus_client``.
     gateway_route_total{outcome}                        several Tritons: affinity | spill | fallback
     gateway_backend_waits_total{outcome}                calls that waited for Triton or Redis
                                                         coming back: waited_ok | gave_up
+    gateway_model_ready{model}                          1 if the model serves, 0 if it failed
+                                                        to load, was unloaded or is loading
+
+Label values are never what a client chose: a ``model`` label is a model id the catalog has
+read from Triton (a repository model, or a LoRA adapter's id), else ``unknown`` (a request
+that named a made-up model and was refused, whatever its status), or empty for a request
+that names none. Every family with a ``model`` label maps it in one place
+(:class:`ModelLabelled`), so a client cannot mint series (each one costs memory here and in
+Prometheus, and in multiprocess mode a file entry that outlives the process). The other
+labels take fixed values: route templates (or their group, ``api/middleware.py``), status
+codes, outcomes, error codes, priorities (-100 to 100), and key and project ids (made by
+admins).
 
 Triton's own metrics stay on Triton's metrics port.
 """
@@ -37,7 +49,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -56,14 +69,41 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
+#: The ``model`` label of a request for a model the catalog does not know.
+UNKNOWN_MODEL = "unknown"
+
+_Family = TypeVar("_Family", Counter, Gauge, Histogram)
+
+
 def multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class ModelLabelled(Generic[_Family]):
+    """A metric family with a ``model`` label, whose value goes through
+    :meth:`Metrics.model_label` before any series is made: call sites pass the name a
+    request used, whatever it was."""
+
+    def __init__(self, family: _Family, index: int, metrics: Metrics) -> None:
+        self.family: _Family = family
+        self._index = index
+        self._metrics = metrics
+
+    def labels(self, *values: str) -> _Family:
+        """The child of these label values, the model's mapped (see the module docstring)."""
+        mapped = list(values)
+        mapped[self._index] = self._metrics.model_label(mapped[self._index])
+        return self.family.labels(*mapped)
 
 
 class Metrics:
     """The gateway's metrics, in a registry of their own (so tests may build many apps)."""
 
     def __init__(self) -> None:
+        self.models: set[str] = set()
+        """Every model id the catalog has read in this process (it only grows: a model
+        unloaded meanwhile keeps its series; the repository bounds it)."""
+        self._shown_ready: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=True)
         if multiprocess():
             # Samples live in PROMETHEUS_MULTIPROC_DIR; /metrics reads all processes' files.
@@ -78,16 +118,24 @@ class Metrics:
         ) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=own)
 
-        self.requests = counter(
-            "gateway_requests_total",
-            "Requests by route, model and status",
-            ("route", "model", "status"),
+        def by_model(family: _Family) -> ModelLabelled[_Family]:
+            # _labelnames: the names the family was made with, in their order.
+            return ModelLabelled(family, list(family._labelnames).index("model"), self)
+
+        self.requests = by_model(
+            counter(
+                "gateway_requests_total",
+                "Requests by route, model and status",
+                ("route", "model", "status"),
+            )
         )
-        self.duration = histogram(
-            "gateway_request_duration_seconds",
-            "Time to the last byte of the response",
-            ("route", "model"),
-            _LATENCY_BUCKETS,
+        self.duration = by_model(
+            histogram(
+                "gateway_request_duration_seconds",
+                "Time to the last byte of the response",
+                ("route", "model"),
+                _LATENCY_BUCKETS,
+            )
         )
         self.in_flight = Gauge(
             "gateway_requests_in_flight",
@@ -96,41 +144,53 @@ class Metrics:
             registry=own,
             multiprocess_mode="livesum",
         )
-        self.ttft = histogram(
-            "gateway_time_to_first_token_seconds",
-            "Chat: from the request to the first generated text",
-            ("model",),
-            _LATENCY_BUCKETS,
+        self.ttft = by_model(
+            histogram(
+                "gateway_time_to_first_token_seconds",
+                "Chat: from the request to the first generated text",
+                ("model",),
+                _LATENCY_BUCKETS,
+            )
         )
-        self.itl = histogram(
-            "gateway_inter_token_latency_seconds",
-            "Chat: time between streamed pieces of text",
-            ("model",),
-            _TOKEN_BUCKETS,
+        self.itl = by_model(
+            histogram(
+                "gateway_inter_token_latency_seconds",
+                "Chat: time between streamed pieces of text",
+                ("model",),
+                _TOKEN_BUCKETS,
+            )
         )
-        self.prompt_tokens = counter(
-            "gateway_prompt_tokens_total", "Prompt tokens read by chat models", ("model",)
+        self.prompt_tokens = by_model(
+            counter("gateway_prompt_tokens_total", "Prompt tokens read by chat models", ("model",))
         )
-        self.completion_tokens = counter(
-            "gateway_completion_tokens_total", "Tokens generated by chat models", ("model",)
+        self.completion_tokens = by_model(
+            counter(
+                "gateway_completion_tokens_total", "Tokens generated by chat models", ("model",)
+            )
         )
-        self.audio_in = counter(
-            "gateway_audio_input_seconds_total", "Seconds of audio transcribed", ("model",)
+        self.audio_in = by_model(
+            counter("gateway_audio_input_seconds_total", "Seconds of audio transcribed", ("model",))
         )
-        self.audio_out = counter(
-            "gateway_audio_output_seconds_total", "Seconds of audio synthesized", ("model",)
+        self.audio_out = by_model(
+            counter(
+                "gateway_audio_output_seconds_total", "Seconds of audio synthesized", ("model",)
+            )
         )
-        self.triton_errors = counter(
-            "gateway_triton_errors_total", "Triton failures by error code", ("model", "code")
+        self.triton_errors = by_model(
+            counter(
+                "gateway_triton_errors_total", "Triton failures by error code", ("model", "code")
+            )
         )
         self.rate_limited = counter(
             "gateway_rate_limited_total", "Requests refused by a rate limit", ("limit",)
         )
         # Budgets (docs/budgets.md): counted by gateway.state.budgets.
-        self.spend = counter(
-            "gateway_spend_total",
-            "Money spent at the prices of GATEWAY_PRICES, by project ('' for none) and model",
-            ("project", "model"),
+        self.spend = by_model(
+            counter(
+                "gateway_spend_total",
+                "Money spent at the prices of GATEWAY_PRICES, by project ('' for none) and model",
+                ("project", "model"),
+            )
         )
         self.budget_used = Gauge(
             "gateway_budget_used_ratio",
@@ -164,10 +224,12 @@ class Metrics:
             registry=own,
             multiprocess_mode="livesum",
         )
-        self.realtime_responses = counter(
-            "gateway_realtime_responses_total",
-            "Realtime responses by chat model and final status",
-            ("model", "status"),
+        self.realtime_responses = by_model(
+            counter(
+                "gateway_realtime_responses_total",
+                "Realtime responses by chat model and final status",
+                ("model", "status"),
+            )
         )
         self.realtime_speculating = Gauge(
             "gateway_realtime_speculations_running",
@@ -198,17 +260,22 @@ class Metrics:
             multiprocess_mode="livemin",
         )
         # Scheduling and routing (gateway/backend/scheduling.py, docs/scheduling.md).
-        self.shed = counter(
-            "gateway_shed_total",
-            "Requests refused with 503 overloaded, by model and reason (queue_full, wait_timeout)",
-            ("model", "reason"),
+        self.shed = by_model(
+            counter(
+                "gateway_shed_total",
+                "Requests refused with 503 overloaded, by model and reason (queue_full, "
+                "wait_timeout)",
+                ("model", "reason"),
+            )
         )
-        self.queue_depth = Gauge(
-            "gateway_queue_depth",
-            "Requests waiting for a Triton slot, by model",
-            ("model",),
-            registry=own,
-            multiprocess_mode="livesum",
+        self.queue_depth = by_model(
+            Gauge(
+                "gateway_queue_depth",
+                "Requests waiting for a Triton slot, by model",
+                ("model",),
+                registry=own,
+                multiprocess_mode="livesum",
+            )
         )
         self.queue_wait = histogram(
             "gateway_queue_wait_seconds",
@@ -222,6 +289,39 @@ class Metrics:
             "next one past the load bound (spill), or to the least busy (fallback: no key)",
             ("outcome",),
         )
+        # Set by serving.catalog at each read of Triton's models (a readiness probe reads
+        # them): the most recent read of any live process.
+        self.model_ready = by_model(
+            Gauge(
+                "gateway_model_ready",
+                "1 if the model serves, 0 if not (its load failed: its reason is in "
+                "/admin/models; it is loading, or was unloaded). Models Triton has tried to "
+                "load, or that this gateway saw before",
+                ("model",),
+                registry=own,
+                multiprocess_mode="livemostrecent",
+            )
+        )
+
+    def model_label(self, model: str) -> str:
+        """The ``model`` label of a request that used ``model``: itself when the catalog
+        knows it, empty when none was named, else :data:`UNKNOWN_MODEL`."""
+        if not model or model in self.models:
+            return model
+        return UNKNOWN_MODEL
+
+    def models_read(self, models: Iterable[str], ready: Mapping[str, bool]) -> None:
+        """The catalog read ``models`` (every id it knows) from the backend, and ``ready``:
+        whether each model that has a state serves (a model never loaded has none). Each
+        becomes a label value; ``gateway_model_ready`` is set for those of ``ready`` and
+        to 0 for any it showed before that are missing now."""
+        self.models.update(models)
+        self.models.update(ready)
+        for model in self._shown_ready - ready.keys():
+            self.model_ready.labels(model).set(0)
+        for model, serves in ready.items():
+            self.model_ready.labels(model).set(int(serves))
+        self._shown_ready.update(ready)
 
     def record_request(
         self, route: str, admission: Admission | None, status: int, elapsed: float

@@ -17,6 +17,7 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
+from gateway.serving.audio import AudioDecoder
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
@@ -24,6 +25,7 @@ from gateway.serving.completions import CompletionService
 from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.realtime import RealtimeServices
+from gateway.serving.request_bounds import RequestBounds
 from gateway.serving.responses import ResponsesService
 from gateway.serving.speech import SpeechService
 from gateway.serving.transcription import TranscriptionService
@@ -35,6 +37,7 @@ from gateway.state.limits import Limits
 from gateway.state.redis import Headroom, RedisHealth
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
+from gateway.state.stored_bytes import StoredBytes
 from gateway.state.transcripts import TranscriptStore
 
 
@@ -52,6 +55,7 @@ class Services:
     limits: Limits
     budgets: Budgets
     sessions: SessionStore
+    stored_bytes: StoredBytes
     chat: ChatService
     completions: CompletionService
     responses: ResponsesService
@@ -75,15 +79,17 @@ def build_services(
     settings: Settings, backend: Backend, redis: Redis, metrics: Metrics
 ) -> Services:
     """The services of one process, over ``backend`` and ``redis``."""
-    catalog = ModelCatalog(backend, settings.model_cache_ttl_s, settings.lora_separator)
+    catalog = ModelCatalog(backend, settings.model_cache_ttl_s, settings.lora_separator, metrics)
     keys = KeyStore(redis)
     limits = Limits(redis)
     budgets = Budgets(redis, Prices(settings.prices), metrics)
     gatekeeper = Gatekeeper(
         redis, limits, settings.concurrency_lease_s, settings.admin_key, budgets=budgets
     )
-    headroom = Headroom(redis)
-    sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb, headroom)
+    stored_bytes = StoredBytes(
+        redis, settings.stored_mb_per_key, settings.stored_mb_per_project, Headroom(redis)
+    )
+    sessions = SessionStore(redis, settings.session_ttl_s, settings.max_stored_kb, stored_bytes)
     chat = ChatService(
         backend,
         catalog,
@@ -95,8 +101,14 @@ def build_services(
         max_choices=settings.max_choices,
         max_schema_kb=settings.max_schema_kb,
         images=ImageReader(ImageLimits.from_settings(settings)),
+        bounds=RequestBounds.from_settings(settings),
+        max_json_depth=settings.max_json_depth,
     )
     speech = SpeechService(backend, catalog)
+    # One per process: every file decoded here (uploads, input_audio parts) takes its turn.
+    decoder = AudioDecoder(
+        settings.max_decodes, settings.queue_max_wait_s, settings.queue_max_waiting
+    )
     default_models = DefaultModels(catalog, settings)
     return Services(
         settings=settings,
@@ -109,6 +121,7 @@ def build_services(
         limits=limits,
         budgets=budgets,
         sessions=sessions,
+        stored_bytes=stored_bytes,
         chat=chat,
         completions=CompletionService(
             backend,
@@ -120,17 +133,18 @@ def build_services(
         ),
         responses=ResponsesService(
             chat,
-            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, headroom),
+            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, stored_bytes),
         ),
         embeddings=EmbeddingService(backend, catalog, settings.max_inflight_per_request),
         speech=speech,
-        transcription=TranscriptionService(backend, catalog, settings.max_audio_seconds),
+        transcription=TranscriptionService(backend, catalog, decoder, settings.max_audio_seconds),
         audio_chat=AudioChat(
             backend,
             chat,
             speech,
             default_models,
-            TranscriptStore(redis, settings.audio_ttl_s),
+            TranscriptStore(redis, settings.audio_ttl_s, stored_bytes),
+            decoder,
             settings.max_audio_seconds,
         ),
         realtime=RealtimeServices(

@@ -20,6 +20,19 @@ here first, up to the limit, so that the answer can still be a 413. A body over
 a body before any dependency runs, so without this anyone could make a replica parse tens
 of megabytes of JSON.
 
+A body refused before it was read (a 413, a 401 for a large body, a 503 while draining) is
+read to its end and dropped (:meth:`GatewayMiddleware._discard`, up to the largest body
+nginx lets through) before the answer goes out: a replica that answered and closed while
+nginx was still sending would reset the connection, and nginx would take the reset for
+the replica's failure (retry elsewhere, mark it down). Memory stays flat: nothing read is
+kept.
+
+A JSON body is measured before FastAPI parses it (:func:`gateway.serving.json_shape`):
+nesting deeper than ``GATEWAY_MAX_JSON_DEPTH`` (the standard parser would recurse until it
+fails), or more objects and arrays or values than ``GATEWAY_MAX_JSON_CONTAINERS`` /
+``GATEWAY_MAX_JSON_VALUES`` (each becomes a Python object), is a 400 in milliseconds with
+nothing built from it.
+
 While the process drains before it stops (:class:`Drain`, started by SIGTERM), requests
 already running go on to their end and every new one but the liveness probe and
 ``/metrics`` gets a 503 with ``Retry-After`` (the OpenAI SDKs retry it, and a load balancer
@@ -41,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -53,8 +67,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import outages
 from gateway.api.dependencies import services_of
-from gateway.errors import GatewayError, PayloadTooLargeError, error_body
+from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
+from gateway.serving.json_shape import JsonLimits, json_shape
 from gateway.state.admission import Admission
 from gateway.tracing import Activation, Tracing, failed, parent_of
 
@@ -103,6 +118,14 @@ CHECKED_BODY_BYTES = 1024 * 1024
 #: What :func:`_declared_length` says of a chunked body: its length is not known before.
 _CHUNKED = -1
 
+#: The longest a refused body is read (and dropped) before the answer goes out regardless.
+DISCARD_WAIT_S = 3.0
+#: Bodies at most this large are measured on the event loop; larger ones in a thread.
+_SHAPED_INLINE_BYTES = 256 * 1024
+#: Bodies that are not JSON (the form fields and files of an audio upload).
+_FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
 
 def _declared_length(scope: Scope) -> int | None:
     """A request body's length as its headers declare it: None without a body,
@@ -132,14 +155,20 @@ class GatewayMiddleware:
         max_body_mb: float = 36.0,
         tracing: Tracing | None = None,
         backend_wait_s: float = 5.0,
+        edge_body_mb: float = 36.0,
+        json_limits: JsonLimits | None = None,
     ) -> None:
         self.app = app
+        self.json_limits = json_limits or JsonLimits(128, 65_536, 1_048_576)
         self.backend_wait_s = backend_wait_s
         self.metrics = metrics
         self.drain = drain
         self.tracing = tracing
         """Set when traces are on (``gateway.tracing``): /v1 and /admin requests get a span."""
         self.max_body = int(max_body_mb * 1024 * 1024)
+        # The largest body nginx passes on (Settings.edge_body_mb, which nginx's cap is
+        # rendered from): a refused body up to this size is read and dropped, not reset.
+        self.discard_limit = math.ceil(edge_body_mb) * 1024 * 1024
         self._too_large = (
             f"The request body is larger than {max_body_mb:g} MB, the most this gateway "
             "reads (GATEWAY_MAX_REQUEST_MB)."
@@ -168,19 +197,24 @@ class GatewayMiddleware:
         await self._http(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.drain.draining and scope["path"] != "/metrics":
-            await self._refuse(scope, send)
-            return
         length = _declared_length(scope)
+        if self.drain.draining and scope["path"] != "/metrics":
+            await self._refuse(scope, receive, send, length)
+            return
         refused = await self._unknown_caller(scope, length)
         if refused is not None:
-            await self._send_error(scope, send, refused)
+            await self._send_error(scope, send, refused, await self._discard(receive, length))
             return
         bounded = await self._bounded(receive, length)
         if bounded is None:
             too_large = PayloadTooLargeError(self._too_large, code="request_too_large")
-            await self._send_error(scope, send, too_large)
+            await self._send_error(scope, send, too_large, await self._discard(receive, length))
             return
+        shaped = await self._shaped(scope, bounded, length)
+        if isinstance(shaped, GatewayError):
+            await self._send_error(scope, send, shaped)
+            return
+        bounded = shaped
         started = time.monotonic()
         # request.state is this dict (Starlette keeps it in the scope).
         state: dict[str, Any] = scope.setdefault("state", {})
@@ -273,7 +307,7 @@ class GatewayMiddleware:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.drain.draining:
-            await self._refuse(scope, send)
+            await self._refuse(scope, receive, send, None)
             return
         started = time.monotonic()
         scope.setdefault("state", {})
@@ -332,9 +366,15 @@ class GatewayMiddleware:
             return exc
         return None
 
-    async def _send_error(self, scope: Scope, send: Send, error: GatewayError) -> None:
+    async def _send_error(
+        self, scope: Scope, send: Send, error: GatewayError, body_read: bool = True
+    ) -> None:
+        """Sends ``error``; with ``body_read`` false (what is left of the body was not read)
+        the connection is closed after it."""
         body = json.dumps(error.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        headers = [(b"content-type", b"application/json")]
+        if not body_read:
+            headers.append((b"connection", b"close"))
         headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
@@ -359,17 +399,100 @@ class GatewayMiddleware:
                 return None
             if not message.get("more_body", False):
                 break
-        replay = iter(messages)
+        return _replaying(messages, receive)
 
-        async def replayed() -> Message:
-            return next(replay, None) or await receive()
+    async def _discard(self, receive: Receive, length: int | None) -> bool:
+        """Reads what is left of a refused body and drops it; True once it was read to its
+        end. A body declared larger than nginx lets through (only a client that came
+        around it sends one) is not read at all, nor what passes that size, nor what has
+        not arrived within :data:`DISCARD_WAIT_S`."""
+        if length is None:
+            return True
+        if length > self.discard_limit:
+            return False
 
-        return replayed
+        async def drop() -> bool:
+            read = 0
+            while read <= self.discard_limit:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client went away
+                read += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return True
+            return False
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
+        try:
+            # nginx sends a body it buffered at memory speed; a client that holds one back
+            # does not hold the replica's answer for long.
+            return await asyncio.wait_for(drop(), DISCARD_WAIT_S)
+        except TimeoutError:
+            return False
+
+    async def _shaped(
+        self, scope: Scope, receive: Receive, length: int | None
+    ) -> Receive | GatewayError:
+        """``receive`` replaying the whole body once it was measured, or the 400 for a
+        JSON body past :attr:`json_limits` (see the module's docstring). Bodies that are
+        not JSON (forms, uploads) pass as they are."""
+        if length is None or scope["method"] not in _WITH_BODY:
+            return receive
+        content_type = Headers(scope=scope).get("content-type", "").lower().encode()
+        if content_type.startswith(_FORMS):
+            return receive
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return _replaying([message], receive)  # the app sees the disconnect
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks
+        if len(body) <= _SHAPED_INLINE_BYTES:
+            shape = json_shape(body, self.json_limits)
+        else:
+            shape = await asyncio.to_thread(json_shape, body, self.json_limits)
+        exceeded = self.json_limits.exceeded(shape)
+        if exceeded is not None:
+            return _too_complex(exceeded, self.json_limits)
+        return _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, length: int | None) -> None:
+        """The 503 of a draining process, after the body was read and dropped."""
+        await self._discard(receive, length)
         await send(_DRAINING_START)
         await send({"type": "http.response.body", "body": _DRAINING_BODY})
         self.metrics.requests.labels(_route_of(scope), "", "503").inc()
+
+
+def _replaying(messages: list[Message], receive: Receive) -> Receive:
+    """``receive`` that gives ``messages`` first, then what ``receive`` gives."""
+    replay = iter(messages)
+
+    async def replayed() -> Message:
+        return next(replay, None) or await receive()
+
+    return replayed
+
+
+def _too_complex(exceeded: str, limits: JsonLimits) -> InvalidRequestError:
+    if exceeded == "depth":
+        return InvalidRequestError(
+            f"The request body's JSON nests deeper than {limits.depth} levels, the most this "
+            "gateway reads (GATEWAY_MAX_JSON_DEPTH).",
+            code="json_too_deep",
+        )
+    if exceeded == "containers":
+        what, most, setting = "objects and arrays", limits.containers, "CONTAINERS"
+    else:
+        what, most, setting = "values", limits.values, "VALUES"
+    return InvalidRequestError(
+        f"The request body's JSON holds more than {most} {what}, the most this gateway "
+        f"reads in one request (GATEWAY_MAX_JSON_{setting}).",
+        code="json_too_complex",
+    )
 
 
 #: The requests that get a span when traces are on (not the probes, /metrics or the

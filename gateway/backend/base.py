@@ -67,7 +67,7 @@ class ModelInfo:
 
     ``task`` is the OpenAI capability it serves (``chat``; later ``speech``,
     ``transcription``); ``ready`` is false for a model that is in the repository but not
-    loaded."""
+    loaded (:attr:`state` and :attr:`reason` say why)."""
 
     name: str
     task: str | None
@@ -133,11 +133,39 @@ class ModelInfo:
     translates: bool = False
     """Transcription models: they translate speech into English (``translates`` parameter
     and a ``task`` input), so ``/v1/audio/translations`` may use them."""
+    state: str = ""
+    """The server's state of the model, as :attr:`RepositoryModel.state` (empty: never
+    loaded, or a backend that does not say)."""
+    reason: str = ""
+    """The server's reason for that state (why a load failed); for operators only: it may
+    name files and carry a traceback."""
 
     @property
     def runs_on(self) -> str:
         """The Triton model a request for this model id goes to."""
         return self.lora_base or self.name
+
+    @property
+    def status(self) -> str:
+        """:func:`load_status` of the model: ``ready``, ``failed``, ``unloaded``..."""
+        return "ready" if self.ready else load_status(self.state, self.reason)
+
+
+#: Triton's reason for a model unloaded on purpose (any other reason of an UNAVAILABLE
+#: model is why its load failed).
+UNLOADED_REASON = "unloaded"
+
+
+def load_status(state: str, reason: str = "") -> str:
+    """A model's state in the server's repository, in the words of ``/admin/models``:
+    ``ready``, ``loading``, ``unloading``, ``unloaded`` (on purpose), ``failed`` (its load
+    failed, or it stopped serving: the reason says why) or ``not_loaded`` (never loaded).
+    Triton's states are ``READY``, ``LOADING``, ``UNLOADING`` and ``UNAVAILABLE`` (with
+    the reason ``unloaded`` after an unload, else the error); none for a model never
+    loaded."""
+    if state == "UNAVAILABLE":
+        return "unloaded" if reason in ("", UNLOADED_REASON) else "failed"
+    return state.lower() if state in ("READY", "LOADING", "UNLOADING") else "not_loaded"
 
 
 @dataclass(frozen=True)
@@ -149,6 +177,11 @@ class RepositoryModel:
     state: str
     version: str = ""
     reason: str = ""
+
+    @property
+    def status(self) -> str:
+        """:func:`load_status` of the model."""
+        return load_status(self.state, self.reason)
 
 
 @dataclass(frozen=True)
@@ -285,11 +318,13 @@ class Backend(Protocol):
     ``BackendError``, ...) and never their client library's own."""
 
     async def ready(self) -> bool:
-        """True when the server is up and accepts requests."""
+        """True when the server answers and serves requests: it is live, whatever the state
+        of each of its models (one that failed to load does not make it false, as it makes
+        Triton's own strict readiness false; :meth:`models` says which are ready)."""
         ...
 
     async def models(self) -> list[ModelInfo]:
-        """Every model in the repository, loaded or not."""
+        """Every model in the repository, loaded or not, with its state."""
         ...
 
     async def repository(self) -> list[RepositoryModel]:

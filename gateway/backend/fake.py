@@ -134,7 +134,16 @@ class FakeBackend:
 
     async def repository(self) -> list[RepositoryModel]:
         self._check_up()
-        return [RepositoryModel(m.name, "READY" if m.ready else "") for m in self.model_list]
+        return [
+            RepositoryModel(m.name, "READY" if m.ready else m.state, reason=m.reason)
+            for m in self.model_list
+        ]
+
+    def fail(self, name: str, reason: str = "initialize() raised") -> None:
+        """Makes ``name`` a model whose load failed, as Triton shows one (``UNAVAILABLE``
+        with the error as its reason); a new name is added to the repository."""
+        failed = ModelInfo(name, None, False, state="UNAVAILABLE", reason=reason)
+        self.model_list = [m for m in self.model_list if m.name != name] + [failed]
 
     def _index(self, name: str) -> int:
         for index, model in enumerate(self.model_list):
@@ -147,12 +156,12 @@ class FakeBackend:
         index = self._index(name)
         model = self.model_list[index]
         # A model the fake "loads" serves chat unless it already had a task.
-        self.model_list[index] = replace(model, ready=True, task=model.task or "chat")
+        self.model_list[index] = replace(model, ready=True, task=model.task or "chat", reason="")
 
     async def unload_model(self, name: str) -> None:
         self._check_up()
         index = self._index(name)
-        self.model_list[index] = replace(self.model_list[index], ready=False)
+        self.model_list[index] = replace(self.model_list[index], ready=False, state="", reason="")
 
     async def generate(
         self,

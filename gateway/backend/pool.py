@@ -19,8 +19,8 @@ to one pod; here each server has its own connection and the gateway picks per re
   the first response of a request, is skipped and the request goes to the next one; a
   server found unreachable is left out until a check finds it ready again. After the first
   response a failure is the request's (a stream cannot move).
-- **Checks**: every ``check_every_s`` each server is asked whether it is ready and which
-  models it has ready.
+- **Checks**: every ``check_every_s`` each server is asked whether it serves (is live: a
+  model of its that failed to load does not take it out) and which models it has ready.
 - **The model list** is the union of the servers'; loading and unloading a model apply to
   every server that is up.
 """
@@ -409,10 +409,12 @@ class BackendPool:
         return any(s.up for s in self.servers.values())
 
     async def models(self) -> list[ModelInfo]:
+        """The union of the servers' models: a model ready on one server is ready; one
+        ready on none shows a server's state that says most (failed over never loaded)."""
         merged: dict[str, ModelInfo] = {}
         for listed in await self._everywhere(lambda b: b.models()):
             for info in listed:
-                if info.name not in merged or (info.ready and not merged[info.name].ready):
+                if info.name not in merged or _says_more(info, merged[info.name]):
                     merged[info.name] = info
         return sorted(merged.values(), key=lambda info: info.name)
 
@@ -420,7 +422,7 @@ class BackendPool:
         merged: dict[str, RepositoryModel] = {}
         for listed in await self._everywhere(lambda b: b.repository()):
             for entry in listed:
-                if entry.name not in merged or entry.state == "READY":
+                if entry.name not in merged or _says_more(entry, merged[entry.name]):
                     merged[entry.name] = entry
         return sorted(merged.values(), key=lambda entry: entry.name)
 
@@ -469,6 +471,16 @@ class BackendPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checker
         await asyncio.gather(*(s.backend.close() for s in self.servers.values()))
+
+
+#: Which server's state of a model the pool shows, most telling first: ready on any server
+#: is ready; else a failed load (its reason is what the operator needs), and so on.
+_TELLING = ("ready", "failed", "loading", "unloading", "unloaded", "not_loaded")
+
+
+def _says_more(one: ModelInfo | RepositoryModel, other: ModelInfo | RepositoryModel) -> bool:
+    """Whether ``one`` server's state of a model tells more than ``other``'s."""
+    return _TELLING.index(one.status) < _TELLING.index(other.status)
 
 
 def _result(future: asyncio.Future[_Server | None]) -> _Server | None:

@@ -30,6 +30,7 @@ must fix the model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -199,14 +200,18 @@ class TritonBackend:
         self.streams = streams.StreamPool(url)
 
     async def ready(self) -> bool:
-        """Whether Triton is ready now (never waits: a probe wants the answer of now)."""
+        """Whether Triton serves now (never waits: a probe wants the answer of now): it is
+        live. Not Triton's own readiness, which its strict mode (the default) makes false
+        while any model of the repository failed to load, although every other model
+        serves; :meth:`models` tells each model's state. Triton answers live only once
+        the models it was started with are loaded, and not while it shuts down."""
         try:
-            ready = bool(await self.client.is_server_ready(client_timeout=self.timeout_s))
+            live = bool(await self.client.is_server_live(client_timeout=self.timeout_s))
         except InferenceServerException:
             return False
-        if ready and self.outage is not None:
+        if live and self.outage is not None:
             self.outage.up()
-        return ready
+        return live
 
     def _attempt(self) -> Attempt | None:
         """A call's tries (none without ``outage``: it never waits)."""
@@ -305,9 +310,12 @@ class TritonBackend:
         }
         infos = {name: c.info() for name, c in self._contracts.items()}
         for entry in entries:
-            ready_without_task = entry["name"] in configs
-            infos.setdefault(
-                entry["name"], ModelInfo(entry["name"], None, ready=ready_without_task)
+            name, state, reason = entry["name"], entry.get("state", ""), entry.get("reason", "")
+            info = infos.get(name) or ModelInfo(name, None, ready=name in configs)
+            # A model READY in the index whose config could not be read (unloaded between
+            # the two calls) is not ready: its state says so too.
+            infos[name] = dataclasses.replace(
+                info, state=state if info.ready or state != "READY" else "", reason=reason
             )
         return sorted(infos.values(), key=lambda info: info.name)
 

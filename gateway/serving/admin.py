@@ -32,7 +32,10 @@ class AdminService:
         self.budgets = budgets
 
     async def repository(self) -> list[dict[str, Any]]:
-        """Every model of the repository: its state, and the OpenAI task of a loaded one."""
+        """Every model of the repository: its state (Triton's, and in this API's words:
+        ``status``, ``failed`` for a load that failed), Triton's reason for it (a failed
+        load's error: files and tracebacks, for admins only), and the OpenAI task of a
+        loaded one."""
         tasks = {m.name: m.task for m in (await self.catalog.refresh()).values()}
         return [_entry(m, tasks.get(m.name)) for m in await self.backend.repository()]
 
@@ -148,6 +151,7 @@ def _entry(model: RepositoryModel, task: str | None) -> dict[str, Any]:
     return {
         "id": model.name,
         "object": "model",
+        "status": model.status,
         "state": model.state,
         "version": model.version,
         "reason": model.reason,

@@ -8,8 +8,11 @@
   read another's.
 - The transcription and speech models the gateway picks are checked against the key like
   the chat model it names (a 403 when the key may not use them), both before anything is
-  transcribed. A request has at most :data:`MAX_AUDIO_PARTS` parts, decoded off the event
-  loop one after the other and at most ``GATEWAY_MAX_AUDIO_SECONDS`` of audio in all (a
+  transcribed. A request has at most :data:`MAX_AUDIO_PARTS` parts (in the formats of
+  uploads), decoded one after the other in one turn of the replica's
+  :class:`~gateway.serving.audio.AudioDecoder` (off the event loop; the turn is held until
+  they are transcribed, ``GATEWAY_MAX_DECODES`` requests at a time) and at most
+  ``GATEWAY_MAX_AUDIO_SECONDS`` of audio in all (a
   400 ``audio_too_long`` before any part is transcribed): the samples of one request never
   pass that many seconds, whatever the size of its parts.
 - Out: ``modalities: ["text", "audio"]`` with ``audio: {"voice", "format"}``. The answer's
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -39,9 +41,10 @@ from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.audio import (
     STT_RATE,
+    AudioDecoder,
     AudioTooLongError,
+    DecodeTurn,
     UndecodableAudioError,
-    decode_to_pcm,
 )
 from gateway.serving.catalog import DefaultModels
 from gateway.serving.chat import ChatService, PreparedChat
@@ -73,11 +76,6 @@ def _encoding(output: AudioOutput) -> str:
     return _FORMATS.get(output.format, output.format)
 
 
-def _decode(data: str, max_seconds: float) -> npt.NDArray[np.float32]:
-    """An ``input_audio`` part's base64 as samples (CPU work: run it in a thread)."""
-    return decode_to_pcm(base64.b64decode(data, validate=True), STT_RATE, max_seconds)
-
-
 @dataclass(frozen=True)
 class _Part:
     """An ``input_audio`` part: where it is (message, content index, param) and its data."""
@@ -96,10 +94,12 @@ class AudioChat:
         speech: SpeechService,
         models: DefaultModels,
         transcripts: TranscriptStore,
+        decoder: AudioDecoder,
         max_audio_seconds: float = 1500.0,
         max_audio_parts: int = MAX_AUDIO_PARTS,
     ) -> None:
         self.backend = backend
+        self.decoder = decoder
         self.chat = chat
         self.speech = speech
         self.models = models
@@ -179,11 +179,16 @@ class AudioChat:
             )
         model = (await self.models.info("transcription")).name
         key.require_model(model, parts[0].param, "transcribes input_audio parts here")
-        audios = await self._decode_all(parts)
-        seconds = sum(audio.size for audio in audios) / STT_RATE
-        await meter.check_budget(seconds)  # 429 budget_exceeded when it does not fit
-        meter.audio_seconds_in += seconds
-        return await self._transcribe_all(model, audios)
+        # One turn of the decoder for the request's samples, until they are transcribed.
+        turn = await self.decoder.turn()
+        try:
+            audios = await self._decode_all(turn, parts)
+            seconds = sum(audio.size for audio in audios) / STT_RATE
+            await meter.check_budget(seconds)  # 429 budget_exceeded when it does not fit
+            meter.audio_seconds_in += seconds
+            return await self._transcribe_all(model, audios)
+        finally:
+            turn.release()
 
     async def _transcript_of(self, audio_id: str, owner: str, index: int) -> str:
         transcript = await self.transcripts.get(owner, audio_id)
@@ -195,14 +200,24 @@ class AudioChat:
             )
         return transcript
 
-    async def _decode_all(self, parts: list[_Part]) -> list[npt.NDArray[np.float32]]:
+    async def _decode_all(
+        self, turn: DecodeTurn, parts: list[_Part]
+    ) -> list[npt.NDArray[np.float32]]:
         """The parts' samples, decoded one after the other, each at most what is left of
         ``max_audio_seconds``: the request's samples never pass it."""
         audios: list[npt.NDArray[np.float32]] = []
         left = self.max_audio_seconds
         for part in parts:
             try:
-                audio = await asyncio.to_thread(_decode, part.data, left)
+                data = await asyncio.to_thread(base64.b64decode, part.data, validate=True)
+            except ValueError as exc:  # binascii.Error, or a character that is not ASCII
+                raise InvalidRequestError(
+                    "Invalid input audio: its data is not valid base64.",
+                    param=part.param,
+                    code="invalid_audio",
+                ) from exc
+            try:
+                audio = await turn.decode(data, left)
             except AudioTooLongError as exc:
                 message = (
                     f"the input_audio parts together are longer than "
@@ -214,10 +229,12 @@ class AudioChat:
                 raise InvalidRequestError(
                     f"Invalid input audio: {message}.", param=part.param, code="audio_too_long"
                 ) from exc
-            except (binascii.Error, ValueError) as exc:
-                message = str(exc) if isinstance(exc, UndecodableAudioError) else "invalid base64"
+            except UndecodableAudioError as exc:
                 raise InvalidRequestError(
-                    f"Invalid input audio: {message}.", param=part.param, code="invalid_audio"
+                    f"Invalid input audio: {exc}.",
+                    param=part.param,
+                    code="invalid_audio",
+                    detail=exc.detail,
                 ) from exc
             audios.append(audio)
             left -= audio.size / STT_RATE

@@ -4,7 +4,10 @@ The model list comes from Triton's repository index and each model's config, so 
 added to the repository (and loaded) appears without code changes. Inference lookups use a
 cached copy (``model_cache_ttl_s``); a name that is not in it forces one fresh read, so a
 model loaded a moment ago is found at once while a stream of requests costs no extra round
-trip. ``/v1/models`` and the admin API read it fresh (:meth:`ModelCatalog.refresh`).
+trip. ``/v1/models``, the admin API and the readiness probe read it fresh
+(:meth:`ModelCatalog.refresh`). Each read tells the metrics which model ids exist (the only
+``model`` label values besides ``unknown``) and which models serve
+(``gateway_model_ready``): see :mod:`gateway.metrics`.
 :class:`DefaultModels` picks the model of a task where a request names none (audio, the
 Realtime API).
 
@@ -30,6 +33,7 @@ import time
 from gateway.backend import Backend, ModelInfo
 from gateway.config import Settings
 from gateway.errors import BackendUnavailableError, InvalidRequestError, ModelNotFoundError
+from gateway.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +88,18 @@ def model_takes(model: ModelInfo, name: str, param: str | None = None) -> bool:
 
 
 class ModelCatalog:
-    def __init__(self, backend: Backend, ttl_s: float, separator: str = DEFAULT_SEPARATOR) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        ttl_s: float,
+        separator: str = DEFAULT_SEPARATOR,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """``metrics`` hears of every read: the model ids it may take as label values, and
+        each model's readiness (``gateway_model_ready``)."""
         self.backend = backend
         self.ttl_s = ttl_s
+        self.metrics = metrics
         self.separator = separator
         """Between a base model's name and its adapter's in an adapter's model id."""
         self._models: dict[str, ModelInfo] = {}
@@ -107,6 +120,10 @@ class ModelCatalog:
             models = await self.backend.models()
             self._models = with_adapters(models, self.separator)
             self._read_at = began
+            if self.metrics is not None:
+                # Only a model the server has a state for: not the many never loaded.
+                ready = {n: m.ready for n, m in self._models.items() if m.ready or m.state}
+                self.metrics.models_read(self._models, ready)
             return self._models
 
     def _stale(self) -> bool:

@@ -62,11 +62,19 @@ from gateway.serving.protocol import (
 )
 from gateway.serving.reasoning import parser_of, template_switches
 from gateway.serving.reasoning_parsers import ReasoningParser, ReasoningTokens
+from gateway.serving.request_bounds import RequestBounds
 from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
 from gateway.serving.templating import render_chat
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, ToolCallDelta, assemble
-from gateway.serving.tools import ToolPlan, for_template, from_functions, openai_messages, setup
+from gateway.serving.tools import (
+    DEFAULT_MAX_JSON_DEPTH,
+    ToolPlan,
+    for_template,
+    from_functions,
+    openai_messages,
+    setup,
+)
 from gateway.state.limits import Meter
 from gateway.state.sessions import SessionPlan, SessionStore, plan
 
@@ -377,7 +385,10 @@ class ChatService:
         max_choices: int = 128,
         max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
         images: ImageReader | None = None,
+        bounds: RequestBounds | None = None,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     ) -> None:
+        self.bounds = bounds or RequestBounds()
         self.backend = backend
         self.catalog = catalog
         self.default_template = default_template
@@ -387,6 +398,7 @@ class ChatService:
         self.in_flight = in_flight
         self.max_choices = max_choices
         self.max_schema_kb = max_schema_kb
+        self.max_json_depth = max_json_depth
         self.images = images or ImageReader(ImageLimits())
 
     async def prepare(
@@ -406,6 +418,7 @@ class ChatService:
             raise InvalidRequestError(message, param=param, code="unsupported_parameter")
         check_fan_out(1, 1, request.n, self.max_choices)
         names = names or request.param_names()
+        self.bounds.check(request, names)
         legacy = request.functions is not None or request.function_call is not None
         if legacy:
             request = from_functions(request)
@@ -443,10 +456,12 @@ class ChatService:
             constraint_key=model.structured_outputs_key,
             lora_name=model.lora_adapter,
         )
+        # The history is checked (a call's arguments nested too deep is a 400) before any
+        # image is fetched or decoded.
+        messages = openai_messages(request.messages, self.max_json_depth, names)
         images = await self.images.read(
             request.messages, model, names, session_id is not None, request.n
         )
-        messages = openai_messages(request.messages)
         session = None
         if session_id is not None:
             if self.sessions is None:
@@ -460,9 +475,10 @@ class ChatService:
                 stored, messages, model.context_length, max_tokens, self.sessions.max_stored_kb
             )
             messages = session.messages
+        shown = for_template(messages, self.max_json_depth)
         prompt = render_chat(
             template,
-            template_messages(for_template(messages), request.messages, model, template, names),
+            template_messages(shown, request.messages, model, template, names),
             param=names.messages,
             tools=tools.template_tools,
             bos_token=model.bos_token or "",

@@ -47,7 +47,8 @@ class InputAudio(Strict):
     data: str = Field(min_length=1)
     """The audio file, base64-encoded."""
     format: str = "wav"
-    """``wav`` or ``mp3`` in OpenAI's API; any format FFmpeg decodes is taken."""
+    """``wav`` or ``mp3`` in OpenAI's API; any file type of an upload is taken (the file
+    says what it is: :data:`gateway.serving.audio.UPLOAD_FORMATS`)."""
 
 
 class ContentPart(Strict):

@@ -18,6 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from gateway.errors import BackendError, InvalidRequestError
 
+#: The most of a template's own rejection message a client reads.
+_MAX_REJECTION_CHARS = 500
+
 
 class TemplateRejected(TemplateError):
     """The template itself refused the conversation (``raise_exception`` in the template)."""
@@ -66,17 +69,26 @@ def render_chat(
     """Renders ``messages`` (``role``/``content`` dicts) with a generation prompt;
     ``extra`` are further template variables (``tools``, ``bos_token``, ``eos_token``).
 
-    A conversation the template rejects is the client's error (400, naming ``param``, the
-    request's name for the messages); a template that fails otherwise is the operator's
-    (500)."""
+    A conversation the template rejects (``raise_exception``) is the client's error: a 400
+    naming ``param`` (the request's name for the messages) with the template's own message,
+    which its author wrote for the caller ("Conversation roles must alternate"). A template
+    that fails otherwise is the operator's (500): the client reads a fixed message, and
+    what Jinja or Python said (which may quote the template or the gateway's objects) is
+    only logged, with the request's id."""
     try:
         compiled = _compile(template)
         return str(compiled.render(messages=messages, add_generation_prompt=True, **extra))
     except TemplateRejected as exc:
+        said = " ".join(str(exc).split())[:_MAX_REJECTION_CHARS]
         raise InvalidRequestError(
-            f"The chat template rejected the messages: {exc}", param=param
+            f"The model's chat template rejected the messages: {said}",
+            param=param,
+            code="chat_template_rejected",
         ) from exc
-    except TemplateError as exc:
+    except Exception as exc:  # Jinja's errors, and Python's raised inside a template
         raise BackendError(
-            f"The model's chat template failed: {exc}", code="chat_template_error"
+            "The model's chat template failed on these messages; the operator can see why "
+            "in the gateway's log.",
+            code="chat_template_error",
+            detail=f"chat template: {type(exc).__name__}: {exc}",
         ) from exc

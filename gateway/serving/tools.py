@@ -25,7 +25,11 @@
 Messages keep OpenAI's shape (assistant ``tool_calls`` with JSON-string arguments, ``tool``
 results with ``tool_call_id``; legacy ``function_call`` and ``function`` results are read
 as one call and its result); :func:`for_template` turns them into what Hugging Face chat
-templates expect (arguments as objects, a tool result's function ``name``).
+templates expect (arguments as objects, a tool result's function ``name``). A call's
+arguments in the history are parsed for that, so they may nest at most
+``GATEWAY_MAX_JSON_DEPTH`` levels (checked before parsing, see
+:func:`gateway.serving.json_shape.json_depth`): deeper ones are a 400 ``json_too_deep``, not
+a parser that recurses until it fails.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backend import ModelInfo
+from gateway.config import Settings
 from gateway.errors import InvalidRequestError, unknown_parser
+from gateway.serving.json_shape import json_depth
 from gateway.serving.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -56,6 +62,9 @@ from gateway.serving.structured import (
 )
 from gateway.serving.tool_parsers import ToolParser, get_parser, parser_names
 from gateway.serving.tool_parsers.forced import CallArrayParser, NamedCallParser
+
+#: ``GATEWAY_MAX_JSON_DEPTH``'s default.
+DEFAULT_MAX_JSON_DEPTH: int = Settings.model_fields["max_json_depth"].default
 
 
 @dataclass(frozen=True)
@@ -273,11 +282,16 @@ def _legacy_result(index: int, message: ChatMessage, pending: dict[str, str]) ->
     return call_id
 
 
-def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def openai_messages(
+    messages: list[ChatMessage],
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    names: ParamNames | None = None,
+) -> list[dict[str, Any]]:
     """The request's messages checked and as plain dicts (content as text); a ``tool``
     message must answer a call an earlier assistant message made. A legacy assistant
     ``function_call`` is a tool call, and the ``function`` message answering it its
-    ``tool`` result."""
+    ``tool`` result. A call's arguments nested deeper than ``max_json_depth`` are a 400
+    (named as ``names`` name the messages: a converted request's ``input``)."""
     calls: dict[str, str] = {}  # call id -> function name
     pending: dict[str, str] = {}  # function name -> id of its legacy call not yet answered
     out: list[dict[str, Any]] = []
@@ -297,6 +311,13 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 "Only assistant messages carry tool_calls or function_call.",
                 param=f"messages.[{index}].role",
             )
+        wheres = [
+            f"messages.[{index}].tool_calls.[{n}].function.arguments" for n in range(len(made))
+        ]
+        if message.function_call is not None:
+            wheres[-1] = f"messages.[{index}].function_call.arguments"
+        for call, where in zip(made, wheres, strict=True):
+            _check_depth(call["function"]["arguments"], max_json_depth, where, names)
         reasoning = message.reasoning_content or message.reasoning
         if message.reasoning and message.reasoning_content not in (None, message.reasoning):
             raise InvalidRequestError(
@@ -340,16 +361,36 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _arguments(raw: str) -> Any:
+def _check_depth(arguments: str, most: int, param: str, names: ParamNames | None) -> None:
+    depth = json_depth(arguments)
+    if depth <= most:
+        return
+    if names is not None and names.messages != "messages":
+        param = names.messages  # a converted request's name for its history (``input``)
+    raise InvalidRequestError(
+        f"A tool call's arguments in the messages nest {depth} levels deep; the gateway "
+        f"reads JSON nested at most {most} levels deep (GATEWAY_MAX_JSON_DEPTH).",
+        param=param,
+        code="json_too_deep",
+    )
+
+
+def _arguments(raw: str, max_json_depth: int) -> Any:
+    if json_depth(raw) > max_json_depth:
+        return raw  # a stored turn's, from a model: kept as the text it was
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a bound set past the parser's
         return raw
 
 
-def for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def for_template(
+    messages: list[dict[str, Any]], max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> list[dict[str, Any]]:
     """Messages as Hugging Face chat templates take them: a call's arguments as an object
-    (when they are valid JSON), content never None."""
+    (when they are valid JSON nested at most ``max_json_depth`` deep: the request's own
+    were checked by :func:`openai_messages`, a session's stored ones are kept as text
+    past it), content never None."""
     rendered = []
     for message in messages:
         item = {**message, "content": message.get("content") or ""}
@@ -359,7 +400,7 @@ def for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     **call,
                     "function": {
                         "name": call["function"]["name"],
-                        "arguments": _arguments(call["function"]["arguments"]),
+                        "arguments": _arguments(call["function"]["arguments"], max_json_depth),
                     },
                 }
                 for call in message["tool_calls"]

@@ -1,7 +1,9 @@
 """Transcription: an uploaded audio file in, text out in the OpenAI response formats.
 
-Uploads are decoded with PyAV (any container/codec FFmpeg knows) to 16 kHz mono PCM in a
-worker thread, then sent to the speech-to-text model, which answers one segment at a time.
+Uploads (OpenAI's formats: :data:`gateway.serving.audio.UPLOAD_FORMATS`) are decoded with
+PyAV to 16 kHz mono PCM by the replica's :class:`~gateway.serving.audio.AudioDecoder` (in a
+worker thread, ``GATEWAY_MAX_DECODES`` at a time), then sent to the speech-to-text model,
+which answers one segment at a time.
 
 ``chunking_strategy`` cuts the audio where voice-activity detection (Silero, see
 :mod:`gateway.serving.vad`, in a worker thread) hears speech, and each stretch is
@@ -24,12 +26,12 @@ a model that declares it translates; its output is English.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -39,9 +41,10 @@ from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.errors import InvalidRequestError
 from gateway.serving.audio import (
     STT_RATE,
+    AudioDecoder,
     AudioTooLongError,
+    DecodeTurn,
     UndecodableAudioError,
-    decode_to_pcm,
 )
 from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.languages import name_of
@@ -62,6 +65,8 @@ class PreparedTranscription:
     granularities: frozenset[str]
     spans: tuple[tuple[int, int], ...] | None = None
     """The stretches of speech transcribed, as sample ranges (None: the whole audio)."""
+    turn: DecodeTurn | None = field(default=None, repr=False, compare=False)
+    """The decoder's turn the samples hold, given back when the job is done (or dropped)."""
 
     @property
     def duration(self) -> float:
@@ -70,6 +75,19 @@ class PreparedTranscription:
     @property
     def translation(self) -> bool:
         return self.options.task == "translate"
+
+
+def _holding(job: PreparedTranscription) -> PreparedTranscription:
+    """``job``, whose turn also goes back if the job is dropped unfinished (a stream
+    whose client left before it began is never run, so its ``finally`` is not either)."""
+    if job.turn is not None:
+        weakref.finalize(job, job.turn.release_soon).atexit = False
+    return job
+
+
+def _done_with(job: PreparedTranscription) -> None:
+    if job.turn is not None:
+        job.turn.release()
 
 
 def speech_spans(
@@ -218,10 +236,15 @@ def _done(job: PreparedTranscription, segments: list[Segment]) -> dict[str, Any]
 
 class TranscriptionService:
     def __init__(
-        self, backend: Backend, catalog: ModelCatalog, max_audio_seconds: float = 1500.0
+        self,
+        backend: Backend,
+        catalog: ModelCatalog,
+        decoder: AudioDecoder,
+        max_audio_seconds: float = 1500.0,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
+        self.decoder = decoder
         self.max_audio_seconds = max_audio_seconds
 
     async def prepare(self, request: TranscriptionRequest, upload: bytes) -> PreparedTranscription:
@@ -251,26 +274,34 @@ class TranscriptionService:
                 "timestamp_granularities[] requires response_format 'verbose_json'.",
                 param="timestamp_granularities[]",
             )
-        audio = await self._decode(upload)
-        spans = None
-        if request.chunking_strategy is not None:
-            spans = await asyncio.to_thread(speech_spans, audio, request.chunking_strategy)
+        turn = await self.decoder.turn()
+        try:
+            audio = await self._decode(turn, upload)
+            spans = None
+            if request.chunking_strategy is not None:
+                spans = await turn.run(speech_spans, audio, request.chunking_strategy)
+        except BaseException:
+            turn.release()
+            raise
         # OpenAI's verbose_json has segments unless only words were asked for.
         chosen = frozenset(granularities or ["segment"])
-        return PreparedTranscription(
-            model=model,
-            audio=audio,
-            options=TranscriptionOptions(
-                language=language or None,
-                prompt=prompt or None,
-                temperature=temperature,
-                word_timestamps="word" in chosen,
-                # A model that takes the encoded file gets each stretch as WAV instead.
-                file=upload if request.chunking_strategy is None else None,
-            ),
-            response_format=response_format,
-            granularities=chosen,
-            spans=spans,
+        return _holding(
+            PreparedTranscription(
+                model=model,
+                audio=audio,
+                options=TranscriptionOptions(
+                    language=language or None,
+                    prompt=prompt or None,
+                    temperature=temperature,
+                    word_timestamps="word" in chosen,
+                    # A model that takes the encoded file gets each stretch as WAV instead.
+                    file=upload if request.chunking_strategy is None else None,
+                ),
+                response_format=response_format,
+                granularities=chosen,
+                spans=spans,
+                turn=turn,
+            )
         )
 
     async def prepare_translation(
@@ -292,26 +323,34 @@ class TranscriptionService:
             prompt = None
         if temperature and not model_takes(info, "temperature"):
             temperature = 0.0
-        audio = await self._decode(upload)
+        turn = await self.decoder.turn()
+        try:
+            audio = await self._decode(turn, upload)
+        except BaseException:
+            turn.release()
+            raise
         options = TranscriptionOptions(
             prompt=prompt or None, temperature=temperature, file=upload, task="translate"
         )
-        return PreparedTranscription(
-            model=model,
-            audio=audio,
-            options=options,
-            response_format=request.response_format,
-            granularities=frozenset({"segment"}),
+        return _holding(
+            PreparedTranscription(
+                model=model,
+                audio=audio,
+                options=options,
+                response_format=request.response_format,
+                granularities=frozenset({"segment"}),
+                turn=turn,
+            )
         )
 
-    async def _decode(self, upload: bytes) -> npt.NDArray[np.float32]:
+    async def _decode(self, turn: DecodeTurn, upload: bytes) -> npt.NDArray[np.float32]:
         """The upload as 16 kHz mono samples (in a worker thread); 400 naming ``file``."""
         try:
-            return await asyncio.to_thread(decode_to_pcm, upload, STT_RATE, self.max_audio_seconds)
+            return await turn.decode(upload, self.max_audio_seconds)
         except UndecodableAudioError as exc:
             code = "audio_too_long" if isinstance(exc, AudioTooLongError) else "invalid_audio"
             raise InvalidRequestError(
-                f"Invalid audio file: {exc}.", param="file", code=code
+                f"Invalid audio file: {exc}.", param="file", code=code, detail=exc.detail
             ) from exc
 
     def _segments(
@@ -336,11 +375,15 @@ class TranscriptionService:
     async def complete(
         self, job: PreparedTranscription, meter: Meter | None = None
     ) -> tuple[str, str]:
-        """The whole transcription in the requested format: (body, media type)."""
-        if meter is not None:  # 429 budget_exceeded when its price does not fit a budget
-            await meter.check_budget(job.duration)
-        async with aclosing(self._segments(job, meter)) as stream:
-            segments = [segment async for segment in stream]
+        """The whole transcription in the requested format: (body, media type). Gives
+        the job's decoder turn back."""
+        try:
+            if meter is not None:  # 429 budget_exceeded when its price does not fit a budget
+                await meter.check_budget(job.duration)
+            async with aclosing(self._segments(job, meter)) as stream:
+                segments = [segment async for segment in stream]
+        finally:
+            _done_with(job)
         if job.response_format == "text":
             return _text(segments) + "\n", "text/plain; charset=utf-8"
         if job.response_format == "srt":
@@ -358,11 +401,15 @@ class TranscriptionService:
         self, job: PreparedTranscription, meter: Meter | None = None
     ) -> AsyncIterator[str]:
         """SSE events; raises (for a real status) if the model fails before its first
-        segment."""
-        if meter is not None:
-            await meter.check_budget(job.duration)
-        segments = self._segments(job, meter)
-        first = await first_or_close(segments)
+        segment. The job's decoder turn is given back when the events end (or fail)."""
+        try:
+            if meter is not None:
+                await meter.check_budget(job.duration)
+            segments = self._segments(job, meter)
+            first = await first_or_close(segments)
+        except BaseException:
+            _done_with(job)
+            raise
         return with_error_event(self._events(job, segments, first), "transcription")
 
     async def _events(
@@ -372,10 +419,13 @@ class TranscriptionService:
         first: Segment | None,
     ) -> AsyncGenerator[str, None]:
         told: list[Segment] = []
-        async with aclosing(segments):
-            segment = first
-            while segment is not None:
-                yield event(_delta(job, len(told), segment))
-                told.append(segment)
-                segment = await anext(segments, None)
+        try:
+            async with aclosing(segments):
+                segment = first
+                while segment is not None:
+                    yield event(_delta(job, len(told), segment))
+                    told.append(segment)
+                    segment = await anext(segments, None)
+        finally:
+            _done_with(job)
         yield event(_done(job, told))

@@ -12,6 +12,7 @@ not under the project, whose parents may be private.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -51,18 +52,16 @@ def render(
     upstreams: Sequence[str],
     listen: str,
     internal_listen: str,
-    max_upload_mb: float,
+    max_body_mb: float,
 ) -> Path:
     """Fills ``prefix`` for ``nginx -p PREFIX/ -c nginx.conf``; returns the rendered
-    ``gateway.conf``. The body cap is the largest body the gateway accepts (its upload or
-    its request limit) plus 1 MiB of multipart overhead, so every body the gateway accepts
-    gets through and the gateway's own 413 answers bodies just over its limits."""
+    ``gateway.conf``. ``max_body_mb`` is the body cap (``Settings.edge_body_mb``)."""
     template = (NGINX_DIR / "gateway.conf.template").read_text()
     text = string.Template(template).safe_substitute(
         GATEWAY_UPSTREAMS=upstream_lines(upstreams),
         NGINX_LISTEN=listen,
         NGINX_INTERNAL_LISTEN=internal_listen,
-        MAX_UPLOAD_MB=str(int(max_upload_mb) + 1),
+        MAX_BODY_MB=str(math.ceil(max_body_mb)),
     )
     left = sorted(set(_PLACEHOLDER.findall(text)))
     if left:
@@ -95,13 +94,13 @@ class EmbeddedNginx:
         host: str,
         port: int,
         internal_port: int,
-        max_upload_mb: float,
+        max_body_mb: float,
     ) -> None:
         self.upstreams = list(upstreams)
         self.host = host
         self.port = port
         self.internal_port = internal_port
-        self.max_upload_mb = max_upload_mb
+        self.max_body_mb = max_body_mb
         self.prefix = Path(tempfile.mkdtemp(prefix=f"gateway-nginx-{port}-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -120,7 +119,7 @@ class EmbeddedNginx:
             self.upstreams,
             f"{self.host}:{self.port}",
             f"127.0.0.1:{self.internal_port}",
-            self.max_upload_mb,
+            self.max_body_mb,
         )
         command = [binary, "-p", f"{self.prefix}/", "-c", "nginx.conf", "-e", "stderr"]
         checked = subprocess.run([*command, "-t", "-q"], capture_output=True, text=True)

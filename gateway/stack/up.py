@@ -247,9 +247,7 @@ def _up(settings: Settings, parts: _Parts) -> int:
         settings.host,
         settings.port,
         settings.nginx_internal_port,
-        # nginx takes every body the gateway may accept (a JSON body with base64 audio is
-        # larger than the upload limit); the gateway's own 413s answer the rest.
-        max(settings.max_audio_upload_mb, settings.max_request_mb),
+        settings.edge_body_mb,
     )
     parts.nginx.start()
     print(

@@ -229,7 +229,8 @@ def connect(
     client has no waiting pool).
 
     ``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]`` asks those
-    Sentinels for the master of ``service_name`` and follows it through a failover: while
+    Sentinels (with the password, if they ask for one) for the master of ``service_name``
+    (with the same password) and follows it through a failover: while
     there is no master (the old one is gone, no new one is elected yet) a request waits
     for the new one up to ``GATEWAY_BACKEND_WAIT_S`` (with ``outage``), then fails with 503
     like a Redis that is down; none is let through unchecked.
@@ -260,9 +261,18 @@ def connect(
     if outage is not None:
         managed = _coming_back(SentinelManagedConnection, _SentinelComingBack)
         waiting = {"connection_class": managed, "outage": outage}
+    # The URL's password opens the Sentinels too: a Sentinel anyone may command can name
+    # any master (SENTINEL REMOVE/MONITOR). One without requirepass accepts it all the same.
+    # The masters' retry policy: redis-py's own backs off for seconds on a Sentinel that
+    # is down or refuses the password, before it asks the next one.
     sentinels = Sentinel(  # type: ignore[no-untyped-call]
         nodes,
-        sentinel_kwargs={"socket_connect_timeout": timeout_s, "socket_timeout": timeout_s},
+        sentinel_kwargs={
+            "socket_connect_timeout": timeout_s,
+            "socket_timeout": timeout_s,
+            "password": password,
+            "retry": options["retry"],
+        },
     )
     master: Redis = sentinels.master_for(
         service,
@@ -311,7 +321,8 @@ def _nodes(url: str) -> tuple[list[tuple[str, int]], str | None]:
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
     """``redis+sentinel://[:password@]h1:p1,h2:p2/service[/db]`` -> the Sentinels'
-    addresses, the service (master) name, the database and the masters' password."""
+    addresses, the service (master) name, the database and the password (the masters'
+    and the Sentinels')."""
     nodes, password = _nodes(url)
     path = [p for p in urlsplit(url).path.split("/") if p]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):

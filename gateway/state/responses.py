@@ -10,11 +10,16 @@ of the chain changes neither. Another key's response does not exist for a caller
 as an unknown id (404); ids carry 192 random bits.
 
 A record is at most ``max_stored_kb`` KB of JSON: a larger one is refused with a 400 naming
-``store`` and is not written at all.
+``store`` and is not written at all. Records count towards the key's (and its project's)
+stored bytes (:mod:`gateway.state.stored_bytes`): :meth:`ResponseStore.hold` takes the room a
+record needs before anything is generated (403 ``storage_quota_exceeded`` past a quota),
+:meth:`ResponseStore.save` counts what it really takes, :meth:`ResponseStore.delete` gives
+it back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from typing import Any
 
@@ -23,7 +28,8 @@ from redis.asyncio import Redis
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.state.redis import PREFIX, Headroom, needs_store
+from gateway.state.redis import PREFIX, needs_store
+from gateway.state.stored_bytes import Hold, StoredBytes
 
 #: The default of ``settings.max_stored_kb``, for a store given no bound.
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
@@ -60,16 +66,20 @@ class ResponseStore:
         redis: Redis,
         ttl_s: int,
         max_stored_kb: int = DEFAULT_MAX_STORED_KB,
-        headroom: Headroom | None = None,
+        stored_bytes: StoredBytes | None = None,
     ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
         self.max_stored_kb = max_stored_kb
-        self.headroom = headroom or Headroom(redis)
+        self.stored_bytes = stored_bytes or StoredBytes(redis)
 
     @staticmethod
     def _key(owner: str, response_id: str) -> str:
         return f"{PREFIX}response:{owner}:{response_id}"
+
+    @staticmethod
+    def _entry(response_id: str) -> str:
+        return f"response:{response_id}"
 
     def encode(self, stored: StoredResponse) -> str:
         """The record as it is stored, or a 400 naming ``store`` when it is larger than
@@ -87,14 +97,32 @@ class ResponseStore:
             )
         return raw
 
+    async def hold(self, stored: StoredResponse) -> Hold:
+        """Holds the room ``stored`` (the record as known before generating) takes in its
+        key's and project's stored bytes; 503 ``store_full`` when Redis has no room left
+        for stored records, 403 ``storage_quota_exceeded`` past a quota."""
+        size = len(self.encode(stored).encode())
+        entry = self._entry(str(stored.response["id"]))
+        return await self.stored_bytes.hold(stored.owner, entry, size, "store", "send store: false")
+
+    async def release(self, hold: Hold | None) -> None:
+        """Gives back the room held for a response that will not be stored."""
+        await self.stored_bytes.release(hold)
+
     @needs_store
-    async def save(self, stored: StoredResponse) -> None:
-        """Stores the record whole, or nothing (a 400 when it is too large, a 503 when
-        Redis has no room left for conversations)."""
-        key = self._key(stored.owner, str(stored.response["id"]))
+    async def save(self, stored: StoredResponse, hold: Hold | None = None) -> None:
+        """Stores the record whole, or nothing (a 400 when it is too large), counting it in
+        place of ``hold``. Not refused for a quota: the room was checked by :meth:`hold`."""
+        response_id = str(stored.response["id"])
         raw = self.encode(stored)
-        await self.headroom.check()
-        await self.redis.set(key, raw, ex=self.ttl_s)
+        entry = self._entry(response_id)
+        await self.stored_bytes.put(stored.owner, entry, len(raw.encode()), self.ttl_s, hold)
+        try:
+            await self.redis.set(self._key(stored.owner, response_id), raw, ex=self.ttl_s)
+        except BaseException:
+            with contextlib.suppress(Exception):  # counted until its TTL at worst
+                await self.stored_bytes.drop(stored.owner, entry)
+            raise
 
     @needs_store
     async def get(self, owner: str, response_id: str) -> StoredResponse:
@@ -106,5 +134,8 @@ class ResponseStore:
 
     @needs_store
     async def delete(self, owner: str, response_id: str) -> None:
+        """Deletes the caller's stored response (a 404 when there is none) and gives back
+        the bytes it took."""
         if not await self.redis.delete(self._key(owner, response_id)):
             raise not_found(response_id)
+        await self.stored_bytes.drop(owner, self._entry(response_id))

@@ -20,6 +20,12 @@ from :meth:`SessionStore.save_turn`, which then writes nothing.
 
 A system (or developer) message in a request becomes the session's system message; a request
 without one keeps the stored one.
+
+Sessions count towards their key's (and its project's) stored bytes
+(:mod:`gateway.state.stored_bytes`): :meth:`SessionStore.open` refuses, before anything is
+generated, a key with no room left (403 ``storage_quota_exceeded``, or 503 ``store_full``
+when Redis has none for stored records); the saved turn counts what the session takes now,
+and a deleted session gives it back.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from redis.exceptions import WatchError
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.state.redis import PREFIX, Headroom, needs_store
+from gateway.state.redis import PREFIX, needs_store
+from gateway.state.stored_bytes import StoredBytes
 
 #: The default of ``settings.max_stored_kb``, for a store given no bound.
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
@@ -200,6 +207,11 @@ def _key(owner: str, session_id: str) -> str:
     return f"{PREFIX}session:{owner}:{session_id}"
 
 
+def _entry(session_id: str) -> str:
+    """The session's entry in its key's stored bytes."""
+    return f"session:{session_id}"
+
+
 def _not_found(session_id: str) -> NotFoundError:
     return NotFoundError(f"No session with id '{session_id}'.", code="session_not_found")
 
@@ -210,12 +222,12 @@ class SessionStore:
         redis: Redis,
         ttl_s: int,
         max_stored_kb: int = DEFAULT_MAX_STORED_KB,
-        headroom: Headroom | None = None,
+        stored_bytes: StoredBytes | None = None,
     ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
         self.max_stored_kb = max_stored_kb
-        self.headroom = headroom or Headroom(redis)
+        self.stored_bytes = stored_bytes or StoredBytes(redis)
 
     @needs_store
     async def _read(self, session_id: str, owner: str) -> Session | None:
@@ -223,8 +235,13 @@ class SessionStore:
         return Session.model_validate_json(raw) if raw is not None else None
 
     async def open(self, session_id: str, owner: str) -> Session:
-        """The session to continue; a new, empty one if there is none yet."""
-        session = await self._read(check_id(session_id), owner)
+        """The session to continue; a new, empty one if there is none yet. Refused (403
+        ``storage_quota_exceeded``, 503 ``store_full``) when ``owner`` may store no more."""
+        check_id(session_id)
+        await self.stored_bytes.hold(
+            owner, _entry(session_id), 0, "X-Session-ID", "send no X-Session-ID"
+        )
+        session = await self._read(session_id, owner)
         return session if session is not None else Session.new(session_id, owner)
 
     async def get(self, session_id: str, owner: str) -> Session:
@@ -237,19 +254,21 @@ class SessionStore:
     async def delete(self, session_id: str, owner: str) -> None:
         if not await self.redis.delete(_key(owner, session_id)):
             raise _not_found(session_id)
+        await self.stored_bytes.drop(owner, _entry(session_id))
 
     @needs_store
     async def save_turn(self, plan: SessionPlan, reply: dict[str, Any], reply_tokens: int) -> None:
         """Stores the plan's new messages and the reply (an assistant message) as the newest
-        turn, dropping the turns that no longer fit (the context, then ``max_stored_kb``).
-        Optimistic (``WATCH``): a turn saved meanwhile by another request of the same
-        session is kept."""
+        turn, dropping the turns that no longer fit (the context, then ``max_stored_kb``),
+        and counts the session's new size in its key's stored bytes (never refused: the room
+        was checked by :meth:`open`). Optimistic (``WATCH``): a turn saved meanwhile by
+        another request of the same session is kept (and the size counted is the last
+        write's: each try counts its own before it writes)."""
         turn = Turn(
             messages=[*(Message(**m) for m in plan.new), Message(**reply)],
             tokens=sum(message_tokens(m) for m in plan.new) + reply_tokens + _PER_MESSAGE,
         )
         key = _key(plan.owner, plan.session_id)
-        await self.headroom.check()
         async with self.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -265,8 +284,12 @@ class SessionStore:
                     turns = [*session.turns[plan.dropped :], turn]
                     shell = session.model_copy(update={"turns": []})
                     session.turns = turns[_oldest_to_drop(shell, turns, self.max_stored_kb) :]
+                    raw = session.model_dump_json()
+                    await self.stored_bytes.put(
+                        plan.owner, _entry(plan.session_id), len(raw.encode()), self.ttl_s, None
+                    )
                     pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, session.model_dump_json(), ex=self.ttl_s)
+                    pipe.set(key, raw, ex=self.ttl_s)
                     await pipe.execute()
                     return
                 except WatchError:

@@ -505,9 +505,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="audio-bench-") as repository:
         names = write_repository(Path(repository), args.variants)
         served = [name for model in MODELS for name in names[model].values()]
-        stack = GatewayProcess(
-            models=served, nginx=False, env={"GATEWAY_MODEL_REPOSITORY": repository}
-        ).start()
+        env = {
+            "GATEWAY_MODEL_REPOSITORY": repository,
+            # Triton's instances are measured here, not the gateway's bound on transcriptions
+            # in flight (two per replica by default): every user's upload goes through.
+            "GATEWAY_MAX_DECODES": str(max(args.concurrency)),
+        }
+        stack = GatewayProcess(models=served, nginx=False, env=env).start()
         try:
             stack.wait_ready()
             results = asyncio.run(measure(stack, names, args))

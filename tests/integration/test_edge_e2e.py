@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -120,12 +121,77 @@ def test_a_fan_out_or_an_oversized_body_is_refused_at_once_and_costs_nothing(
         answer = _head_only(address, key + b"Content-Length: 900000000\r\n")
         assert answer.startswith(b"HTTP/1.1 413"), answer
         assert b"GATEWAY_MAX_REQUEST_MB" in answer
-        # Without a valid key, a large body is not even read.
+        # Without a valid key, a large body is not parsed: what arrives of it is dropped,
+        # and a body held back is answered after a short wait, not never.
         answer = _head_only(address, b"Content-Length: 2000000\r\n")
         assert answer.startswith(b"HTTP/1.1 401"), answer
     after = [_rss_mb(pid) for pid in pids]
     assert all(a - b < 20 for a, b in zip(after, before, strict=True)), (before, after)
     assert _chat(stack).status_code == 200  # and the stack serves on
+
+
+def test_bad_bodies_through_nginx_cost_other_clients_nothing(stack: GatewayProcess) -> None:
+    """An attacker's bodies sent through nginx while two clients chat: each is refused with
+    an error that names what was wrong, sent to one replica at most (never retried on the
+    other), and every one of the other clients' requests succeeds."""
+    pids = [stack.replica_pid(address) for address in stack.replica_addresses()]
+    before_rss = [_rss_mb(pid) for pid in pids]
+    before_log = len(stack.nginx_access_log())
+    limit = (UPLOAD_LIMIT_MB + 1) * MB  # the stack's GATEWAY_MAX_REQUEST_MB
+    json_type = {**stack.headers, "Content-Type": "application/json"}
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def chatting() -> None:
+        while not stop.is_set():
+            codes.append(_chat(stack, max_tokens=2).status_code)
+
+    def post(body: bytes, headers: dict[str, str]) -> httpx.Response:
+        return httpx.post(stack.base_url + CHAT, content=body, headers=headers, timeout=60)
+
+    with ThreadPoolExecutor(2) as pool:
+        clients = [pool.submit(chatting) for _ in range(2)]
+        try:
+            # Over nginx's cap (the gateway's request limit): nginx's 413, naming the body.
+            huge = b'{"model": "mock_chat", "x": "' + b"x" * (limit + MB // 2) + b'"}'
+            too_large = post(huge, json_type)
+            assert too_large.status_code == 413, too_large.text
+            error = too_large.json()["error"]
+            assert error["code"] == "request_too_large" and error["param"] is None
+            assert "request body" in error["message"] and "audio" not in error["message"]
+            # 3 MB with a wrong key: the replica refuses it unparsed, reading it to its end.
+            wrong = {"Authorization": "Bearer sk-gw-0123456789ab-wrong"}
+            unknown = post(b" " * (3 * MB), {**wrong, "Content-Type": "application/json"})
+            assert unknown.status_code == 401, unknown.text
+            # 170,000 messages (just under the limit): refused before they are parsed.
+            messages = b'{"role":"user","content":"a"},' * 170_000
+            many = b'{"model":"mock_chat","messages":[' + messages[:-1] + b"]}"
+            assert len(many) < limit
+            complex_ = post(many, json_type)
+            assert complex_.status_code == 400, complex_.text
+            assert complex_.json()["error"]["code"] == "json_too_complex"
+            deep = b'{"model":"mock_chat","messages":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+            too_deep = post(deep, json_type)
+            assert too_deep.status_code == 400 and "json_too_deep" in too_deep.text
+        finally:
+            stop.set()
+            for client in clients:
+                client.result()
+    assert len(codes) >= 4 and set(codes) == {200}, Counter(codes)
+    refused = [
+        entry
+        for entry in stack.nginx_access_log()[before_log:]
+        if entry["status"] in (400, 401, 413)
+    ]
+    assert sorted(entry["status"] for entry in refused) == [400, 400, 401, 413], refused
+    for entry in refused:  # one replica at most, and it answered (no reset, no retry)
+        assert "," not in entry["upstream_addr"], entry
+        assert entry["upstream_status"] in ("", str(entry["status"])), entry
+    after_rss = [_rss_mb(pid) for pid in pids]
+    assert all(a - b < 100 for a, b in zip(after_rss, before_rss, strict=True)), (
+        before_rss,
+        after_rss,
+    )
 
 
 def test_requests_spread_over_both_replicas(stack: GatewayProcess) -> None:

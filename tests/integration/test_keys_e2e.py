@@ -12,12 +12,16 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis
 
 from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.stored_bytes import MB, RECORD_OVERHEAD
+from tests.integration.conftest import generated_tokens
 from tests.stack import ROOT, GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -25,10 +29,19 @@ pytestmark = pytest.mark.integration
 HI = [{"role": "user", "content": "hi"}]
 
 
+#: GATEWAY_STORED_MB_PER_KEY of the second gateway process: 64 KB, a few stored responses.
+REPLICA_STORED_MB = 0.0625
+
+
 @pytest.fixture(scope="module")
 def replica(stack: GatewayProcess, redis_store: EmbeddedRedis) -> Iterator[GatewayProcess]:
-    """A second gateway process on the same Triton and Redis."""
-    gateway = GatewayProcess(triton_url=stack.triton_grpc, redis_url=redis_store.url).start()
+    """A second gateway process on the same Triton and Redis, with a small quota of stored
+    bytes per key (what the other tests here store through it is far below it)."""
+    gateway = GatewayProcess(
+        triton_url=stack.triton_grpc,
+        redis_url=redis_store.url,
+        env={"GATEWAY_STORED_MB_PER_KEY": str(REPLICA_STORED_MB)},
+    ).start()
     try:
         gateway.wait_ready(120)
         yield gateway
@@ -282,3 +295,71 @@ def test_redis_stopped_and_restarted_mid_test(
         assert created["key"] not in gateway.output()
         assert "sk-gw-" not in gateway.output()
         assert hashlib.sha256(created["key"].encode()).hexdigest() not in gateway.output()
+
+
+def stored_records(redis_store: EmbeddedRedis, owner: str) -> dict[str, int]:
+    """The records ``owner`` keeps in Redis, each with the bytes the quota counts."""
+    with redis.Redis.from_url(redis_store.url, decode_responses=True) as client:
+        names = [
+            name
+            for pattern in (f"gw:response:{owner}:*", f"gw:session:{owner}:*")
+            for name in client.scan_iter(pattern)
+        ]
+        return {name: int(client.strlen(name)) + RECORD_OVERHEAD for name in names}
+
+
+def test_a_key_that_fills_its_storage_is_refused_while_another_key_stores(
+    stack: GatewayProcess, replica: GatewayProcess, redis_store: EmbeddedRedis
+) -> None:
+    """The attack: one key stores until Redis's room for conversations is gone. With a
+    quota per key (the replica's: 64 KB), it is refused before generating, and only it."""
+    filler, neighbour = stack.create_key("fills storage"), stack.create_key("neighbour")
+    client = replica.client(filler["key"])
+    text = "lorem ipsum " * 900  # 10.8 KB, stored twice per response (input and message)
+    stored: list[str] = []
+    for _ in range(10):
+        try:
+            answer = client.responses.create(model="mock_chat", input=text, max_output_tokens=2)
+        except openai.PermissionDeniedError as exc:
+            refused = exc
+            break
+        stored.append(answer.id)
+    else:
+        pytest.fail("the key stored past its quota")
+    assert refused.code == "storage_quota_exceeded"
+    assert f"GATEWAY_STORED_MB_PER_KEY={REPLICA_STORED_MB} MB" in refused.message
+    assert len(stored) >= 2
+    # Refused before the model was asked: no token was generated for it.
+    before = generated_tokens(stack, "mock_chat")
+    with pytest.raises(openai.PermissionDeniedError):
+        client.responses.create(model="mock_chat", input=text, max_output_tokens=2)
+    assert generated_tokens(stack, "mock_chat") == before
+
+    # The neighbour stores responses and sessions on the same replica.
+    other = replica.client(neighbour["key"])
+    kept = other.responses.create(model="mock_chat", input=text, max_output_tokens=2)
+    assert other.responses.retrieve(kept.id).id == kept.id
+    other.chat.completions.create(
+        model="mock_chat", messages=HI, max_tokens=2, extra_headers={"X-Session-ID": "mine"}
+    )
+    assert other.get(f"{replica.base_url}/v1/sessions/mine", cast_to=object)
+
+    # /v1/me shows what the key keeps, exactly what its records take in Redis.
+    def storage() -> dict[str, Any]:
+        me = httpx.get(
+            replica.base_url + "/v1/me",
+            headers={"Authorization": f"Bearer {filler['key']}"},
+            timeout=10,
+        )
+        return me.json()["storage"]["key"]  # type: ignore[no-any-return]
+
+    records = stored_records(redis_store, filler["id"])
+    assert len(records) == len(stored)
+    quota = int(REPLICA_STORED_MB * MB)
+    assert storage() == {"used_bytes": sum(records.values()), "quota_bytes": quota}
+    assert quota - sum(records.values()) < max(records.values())  # it was full
+
+    # Deleting a response frees its bytes at once: the key stores again.
+    client.responses.delete(stored[0])
+    assert storage()["used_bytes"] == sum(stored_records(redis_store, filler["id"]).values())
+    assert client.responses.create(model="mock_chat", input=text, max_output_tokens=2).id

@@ -3,9 +3,9 @@ the real Triton, loaded through the admin API as an operator adds a model, fed S
 French and Hindi made by espeak-ng (tests/espeak.py) through the official SDK.
 
 Whisper base is small and espeak-ng robotic: the sentences were chosen where the model
-gets the language and the gist (its Hindi is poor, as its model card says; the word error
-rates are in docs/audio.md, from tests/bench/multilingual.py), and the text is checked
-loosely, by key words."""
+gets the language and the gist (its Hindi is poor, as its model card says, and varies from
+machine to machine: no test depends on it; the word error rates are in docs/audio.md, from
+tests/bench/multilingual.py), and the text is checked loosely, by key words."""
 
 from __future__ import annotations
 
@@ -79,17 +79,24 @@ def test_the_language_is_detected_and_named_in_verbose_json(
 
 
 def test_a_given_language_reaches_the_model(sdk: openai.OpenAI) -> None:
-    """Hindi from espeak-ng is not recognized as Hindi by Whisper base; given, it is
-    transcribed as Hindi (the language the model reports is the one it was told)."""
-    spoken = speak("नमस्ते, आज मौसम बहुत अच्छा है।", "hi", 120)
+    """Spanish speech, detected as Spanish, is written in Japanese kana when the request says
+    it is Japanese: Whisper writes in the script of the language token it is given, which
+    only the request's ``language`` sets. (Told Japanese or Russian, Whisper base wrote
+    espeak-ng's Spanish and French in kana or Cyrillic in all 30 tries, at 120 to 190 words
+    a minute, the fallback's random sampling included; Hindi told as Hindi came out in
+    Devanagari on one machine and in Latin letters on another.)"""
+    spoken = coffee_es()
     detected = sdk.audio.transcriptions.create(
         model=MODEL, file=("s.wav", spoken), response_format="verbose_json"
     )
     given = sdk.audio.transcriptions.create(
-        model=MODEL, file=("s.wav", spoken), response_format="verbose_json", language="hi"
+        model=MODEL, file=("s.wav", spoken), response_format="verbose_json", language="ja"
     )
-    assert given.language == "hindi" != detected.language
-    assert re.search("[\u0900-\u097f]", given.text), given.text  # Devanagari
+    assert detected.language == "spanish", detected.text
+    assert {"café", "leche"} <= words(detected.text), detected.text
+    assert not re.search("[\u3040-\u30ff]", detected.text), detected.text
+    assert given.language == "japanese"
+    assert re.search("[\u3040-\u30ff]", given.text), given.text  # hiragana or katakana
 
 
 def test_a_language_the_model_does_not_list_is_400(sdk: openai.OpenAI) -> None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pydantic
 import pytest
+import redis
 
+from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.stored_bytes import RECORD_OVERHEAD
 from tests.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -196,3 +200,33 @@ def test_bad_input_and_a_chain_too_long(client: openai.OpenAI) -> None:
             model="mock_chat", input="word " * 2000, previous_response_id=long.id
         )
     assert caught.value.code == "context_length_exceeded"
+
+
+def test_tools_the_model_was_not_shown_are_not_stored_whole(
+    stack: GatewayProcess, redis_store: EmbeddedRedis
+) -> None:
+    """The attack: a 100 KB tool description sent with tool_choice "none" (never shown to
+    the model, a few tokens' cost) kept for 30 days. Stored, the record keeps the tool's
+    name only, and the key's stored bytes count that."""
+    created = stack.create_key("tool_choice none")
+    client = stack.client(created["key"])
+    tool = {**WEATHER, "description": "Weather. " * 11_000}
+    response = client.responses.create(
+        model="mock_chat",
+        input="hi",
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="none",
+        max_output_tokens=2,
+    )
+    assert response.usage is not None and response.usage.input_tokens < 50  # never shown
+    with redis.Redis.from_url(redis_store.url) as store:
+        size = int(store.strlen(f"gw:response:{created['id']}:{response.id}"))
+    assert 0 < size < 3_000, size
+    fetched = client.responses.retrieve(response.id)
+    assert [t.model_dump(exclude_none=True) for t in fetched.tools] == [
+        {"type": "function", "name": "get_weather"}
+    ]
+    me = httpx.get(
+        stack.base_url + "/v1/me", headers={"Authorization": f"Bearer {created['key']}"}
+    ).json()
+    assert me["storage"]["key"]["used_bytes"] == size + RECORD_OVERHEAD

@@ -39,6 +39,7 @@ async def test_unload_and_load_are_reflected_in_v1_models_at_once(
     assert loaded.json() == {
         "id": "fake-chat",
         "object": "model",
+        "status": "ready",
         "state": "READY",
         "version": "",
         "reason": "",

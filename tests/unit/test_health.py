@@ -9,9 +9,11 @@ from pathlib import Path
 
 import httpx
 
+from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
+from gateway.backend.pool import BackendPool
 from tests.redis_server import redis_server
-from tests.unit.conftest import assert_openai_error, make_settings, serve
+from tests.unit.conftest import assert_openai_error, chat_body, make_settings, serve
 
 
 async def test_live(http: httpx.AsyncClient) -> None:
@@ -110,3 +112,82 @@ async def test_a_gateway_stopped_while_its_redis_check_runs_stops(tmp_path: Path
                 pass
     finally:
         own.stop()
+
+
+#: What Triton says of a Python model whose initialize() raised.
+BROKEN_REASON = "Failed to load 'broken' version 1: Internal: RuntimeError: no weights"
+
+
+async def test_a_model_that_failed_to_load_leaves_the_replica_in_rotation(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.fail("broken", BROKEN_REASON)
+    ready = await http.get("/health/ready")
+    assert ready.status_code == 200, ready.text
+    assert ready.json() == {"status": "ready", "models": ["fake-chat"]}
+    assert BROKEN_REASON not in ready.text  # the probe is open to anyone
+    # The models that serve go on.
+    chat = await http.post("/v1/chat/completions", json=chat_body())
+    assert chat.status_code == 200, chat.text
+    # Users list what they can use; the operator sees the failure and why.
+    listed = [m["id"] for m in (await http.get("/v1/models")).json()["data"]]
+    assert "broken" not in listed and "fake-chat" in listed
+    assert_openai_error(
+        await http.post("/v1/chat/completions", json=chat_body(model="broken")),
+        404,
+        code="model_not_found",
+    )
+    admin = {m["id"]: m for m in (await http.get("/admin/models")).json()["data"]}
+    assert admin["broken"]["status"] == "failed"
+    assert admin["broken"]["state"] == "UNAVAILABLE"
+    assert admin["broken"]["reason"] == BROKEN_REASON
+    assert admin["fake-chat"]["status"] == "ready"
+    assert admin["fake-unloaded"]["status"] == "not_loaded"
+    text = (await http.get("/metrics")).text
+    assert 'gateway_model_ready{model="broken"} 0.0' in text
+    assert 'gateway_model_ready{model="fake-chat"} 1.0' in text
+    assert 'model="fake-unloaded"' not in text  # never loaded: no series
+
+
+async def test_a_configured_model_that_failed_to_load_is_not_ready(fake: FakeBackend) -> None:
+    fake.fail("broken", BROKEN_REASON)
+    async with serve(make_settings(models=["fake-chat", "broken"]), fake) as (_, http, _sdk):
+        error = assert_openai_error(await http.get("/health/ready"), 503, code="not_ready")
+    assert error["message"].startswith("Models not ready: broken (request id: ")
+    assert "Failed" not in error["message"]  # Triton's reason is the operator's
+
+
+async def test_a_model_that_stops_serving_shows_in_gateway_model_ready(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    assert (await http.get("/health/ready")).status_code == 200
+    assert 'gateway_model_ready{model="fake-plain"} 1.0' in (await http.get("/metrics")).text
+    fake.fail("fake-plain")  # its folder removed, say, and a reload failed
+    assert (await http.get("/health/ready")).status_code == 200
+    assert 'gateway_model_ready{model="fake-plain"} 0.0' in (await http.get("/metrics")).text
+    fake.model_list = [m for m in fake.model_list if m.name != "fake-plain"]  # gone from it
+    assert (await http.get("/health/ready")).status_code == 200
+    assert 'gateway_model_ready{model="fake-plain"} 0.0' in (await http.get("/metrics")).text
+    await http.post("/admin/models/fake-unloaded/load")
+    assert 'gateway_model_ready{model="fake-unloaded"} 1.0' in (await http.get("/metrics")).text
+
+
+async def test_several_tritons_show_the_state_that_tells_most() -> None:
+    """A model ready on one server is ready (and the replica too); failed on every server,
+    it shows one server's failure, not another's never loaded."""
+    fakes = {"a:1": FakeBackend(), "b:1": FakeBackend()}
+    fakes["a:1"].fail("fake-chat", BROKEN_REASON)
+    fakes["a:1"].model_list.append(ModelInfo("broken", None, False))
+    fakes["b:1"].fail("broken", BROKEN_REASON)
+    pool = BackendPool("a:1,b:1", fakes.__getitem__, check_every_s=3600)  # type: ignore[arg-type]
+    try:
+        assert await pool.ready()
+        states = {m.name: m for m in await pool.models()}
+        assert states["fake-chat"].ready
+        assert states["broken"].status == "failed"
+        assert states["broken"].reason == BROKEN_REASON
+        entries = {e.name: e for e in await pool.repository()}
+        assert entries["fake-chat"].status == "ready"
+        assert entries["broken"].reason == BROKEN_REASON
+    finally:
+        await pool.close()

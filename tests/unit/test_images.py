@@ -7,6 +7,8 @@ import asyncio
 import base64
 import io
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -18,7 +20,7 @@ from gateway.backend import ImageInput, ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE, Settings
 from gateway.errors import InvalidRequestError
-from gateway.serving.images import ImageLimits, ImageReader
+from gateway.serving.images import ImageLimits, ImageReader, sources
 from gateway.serving.images.parts import takes_parts
 from gateway.serving.protocol import ChatMessage, ParamNames
 from tests.unit.conftest import assert_openai_error, make_settings, sse_json
@@ -256,6 +258,30 @@ async def test_too_large_a_file_or_picture_is_refused(http: httpx.AsyncClient) -
     assert "2000x1001" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("url", "detail", "library"),
+    [
+        # Pillow: "image file is truncated".
+        (data_url(picture(700, 700, noise=True)[:4000]), "low", "image file is truncated"),
+        # binascii: "Excess data after padding", "Incorrect padding".
+        ("data:image/png;base64,iVBORw0KGgo=x", None, "excess data"),
+        ("data:image/png;base64,iVBORw0KGgo", None, "padding"),
+        # httpx: "Invalid port: 'x'".
+        ("https://images.test:x/cat.png", None, "Invalid port"),
+    ],
+    # Named, not by their URLs: the noisy picture is random, and pytest-xdist's workers must
+    # collect the same ids.
+    ids=["truncated", "excess-data", "padding", "bad-port"],
+)
+async def test_a_refused_image_says_why_without_the_librarys_words(
+    http: httpx.AsyncClient, url: str, detail: str | None, library: str
+) -> None:
+    body = asking(image_part(url, detail))
+    error = assert_openai_error(await http.post(CHAT, json=body), 400)
+    assert error["code"] in ("invalid_image_format", "invalid_image_url")
+    assert library.lower() not in error["message"].lower()
+
+
 async def test_an_animated_gif_is_refused(http: httpx.AsyncClient) -> None:
     frames = [Image.new("RGB", (4, 4), color) for color in ("red", "blue")]
     buffer = io.BytesIO()
@@ -370,7 +396,10 @@ async def test_an_allowed_host_is_fetched() -> None:
 
     [image] = await read(reader(handler), "https://images.test/cat.png")
     assert (image.data, image.width) == (png, 6)
-    assert str(seen[0].url) == "https://images.test/cat.png"
+    # Sent to the address that was checked, for the name (Host, and TLS's server name).
+    assert str(seen[0].url) == "https://93.184.215.14/cat.png"
+    assert seen[0].headers["host"] == "images.test"
+    assert seen[0].extensions["sni_hostname"] == "images.test"
     [image] = await read(reader(handler), "http://127.0.0.1:8123/cat.png")
     assert image.height == 3
     [image] = await read(reader(handler), "http://anyport.test:8080/cat.png")  # name:*
@@ -421,6 +450,177 @@ async def test_what_an_allowed_host_may_not_do(
         await read(reader(handler, max_bytes=1000), url or "https://images.test/cat.png")
     assert words in str(raised.value)
     assert raised.value.param == "messages.[0].content.[0].image_url.url"
+
+
+async def test_the_fetch_connects_to_the_address_that_was_checked() -> None:
+    """DNS rebinding: the name answers a public address to the check, then an internal one
+    (a TTL of 0). The gateway asks once and connects to what it checked."""
+    answers = [["93.184.215.14"], ["169.254.169.254"]]
+    asked: list[str] = []
+
+    async def rebinding(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return answers[min(len(asked), 2) - 1]
+
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=picture(2, 2), headers={"content-type": "image/png"})
+
+    images = ImageReader(
+        ImageLimits(hosts=("images.test:*",)),
+        transport=httpx.MockTransport(handler),
+        resolver=rebinding,
+    )
+    await read(images, "https://images.test:8443/cat.png")
+    assert asked == ["images.test"]
+    [request] = seen
+    assert (request.url.host, request.url.port) == ("93.184.215.14", 8443)
+    assert request.headers["host"] == "images.test:8443"
+    assert request.extensions["sni_hostname"] == "images.test"
+
+
+async def test_the_next_checked_address_is_tried_when_one_does_not_connect() -> None:
+    async def two(host: str, port: int) -> list[str]:
+        return ["2606:2800:220:1:248:1893:25c8:1946", "93.184.215.14"]
+
+    tried: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tried.append(request.url.host)
+        if ":" in request.url.host:
+            raise httpx.ConnectError("no IPv6 route", request=request)
+        return httpx.Response(200, content=picture(2, 2), headers={"content-type": "image/png"})
+
+    images = ImageReader(
+        ImageLimits(hosts=("images.test",)), transport=httpx.MockTransport(handler), resolver=two
+    )
+    await read(images, "https://images.test/cat.png")
+    assert tried == ["2606:2800:220:1:248:1893:25c8:1946", "93.184.215.14"]
+
+    # None connects: the client reads why, in the gateway's words (not httpx's).
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    unreachable = ImageReader(
+        ImageLimits(hosts=("images.test",)), transport=httpx.MockTransport(down), resolver=two
+    )
+    with pytest.raises(InvalidRequestError) as refused:
+        await read(unreachable, "https://images.test/cat.png")
+    assert (
+        str(refused.value) == "The image URL could not be fetched: its host could not be reached."
+    )
+
+
+#: Addresses inside the network, and IPv6 forms that wrap them: what a translator or tunnel
+#: on the way (NAT64, 6to4, Teredo, an IPv4-mapped socket) may deliver to the IPv4 inside.
+INSIDE = [
+    "127.0.0.1",
+    "10.0.0.1",
+    "169.254.169.254",
+    "100.64.0.1",  # carrier-grade NAT
+    "224.0.0.251",  # multicast
+    "::1",
+    "fd00::1",
+    "fe80::1",
+    "::ffff:127.0.0.1",  # IPv4-mapped
+    "::ffff:0:10.0.0.1",  # IPv4-translated (SIIT)
+    "::127.0.0.1",  # IPv4-compatible
+    "::a9fe:a9fe",  # IPv4-compatible 169.254.169.254
+    "64:ff9b::127.0.0.1",  # NAT64, well-known prefix
+    "64:ff9b::10.1.2.3",
+    "64:ff9b::169.254.169.254",
+    "64:ff9b:1::a9fe:a9fe",  # NAT64, local-use prefix
+    "64:ff9b:1:ffff::a00:1",
+    "2002:7f00:1::1",  # 6to4 of 127.0.0.1
+    "2002:a00:1::",  # 6to4 of 10.0.0.1
+    "2002:a9fe:a9fe::1",  # 6to4 of 169.254.169.254
+    "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, client 127.0.0.1
+    "2001:0:a00:1::1",  # Teredo, server 10.0.0.1
+    "2001:0:4136:e378:8000:63bf:5601:5601",  # Teredo, client 169.254.169.254
+]
+
+
+@pytest.mark.parametrize("address", INSIDE)
+async def test_an_internal_address_in_ipv6_clothes_is_refused(address: str) -> None:
+    async def wrapped(host: str, port: int) -> list[str]:
+        return ["93.184.215.14", address]  # one bad address refuses the name
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"fetched from {request.url.host}")
+
+    images = ImageReader(
+        ImageLimits(hosts=("images.test",)),
+        transport=httpx.MockTransport(handler),
+        resolver=wrapped,
+    )
+    with pytest.raises(InvalidRequestError, match="resolves to an address inside the network"):
+        await read(images, "https://images.test/cat.png")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "2606:2800:220:1:248:1893:25c8:1946",  # native IPv6
+        "64:ff9b::93.184.215.14",  # NAT64 of a public address
+        "2002:5db8:d70e::1",  # 6to4 of a public address
+    ],
+)
+async def test_public_addresses_in_any_form_are_fetched(address: str) -> None:
+    async def public_(host: str, port: int) -> list[str]:
+        return [address]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=picture(2, 2), headers={"content-type": "image/png"})
+
+    images = ImageReader(
+        ImageLimits(hosts=("images.test",)),
+        transport=httpx.MockTransport(handler),
+        resolver=public_,
+    )
+    [image] = await read(images, "https://images.test/cat.png")
+    assert image.width == 2
+
+
+async def test_a_real_connection_goes_to_the_checked_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over a real socket (httpx's own transport): the name resolves to a loopback server,
+    which the check is told to take as public for this test; the server is reached, and
+    sees the name in Host. The second answer, which the check never saw, is never used."""
+    hosts_seen: list[str] = []
+    png = picture(3, 3)
+
+    class Images(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hosts_seen.append(self.headers["Host"])
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Images)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    answers = iter([["127.0.0.1"], ["192.0.2.1"]])
+
+    async def rebinding(host: str, port: int) -> list[str]:
+        return next(answers)
+
+    monkeypatch.setattr(sources, "outside", lambda a: str(a) == "127.0.0.1")
+    try:
+        images = ImageReader(ImageLimits(hosts=("images.test:*",)), resolver=rebinding)
+        [image] = await read(images, f"http://images.test:{port}/cat.png")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert image.data == png
+    assert hosts_seen == [f"images.test:{port}"]
 
 
 async def test_a_slow_host_is_cut_off() -> None:

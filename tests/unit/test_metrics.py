@@ -7,8 +7,12 @@ import re
 from pathlib import Path
 
 import httpx
+from prometheus_client import Counter, Gauge, Histogram
 
+from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
+from gateway.config import CHATML_TEMPLATE
+from gateway.metrics import UNKNOWN_MODEL, Metrics, ModelLabelled
 from tests.monitoring import ELSEWHERE
 from tests.unit.conftest import bearer, chat_body, make_settings, new_key, serve
 from tests.unit.test_transcription import tone_file
@@ -125,3 +129,107 @@ async def test_a_running_stream_is_in_flight_and_times_are_observed(
     assert 'gateway_time_to_first_token_seconds_count{model="fake-chat"} 1.0' in after
     # 20 pieces: 19 gaps between them.
     assert 'gateway_inter_token_latency_seconds_count{model="fake-chat"} 19.0' in after
+
+
+#: A made-up model name as long as a body may carry (each one a series, if it were a label).
+MADE_UP = "made-up-" + "x" * 20_000
+
+
+def _series(text: str) -> set[str]:
+    """Every series of an exposition: its name and labels, without its value."""
+    return {line.rsplit(" ", 1)[0] for line in text.splitlines() if line and line[0] != "#"}
+
+
+async def _refusals(http: httpx.AsyncClient, model: str) -> list[int]:
+    """A request naming ``model`` on each path that refuses it after the key let it use the
+    name, and before any lookup of the model; the statuses they got."""
+    bound = (await new_key(http, priority=5))["key"]  # may not ask for priority 0
+    tone = tone_file(1)
+    sent = [
+        await http.post("/v1/chat/completions", json=chat_body(model=model, logit_bias={"1": 1})),
+        await http.post("/v1/chat/completions", json=chat_body(model=model, metadata={"a": "b"})),
+        await http.post(
+            "/v1/chat/completions", json=chat_body(model=model, priority=0), headers=bearer(bound)
+        ),
+        await http.post("/v1/embeddings", json={"model": model, "input": "a", "priority": -100}),
+        await http.post(
+            "/v1/audio/transcriptions", data={"model": model}, files={"file": ("a.wav", tone)}
+        ),
+        await http.post("/v1/chat/completions", json=chat_body(model=model)),  # 404
+    ]
+    return [response.status_code for response in sent]
+
+
+async def test_a_made_up_model_is_never_a_label_whatever_refused_it() -> None:
+    # The tone file is over the upload limit: a 413 after the model was named.
+    async with serve(make_settings(max_audio_upload_mb=0.01)) as (_, http, _sdk):
+        assert (await http.post("/v1/chat/completions", json=chat_body())).status_code == 200
+        assert await _refusals(http, MADE_UP) == [400, 400, 400, 400, 413, 404]
+        text = (await http.get("/metrics")).text
+        assert "x" * 100 not in text
+        assert len(text) < 40_000  # one such name would be half as long again
+        for status in ("400", "413"):
+            assert re.search(
+                rf'gateway_requests_total{{model="unknown",route="[^"]+",status="{status}"}}', text
+            )
+        assert 'gateway_requests_total{model="",route="/v1/chat/completions",status="404"}' in text
+        # Real models keep their names.
+        assert 'model="fake-chat",route="/v1/chat/completions",status="200"' in text
+        # More made-up names on every path: more counts, no new series.
+        for n in range(3):
+            assert len(set(await _refusals(http, f"{MADE_UP}-{n}"))) > 1
+        again = (await http.get("/metrics")).text
+        # (but /metrics itself, counted once it was first read)
+        assert {s for s in _series(again) - _series(text) if "/metrics" not in s} == set()
+
+
+async def test_models_the_catalog_reads_are_labels_lora_adapters_included() -> None:
+    fake = FakeBackend()
+    fake.model_list.append(
+        ModelInfo("fake-lora", "chat", True, CHATML_TEMPLATE, 2048, adapters=("sql",))
+    )
+    async with serve(make_settings(), fake) as (_, http, _sdk):
+        # Refused before its model was looked up, but a model the catalog has read.
+        await http.get("/v1/models")
+        refused = await http.post(
+            "/v1/chat/completions", json=chat_body(model="fake-lora:sql", logit_bias={"1": 1})
+        )
+        assert refused.status_code == 400
+        served = await http.post("/v1/chat/completions", json=chat_body(model="fake-lora:sql"))
+        assert served.status_code == 200
+        text = (await http.get("/metrics")).text
+    assert 'model="fake-lora:sql",route="/v1/chat/completions",status="400"' in text
+    assert 'model="fake-lora:sql",route="/v1/chat/completions",status="200"' in text
+    assert re.search(r'gateway_completion_tokens_total\{model="fake-lora:sql"\} [1-9]', text)
+
+
+def test_every_family_with_a_model_label_maps_it() -> None:
+    """A family added later with a ``model`` label must go through the same mapping."""
+    metrics = Metrics()
+    metrics.models_read(["real"], {"real": True})
+    families = {
+        name: value
+        for name, value in vars(metrics).items()
+        if isinstance(value, Counter | Gauge | Histogram | ModelLabelled)
+    }
+    with_model = {
+        name
+        for name, value in families.items()
+        if "model" in getattr(value, "family", value)._labelnames
+    }
+    assert len(with_model) >= 14
+    assert {n for n in with_model if not isinstance(families[n], ModelLabelled)} == set()
+    for name in sorted(with_model):
+        family = families[name]
+        assert isinstance(family, ModelLabelled)
+        names = list(family.family._labelnames)
+        values = ["x" * 50 if label == "model" else label for label in names]
+        child = family.labels(*values)
+        known = family.labels(*["real" if label == "model" else label for label in names])
+        assert child is family.family.labels(
+            *[UNKNOWN_MODEL if label == "model" else label for label in names]
+        )
+        assert known is family.family.labels(
+            *["real" if label == "model" else label for label in names]
+        )
+    assert "x" * 50 not in metrics.render()[0].decode()

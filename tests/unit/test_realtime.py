@@ -402,6 +402,67 @@ async def test_a_refusal_is_a_close_under_a_server_without_denial_responses(app:
     assert sent[0]["reason"].startswith("You didn't provide an API key.")
 
 
+# --- turns spoken with pauses -----------------------------------------------------------
+
+
+class LoudnessVAD:
+    """Stands in for Silero VAD: a window is speech when it is loud (``tone``), else
+    silence, so a test says exactly where the pauses are."""
+
+    def __init__(self, rate: int) -> None:
+        pass
+
+    def process(self, window: memoryview) -> float:
+        return 1.0 if np.abs(np.frombuffer(window, dtype=np.float32)).max() > 0.01 else 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+def test_a_turn_with_many_pauses_costs_and_bills_a_few_times_its_audio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At a pause (200 ms of quiet, less than the 500 ms that end the turn) the turn so far
+    is transcribed ahead, from its start (Whisper hears all of it, as at the end). A pause
+    goes unguessed where the turn's guesses would send the model more than 3 times its
+    audio, so the work grows with the turn, not its square (transcribing at every pause
+    sent 101 s for this 16 s turn), and the key is billed what the model transcribed."""
+    from gateway.serving import vad
+
+    monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)
+    fake = FakeBackend()
+    with serve(fake) as client:
+        created = new_key(client)
+        with client.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
+            until(socket, "session.created")
+            detection = {"type": "server_vad", "create_response": False}
+            socket.send_json(update(audio={"input": {"turn_detection": detection}}))
+            until(socket, "session.updated")
+            for pause in range(12):
+                socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+                for _ in range(3):  # 300 ms of quiet: a guess, not the end of the turn
+                    socket.send_json({"type": "input_audio_buffer.append", "audio": silence(0.1)})
+                # Handled in order: the guess (if any) reached the model before the speaker
+                # goes on (the first waits for its request to be admitted).
+                answer(socket, {"type": "conversation.item.retrieve", "item_id": "-"})
+                deadline = time.monotonic() + 10
+                while pause == 0 and not fake.transcribe_calls:
+                    assert time.monotonic() < deadline, "the first pause was not guessed at"
+                    time.sleep(0.01)
+            for _ in range(10):
+                socket.send_json({"type": "input_audio_buffer.append", "audio": silence(0.1)})
+            done = until(socket, "conversation.item.input_audio_transcription.completed")[-1]
+        usage = client.get(f"/admin/keys/{created['id']}/usage", headers=AUTH).json()
+    turn_s = 12 * 1.3  # what was spoken and paused, before the silence that ended it
+    heard = [call[1].size / 16_000 for call in fake.transcribe_calls]
+    assert len(heard) >= 5  # the early pauses are guessed at
+    assert sum(heard) <= 4 * turn_s + 1, heard  # 3 times in guesses, and the end's
+    # What the model transcribed is what the key is billed, and what the event says.
+    assert done["usage"]["seconds"] == pytest.approx(sum(heard), abs=0.01)
+    assert usage["audio_seconds_in"] == pytest.approx(sum(heard), abs=0.01)
+    assert done["transcript"].startswith("Segment 1 says hello.")
+
+
 # --- bounds -----------------------------------------------------------------------------
 
 
@@ -473,6 +534,28 @@ def test_the_oldest_items_are_dropped_past_the_bounds() -> None:
         assert (error["code"], error["param"]) == ("string_above_max_length", "item.content")
         error = refusal(socket, update(instructions="z" * 2000))
         assert error["param"] == "session.instructions"
+
+
+def test_deep_or_broken_json_events_get_an_error_and_the_session_goes_on(
+    realtime: TestClient,
+) -> None:
+    with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
+        until(socket, "session.created")
+        # 5,000 levels made the parser raise RecursionError, which ended the session.
+        deep = '{"type": "session.update", "session": {"metadata": ' + "[" * 5000 + "]" * 5000
+        socket.send_text(deep + "}}")
+        error = until(socket, "error")[-1]["error"]
+        assert error["code"] == "json_too_deep"
+        assert "at most 128" in error["message"] and "GATEWAY_MAX_JSON_DEPTH" in error["message"]
+        socket.send_text('{"type": "session.update", "session": }')
+        error = until(socket, "error")[-1]["error"]
+        # Where it broke, in the gateway's words (not Python's "Expecting value: ...").
+        assert (error["code"], error["message"]) == (
+            "invalid_json",
+            "The event is not valid JSON (line 1, column 39).",
+        )
+        say_hi(socket)
+        assert until(socket, "conversation.item.done")[-1]["item"]["status"] == "completed"
 
 
 def test_queued_work_is_bounded() -> None:

@@ -12,9 +12,11 @@ import httpx
 import openai
 import pydantic
 import pytest
+import redis
 
 from gateway.backend import ModelInfo
 from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
+from gateway.stack.redis_server import EmbeddedRedis
 from tests.unit.conftest import REPLY, assert_openai_error, new_key, sdk
 
 CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
@@ -563,6 +565,42 @@ async def test_an_answer_that_makes_the_record_too_large_is_not_stored(
     assert "GATEWAY_MAX_STORED_KB" in events[-2]["message"]
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(events[0]["response"]["id"])
+
+
+async def test_tools_not_offered_tool_choice_none_are_stored_by_name_only(
+    client: openai.AsyncOpenAI, fake: FakeBackend, redis_server: EmbeddedRedis
+) -> None:
+    # The attack: a 200 KB description that the model is never shown (tool_choice none),
+    # stored for 30 days for the price of a few tokens.
+    tool = {**WEATHER, "description": "d" * 200_000}
+    response = await client.responses.create(
+        model="fake-chat",
+        input="Hi",
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="none",
+    )
+    assert "d" * 100 not in fake.calls[-1].prompt  # it shaped nothing
+    assert response.tools[0].description == tool["description"]  # answered as sent
+    with redis.Redis.from_url(redis_server.url) as store:
+        (name,) = store.keys(f"gw:response:*:{response.id}")
+        assert int(store.strlen(name)) < 3_000
+    fetched = await client.responses.retrieve(response.id)
+    assert [t.model_dump(exclude_none=True) for t in fetched.tools] == [
+        {"type": "function", "name": "get_weather"}
+    ]
+    follow = await client.responses.create(
+        model="fake-chat", input="And now?", previous_response_id=response.id
+    )
+    assert follow.status == "completed" and follow.tools == []  # tools are per request
+    # Tools the model was shown shaped the answer: kept whole.
+    shown = await client.responses.create(
+        model="fake-chat",
+        input="Hi",
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    assert WEATHER["description"] in fake.calls[-1].prompt
+    kept = (await client.responses.retrieve(shown.id)).tools[0]
+    assert kept.model_dump(exclude_none=True) == WEATHER
 
 
 async def test_input_items_of_a_chained_response_list_the_conversation_it_answered(

@@ -12,6 +12,11 @@ from gateway.serving.templating import render_chat
 from tests.unit.conftest import assert_openai_error, chat_body, make_settings, serve
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+#: What a client reads of a template that failed (Jinja's words go to the log).
+BROKEN = (
+    "The model's chat template failed on these messages; the operator can see why in the "
+    "gateway's log."
+)
 
 NO_SYSTEM_TEMPLATE = (
     "{% for m in messages %}"
@@ -47,27 +52,39 @@ def test_hugging_face_conventions() -> None:
 
 
 def test_raise_exception_is_the_clients_error() -> None:
+    """The template's own message is its author's words to the caller: kept (bounded)."""
     assert render_chat(NO_SYSTEM_TEMPLATE, MESSAGES[1:]) == "[user] Hi\n[assistant] "
     with pytest.raises(InvalidRequestError) as raised:
         render_chat(NO_SYSTEM_TEMPLATE, MESSAGES)
     assert raised.value.status_code == 400
-    assert raised.value.param == "messages"
-    assert "System role not supported" in raised.value.message
+    assert (raised.value.param, raised.value.code) == ("messages", "chat_template_rejected")
+    assert raised.value.message == (
+        "The model's chat template rejected the messages: System role not supported"
+    )
+    with pytest.raises(InvalidRequestError) as raised:
+        render_chat("{{ raise_exception(messages[0].content * 1000) }}", MESSAGES)
+    assert len(raised.value.message) < 600
 
 
 @pytest.mark.parametrize(
-    "template",
+    ("template", "said"),
     [
-        "{{ messages | no_such_filter }}",  # fails to compile
-        "{% for m in messages %}",  # syntax error
-        "{{ messages[0].content.nope.deeper }}",  # undefined at render time
+        ("{{ messages | no_such_filter }}", "no_such_filter"),  # fails to compile
+        ("{% for m in messages %}", "endfor"),  # syntax error
+        ("{{ messages[0].content.nope.deeper }}", "nope"),  # undefined at render time
+        ("{{ messages[0].content + 1 }}", "concatenate"),  # Python's TypeError in a template
+        ("{{ messages[0] | tojson(indent=messages) }}", "TypeError"),
     ],
 )
-def test_broken_template_is_a_server_error(template: str) -> None:
+def test_broken_template_is_a_server_error_without_jinjas_words(template: str, said: str) -> None:
     with pytest.raises(BackendError) as raised:
         render_chat(template, MESSAGES)
     assert raised.value.status_code == 500
     assert raised.value.code == "chat_template_error"
+    # What Jinja or Python said is for the log (the error's detail), never the client.
+    assert said in (raised.value.detail or "")
+    assert said not in raised.value.message
+    assert raised.value.message == BROKEN
 
 
 @pytest.mark.parametrize(
@@ -84,7 +101,8 @@ def test_sandbox_blocks_unsafe_access(template: str) -> None:
     with pytest.raises(BackendError) as raised:
         render_chat(template, MESSAGES)
     assert raised.value.code == "chat_template_error"
-    assert "unsafe" in raised.value.message
+    assert "unsafe" in (raised.value.detail or "")
+    assert raised.value.message == BROKEN
 
 
 def test_user_content_is_not_evaluated_as_a_template() -> None:
@@ -109,12 +127,20 @@ async def test_model_template_rejection_is_400_through_the_api() -> None:
         assert len(backend.calls) == 1
 
 
-async def test_broken_model_template_is_500_through_the_api() -> None:
-    backend = FakeBackend(model_list=[ModelInfo("broken", "chat", True, "{{ x | nope }}")])
+async def test_broken_model_template_is_500_through_the_api(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    template = "{{ messages[0].nope.deeper }}"
+    backend = FakeBackend(model_list=[ModelInfo("broken", "chat", True, template)])
     async with serve(make_settings(models=[]), backend) as (_, http, _sdk):
         response = await http.post("/v1/chat/completions", json=chat_body(model="broken"))
-    assert_openai_error(response, 500, type="server_error", code="chat_template_error")
+    error = assert_openai_error(response, 500, type="server_error", code="chat_template_error")
     assert backend.calls == []
+    # The client reads a fixed message and its request id; the log has Jinja's words.
+    rid = response.headers["x-request-id"]
+    assert error["message"] == f"{BROKEN} (request id: {rid})"
+    logged = [r.getMessage() for r in caplog.records if rid in r.getMessage()]
+    assert any("UndefinedError" in line and "nope" in line for line in logged), logged
 
 
 async def test_default_template_is_used_when_the_model_has_none() -> None:

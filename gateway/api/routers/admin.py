@@ -22,7 +22,9 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(requir
 
 @router.get("/models")
 async def repository(services: ServicesDep) -> dict[str, Any]:
-    """Every model in Triton's repository with its state (``READY``, ``UNAVAILABLE``...)."""
+    """Every model in Triton's repository with its state: ``status`` (``ready``,
+    ``failed``, ``loading``, ``unloading``, ``unloaded``, ``not_loaded``), Triton's
+    ``state`` (``READY``, ``UNAVAILABLE``...) and ``reason`` (why a load failed)."""
     return {"object": "list", "data": await services.admin.repository()}
 
 

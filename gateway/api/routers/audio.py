@@ -16,18 +16,19 @@ from gateway.serving.protocol import SpeechRequest, TranscriptionRequest, Transl
 from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
+_FILE = "The audio file: flac, m4a, mp3, mp4, mpeg, mpga, ogg, wav or webm"
 
 
 class TranscriptionForm(TranscriptionRequest):
     """The whole multipart form, so that a field it does not declare is refused too."""
 
-    file: UploadFile = Field(description="The audio file (any format FFmpeg decodes)")
+    file: UploadFile = Field(description=_FILE)
 
 
 class TranslationForm(TranslationRequest):
     """The whole multipart form of a translation (a field it does not declare is refused)."""
 
-    file: UploadFile = Field(description="The audio file (any format FFmpeg decodes)")
+    file: UploadFile = Field(description=_FILE)
 
 
 @router.post(

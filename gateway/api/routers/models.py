@@ -73,20 +73,23 @@ async def list_models(services: ServicesDep, caller: CallerDep) -> ModelList:
 
 class Me(ApiKey):
     """``/v1/me``: the caller's key, with what it (and its project) spent today and this
-    month and each of their budgets' use (docs/budgets.md); ``null`` while Redis is down
-    (the bootstrap admin key is still answered)."""
+    month and each of their budgets' use (docs/budgets.md), and the bytes they keep stored
+    with their quotas (docs/keys-and-admin.md); ``null`` while Redis is down (the bootstrap
+    admin key is still answered)."""
 
     spend: dict[str, Any] | None = None
     budgets: list[dict[str, Any]] | None = None
+    storage: dict[str, Any] | None = None
 
 
 @router.get("/me")
 async def me(caller: CallerDep, services: ServicesDep) -> Me:
     """The caller's own key: its id, name, role, allowed models and limits (never the key),
-    its spend and budgets. The playground asks it to know whether to show its admin
-    console."""
+    its spend and budgets, its stored bytes. The playground asks it to know whether to show
+    its admin console."""
     try:
         status = await services.budgets.status(caller)
+        status["storage"] = await services.stored_bytes.usage(caller.id, caller.project)
     except StoreUnavailableError:
         status = {}
     return Me(**caller.model_dump(), **status)

@@ -66,9 +66,10 @@ def checked(
                 picture.thumbnail((LOW_DETAIL_PX, LOW_DETAIL_PX))
             out = target[0] if convert else encoding
             encoded = _encode(picture, out)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # Pillow's words (may name its internals)
             raise refused(
-                f"The image could not be decoded: {exc}.",
+                f"The image's {encoding.upper()} data could not be decoded (a truncated or "
+                "damaged file?).",
                 part.param,
                 "invalid_image_format",
             ) from exc

@@ -3,10 +3,15 @@ operator allows, fetched within the limits and without following redirects.
 
 An allowed host is a name (its scheme's default port only), ``name:port`` (that port) or
 ``name:*`` (any port); an IP address is allowed only where it is listed. A name is resolved
-before the fetch and refused when it points inside the network (loopback, private,
-link-local, reserved): a listed public name cannot be made to reach the gateway's
-neighbours. The body is taken as sent (``Accept-Encoding: identity``; a compressed one is
-refused), so the size bound is the bytes held in memory.
+once, and refused when any of its addresses points inside the network (loopback, private,
+link-local, reserved, multicast), also where an IPv6 address only wraps such an IPv4 one
+(IPv4-mapped or -compatible, NAT64, 6to4, Teredo): a listed public name cannot be made to
+reach the gateway's neighbours. The fetch then connects to the very addresses that were
+checked (the URL's name stays the ``Host`` header and, over TLS, the name sent and the one
+the certificate must match), so a name that answers a public address to the check and an
+internal one a moment later (DNS rebinding) is still fetched from the public one. The body
+is taken as sent (``Accept-Encoding: identity``; a compressed one is refused), so the size
+bound is the bytes held in memory.
 """
 
 from __future__ import annotations
@@ -36,6 +41,18 @@ _CHUNK = 64 * 1024
 #: Resolves a host name and port to its IP addresses.
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: NAT64's well-known prefix (RFC 6052): the IPv4 address is the last 32 bits.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: NAT64's local-use prefix (RFC 8215): its translator is inside the network, and where
+#: it puts the IPv4 address depends on the prefix length chosen, so none is fetched from.
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+#: IPv4-translated addresses (SIIT, RFC 2765): ``::ffff:0:a.b.c.d``.
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+#: IPv4-compatible addresses (deprecated): ``::a.b.c.d``.
+_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
 
 async def resolve(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -46,11 +63,34 @@ def _default_port(url: httpx.URL) -> int:
     return 443 if url.scheme == "https" else 80
 
 
-def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _ip(host: str) -> Address | None:
     try:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return None
+
+
+def wrapped(address: Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 ``address`` carries, which a translator or tunnel on the
+    way may deliver to: IPv4-mapped, IPv4-translated, IPv4-compatible, NAT64 (well-known
+    prefix), 6to4, and Teredo's server and client."""
+    if isinstance(address, ipaddress.IPv4Address):
+        return []
+    low = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    found = [address.ipv4_mapped, address.sixtofour]
+    if address in _TRANSLATED or address in _COMPATIBLE or address in _NAT64:
+        found.append(low)
+    if address.teredo is not None:
+        found += address.teredo
+    return [v4 for v4 in found if v4 is not None]
+
+
+def outside(address: Address) -> bool:
+    """Whether the gateway may fetch from ``address``: a global unicast address that wraps
+    no address inside the network (see :func:`wrapped`)."""
+    if isinstance(address, ipaddress.IPv6Address) and address in _NAT64_LOCAL:
+        return False
+    return all(a.is_global and not a.is_multicast for a in (address, *wrapped(address)))
 
 
 class ImageSources:
@@ -105,7 +145,7 @@ class ImageSources:
             return base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise refused(
-                f"The data URL's base64 does not decode: {exc}.", param, "invalid_image_url"
+                "The data URL's data is not valid base64.", param, "invalid_image_url"
             ) from exc
 
     def _allowed(self, url: httpx.URL) -> bool:
@@ -120,19 +160,22 @@ class ImageSources:
             for entry in self.limits.hosts
         )
 
-    async def _outside(self, url: httpx.URL, param: str) -> None:
-        """A 400 for a name that resolves inside the network (an IP address was listed
-        as such: it is taken as it is)."""
-        if _ip(url.host) is not None:
-            return
+    async def _addresses(self, url: httpx.URL, param: str) -> list[str]:
+        """Where to connect for ``url``: its IP address, as listed (taken as it is), or
+        the addresses its name resolves to, resolved once, each checked; a 400 when any of
+        them is inside the network."""
+        literal = _ip(url.host)
+        if literal is not None:
+            return [str(literal)]
         port = url.port or _default_port(url)
         try:
-            addresses = await self.resolver(url.host, port)
-        except OSError as exc:
+            answers = await self.resolver(url.raw_host.decode("ascii"), port)
+            addresses = [ipaddress.ip_address(a) for a in answers]
+        except (OSError, ValueError) as exc:
             raise refused(
                 f"The image URL's host '{url.host}' does not resolve.", param, "invalid_image_url"
             ) from exc
-        if not addresses or any(not ipaddress.ip_address(a).is_global for a in addresses):
+        if not addresses or not all(outside(a) for a in addresses):
             raise refused(
                 f"The image URL's host '{url.host}' resolves to an address inside the network; "
                 "the gateway fetches from such an address only where GATEWAY_IMAGE_URL_HOSTS "
@@ -140,13 +183,14 @@ class ImageSources:
                 param,
                 "invalid_image_url",
             )
+        return list(dict.fromkeys(str(a) for a in addresses))
 
     async def _fetch(self, raw: str, param: str) -> bytes:
         try:
             url = httpx.URL(raw)
         except httpx.InvalidURL as exc:
             raise refused(
-                f"The image URL is not valid: {exc}.", param, "invalid_image_url"
+                "The image URL is not a valid http(s) URL.", param, "invalid_image_url"
             ) from exc
         if not url.host or not self._allowed(url):
             allowed = (
@@ -162,8 +206,13 @@ class ImageSources:
             )
         try:
             async with asyncio.timeout(self.limits.timeout_s):
-                await self._outside(url, param)
-                return await self._download(url, param)
+                addresses = await self._addresses(url, param)
+                for address in addresses[:-1]:
+                    try:
+                        return await self._download(url, address, param)
+                    except httpx.ConnectError:
+                        continue  # the next address, as a client tries a name's addresses
+                return await self._download(url, addresses[-1], param)
         except TimeoutError as exc:
             raise refused(
                 f"The image URL did not answer within {self.limits.timeout_s:g} s "
@@ -172,13 +221,20 @@ class ImageSources:
                 "invalid_image_url",
             ) from exc
         except httpx.HTTPError as exc:
+            what = "could not be reached" if isinstance(exc, httpx.ConnectError) else "broke off"
             raise refused(
-                f"The image URL could not be fetched: {type(exc).__name__}.",
+                f"The image URL could not be fetched: its host {what}.",
                 param,
                 "invalid_image_url",
             ) from exc
 
-    async def _download(self, url: httpx.URL, param: str) -> bytes:
+    async def _download(self, url: httpx.URL, address: str, param: str) -> bytes:
+        """``url`` fetched from ``address`` (checked): the request goes to that address,
+        and names the URL's host in ``Host`` and, over TLS, as the server name (SNI) that
+        the certificate is verified against."""
+        name = url.raw_host.decode("ascii")
+        headers = {"Host": url.netloc.decode("ascii"), "Accept": "image/*"}
+        headers["Accept-Encoding"] = "identity"
         async with (
             httpx.AsyncClient(
                 transport=self.transport,
@@ -187,7 +243,10 @@ class ImageSources:
                 trust_env=False,  # no proxy from the environment: the host is the one allowed
             ) as client,
             client.stream(
-                "GET", url, headers={"Accept": "image/*", "Accept-Encoding": "identity"}
+                "GET",
+                url.copy_with(host=address),
+                headers=headers,
+                extensions={"sni_hostname": name},
             ) as response,
         ):
             if response.is_redirect:

@@ -15,6 +15,7 @@ from typing import Any
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError
 from gateway.serving.audio import PCM_RATE
+from gateway.serving.json_shape import json_depth
 
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
 
@@ -55,6 +56,9 @@ class Bounds:
     all items together (past it the oldest are dropped)."""
     message_bytes: int
     """One client event (``realtime_max_message_mb``; uvicorn refuses larger ones first)."""
+    json_depth: int = Settings.model_fields["max_json_depth"].default
+    """How deeply a client event's JSON may nest (``max_json_depth``), checked before it is
+    parsed."""
 
     @classmethod
     def of(cls, settings: Settings) -> Bounds:
@@ -65,6 +69,7 @@ class Bounds:
             items=settings.realtime_max_items,
             text_bytes=settings.max_stored_kb * 1024,
             message_bytes=int(settings.realtime_max_message_mb * mb),
+            json_depth=settings.max_json_depth,
         )
 
 
@@ -168,14 +173,36 @@ _RESPONSE_FIELDS = frozenset(
 )
 
 
-async def _parse(raw: str | bytes) -> object:
-    """A client event's JSON (a large one parsed in a worker thread)."""
+def _too_deep(depth: int, most: int) -> ClientEventError:
+    return ClientEventError(
+        f"The event's JSON nests {depth} levels deep; at most {most} are read "
+        "(GATEWAY_MAX_JSON_DEPTH).",
+        code="json_too_deep",
+    )
+
+
+def _decoded(raw: str | bytes, max_depth: int) -> object:
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise _too_deep(depth, max_depth)
     try:
-        if len(raw) > _PARSE_IN_THREAD_BYTES:
-            return await asyncio.to_thread(json.loads, raw)
         return json.loads(raw)
-    except ValueError as exc:
-        raise ClientEventError(f"The event is not valid JSON: {exc}.", code="invalid_json") from exc
+    except RecursionError:  # a bound set past what the parser can nest
+        raise _too_deep(depth, max_depth) from None
+    except json.JSONDecodeError as exc:
+        raise ClientEventError(
+            f"The event is not valid JSON (line {exc.lineno}, column {exc.colno}).",
+            code="invalid_json",
+        ) from exc
+    except ValueError as exc:  # bytes that are no Unicode text
+        raise ClientEventError("The event is not valid JSON text.", code="invalid_json") from exc
+
+
+async def _parse(raw: str | bytes, max_depth: int) -> object:
+    """A client event's JSON, its depth checked first (a large one in a worker thread)."""
+    if len(raw) > _PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(_decoded, raw, max_depth)
+    return _decoded(raw, max_depth)
 
 
 def _unsupported(param: str, message: str) -> ClientEventError:

@@ -227,7 +227,7 @@ class RealtimeSession:
         for speculation in list(self.speculations):
             await speculation.dropped()
         for request in list(self._transcriptions):
-            await request.finish(0.0)
+            await request.finish()
 
     async def _work(self) -> None:
         while True:
@@ -281,7 +281,7 @@ class RealtimeSession:
                     "(GATEWAY_REALTIME_MAX_MESSAGE_MB).",
                     code="message_too_large",
                 )
-            event = await _parse(raw)
+            event = await _parse(raw, self.services.bounds.json_depth)
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ClientEventError(
                     "An event must be a JSON object with a 'type'.", param="type"
@@ -345,7 +345,7 @@ class RealtimeSession:
             if early is not None:
                 early.cancel()
             if turn is not None:
-                await turn.finish(0.0)
+                await turn.finish()
             self._check_room()
         items = self.conversation.items
         previous = items[-1].id if items else None

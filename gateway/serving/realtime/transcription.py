@@ -1,7 +1,16 @@
 """A session's transcriptions: of the audio of its turns and of the ``input_audio`` parts
 of its items, into the item's transcript and its events. Each request is admitted under
 the key's limits once (the guesses made while a turn is spoken share its request) and
-recorded with the seconds of audio it transcribed."""
+recorded with the seconds of audio it transcribed: every transcription of it that
+completed, the guesses at the turn so far included, since each is work the model did.
+
+The guesses each transcribe the turn from its start: Whisper hears the whole turn, as it
+will at the end (transcribing only the audio since the last guess, with the text before
+as its prompt, made a word in four or five wrong on the gateway's Whisper: see
+docs/realtime.md). So that a speaker who pauses often makes neither the work nor the bill
+grow with the square of the turn, a guess is made only while the audio the turn's guesses
+sent stays within :data:`EARLY_WORK_FACTOR` times the turn's length (see
+``turns.py``)."""
 
 from __future__ import annotations
 
@@ -39,6 +48,11 @@ class _EarlyTranscription:
             self.speculation.drop()
 
 
+#: A turn's guesses send the model at most this many times the turn's audio: with the
+#: transcription at its end (when no guess covers it), a turn costs at most one more.
+EARLY_WORK_FACTOR = 3
+
+
 class _Transcription:
     """One transcription request: admitted under the key's limits once (the guesses made
     while a turn was spoken and the turn's own transcript share it), then recorded with the
@@ -50,14 +64,22 @@ class _Transcription:
         uses = [(self.model, "session.audio.input.transcription.model", _TRANSCRIBES)]
         self.admitted = asyncio.create_task(_admitted(session, uses))
         self.finished = False
+        self.sent_s = 0.0
+        """Seconds of audio sent to the model under this request (what was stopped too)."""
+        self.done_s = 0.0
+        """Seconds of audio of its transcriptions that completed: what is recorded."""
 
     async def run(self, audio: Audio) -> str:
         """The transcript of ``audio``, once the request is admitted (a refusal raises)."""
         await asyncio.shield(self.admitted)
-        return await _transcribe(self.session, self.model, audio)
+        seconds = audio.size / STT_RATE
+        self.sent_s += seconds
+        text = await _transcribe(self.session, self.model, audio)
+        self.done_s += seconds
+        return text
 
-    async def finish(self, seconds: float) -> None:
-        """Records the request (the first call only) with ``seconds`` of audio."""
+    async def finish(self) -> None:
+        """Records the request (the first call only) with the audio it transcribed."""
         if self.finished:
             return
         self.finished = True
@@ -66,7 +88,7 @@ class _Transcription:
             admission = await self.admitted
         except GatewayError:
             return  # refused: nothing ran
-        admission.meter.audio_seconds_in += seconds
+        admission.meter.audio_seconds_in += self.done_s
         await self.session.services.settle(admission)
 
 
@@ -115,15 +137,13 @@ async def _transcript(
     """The transcript of ``audio``: ``early``'s (an early transcription's) if it has one,
     else made under ``request`` (a new request if none), which is then recorded."""
     request = request or _new_transcription(session)
-    seconds = 0.0
     try:
         text = await early if early is not None else None
         if text is None:
             text = await request.run(audio)
-        seconds = audio.size / STT_RATE
         return text
     finally:
-        await asyncio.shield(request.finish(seconds))
+        await asyncio.shield(request.finish())
 
 
 async def _transcribe_item(
@@ -134,6 +154,7 @@ async def _transcribe_item(
     request: _Transcription | None,
 ) -> None:
     index = item.audio_part()
+    request = request or _new_transcription(session)
     try:
         transcript = await _transcript(session, audio, request, early)
     except GatewayError as exc:
@@ -155,7 +176,8 @@ async def _transcribe_item(
             item_id=item.id,
             content_index=index,
             transcript=transcript,
-            usage={"type": "duration", "seconds": round(audio.size / STT_RATE, 3)},
+            # What was recorded: the audio of every transcription of the turn.
+            usage={"type": "duration", "seconds": round(request.done_s, 3)},
         )
     await session.emit("conversation.item.done", item=item.to_json())
     await session.conversation._keep_bounded()

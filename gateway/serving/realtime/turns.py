@@ -10,6 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.serving.audio import STT_RATE
 from gateway.serving.realtime.buffer import (
     MIN_COMMIT_MS,
     Audio,
@@ -27,6 +28,7 @@ from gateway.serving.realtime.responder import (
 )
 from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcription import (
+    EARLY_WORK_FACTOR,
     _early_transcript,
     _EarlyTranscription,
     _new_transcription,
@@ -41,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 #: How long the user must have been quiet before the turn so far is transcribed (and then
 #: answered, ahead: see speculation.py); half of ``silence_duration_ms`` when that is less.
+#: A pause is not guessed at where the turn's guesses would send the model more than
+#: ``EARLY_WORK_FACTOR`` times the turn's audio (see transcription.py).
 GUESS_AFTER_MS = 200
 
 
@@ -120,6 +124,11 @@ class Turns:
         if detector.silent_ms < min(GUESS_AFTER_MS, detector.settings.silence_duration_ms // 2):
             return
         from_ms = max(self._speech_start_ms, self.buffer.start_ms)
+        skip = max(0, from_ms * STT_RATE // 1000 - self.buffer.start)
+        seconds = (self.buffer.size - skip) / STT_RATE
+        sent = self._turn.sent_s if self._turn is not None else 0.0
+        if sent + seconds > EARLY_WORK_FACTOR * seconds:
+            return  # this pause goes unguessed (the turn is transcribed at its end if it ends)
         audio = await asyncio.to_thread(self.buffer.audio, from_ms)
         if self._turn is None:
             self._turn = _new_transcription(self.session)
@@ -159,10 +168,10 @@ class Turns:
 
     async def _end_turn(self) -> None:
         """The speech in progress will not be committed: its request, if a guess made one,
-        is recorded with no audio."""
+        is recorded with what its guesses transcribed."""
         turn, self._turn = self._turn, None
         if turn is not None:
-            await turn.finish(0.0)
+            await turn.finish()
 
     async def _speech_started(self, at_ms: int) -> None:
         self._drop_early_transcription()

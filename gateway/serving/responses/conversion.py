@@ -435,9 +435,20 @@ def _response_object(
     }
 
 
+def _stored_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """The tools as the stored response keeps them. A continuation never reads them (tools
+    are per request, as with OpenAI): they are only shown again by ``GET``. With
+    ``tool_choice: "none"`` the model was not shown them (:mod:`gateway.serving.tools`), so
+    only their names are kept, not descriptions and schemas that shaped nothing."""
+    if request.tool_choice != "none":
+        return [t.model_dump(exclude_none=True) for t in request.tools or []]
+    return [{"type": t.type, "name": t.name} for t in request.tools or []]
+
+
 def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
-    """What is stored of a response: the object, the conversation it answered as items, and
-    the conversation with its answer as chat messages (what a continuation reads)."""
+    """What is stored of a response: the object (its tools as :func:`_stored_tools` keeps
+    them), the conversation it answered as items, and the conversation with its answer as
+    chat messages (what a continuation reads)."""
     output = response["output"]
     reply: dict[str, Any] = {"role": "assistant", "content": None}
     texts = [p["text"] for item in output if item["type"] == "message" for p in item["content"]]
@@ -456,7 +467,7 @@ def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredRespo
         reply["tool_calls"] = calls
     return StoredResponse(
         owner=prepared.owner,
-        response=response,
+        response={**response, "tools": _stored_tools(prepared.request)},
         input_items=prepared.input_items,
         messages=[*prepared.messages, reply],
         root=prepared.root or None,

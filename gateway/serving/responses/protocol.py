@@ -22,6 +22,7 @@ from gateway.serving.protocol import (
     ServiceTier,
     Strict,
 )
+from gateway.state.stored_bytes import Hold
 
 
 class ContentPart(Strict):
@@ -193,3 +194,6 @@ class PreparedResponse:
     root: str = ""
     """The first response of its ``previous_response_id`` chain (its own id when it starts
     one): what routes the chain's requests to one Triton server."""
+    hold: Hold | None = None
+    """The room held in the key's stored bytes for its record (with ``store``), until it is
+    saved or given back."""

@@ -1,11 +1,18 @@
 """The Responses service: :class:`ResponsesService` prepares a request (the stored chain,
 the Responses checks, the chat validation naming Responses parameters, the store's size
-bound), generates it whole or as a stream of events, and stores the finished response."""
+bound, the room its record needs in the key's stored bytes), generates it whole or as a
+stream of events, and stores the finished response.
+
+A request with ``store`` holds the room its record takes as known before generating (all
+but the answer): past the key's or its project's quota it is refused then (403
+``storage_quota_exceeded``), before any token is generated. The hold becomes the record
+when the response is stored, and is given back when it is not (a failure, a cancelled
+request, a stream the client left)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -64,9 +71,24 @@ class ResponsesService:
             root=root,
         )
         if request.store is not False:
-            # What is known before generating (all but the answer) must fit the store.
-            self.store.encode(_record(prepared, _response_object(prepared, "in_progress", [])))
+            # What is known before generating (all but the answer) must fit the store, and
+            # the key's and project's quotas.
+            known = _record(prepared, _response_object(prepared, "in_progress", []))
+            prepared.hold = await self.store.hold(known)
         return prepared
+
+    async def _give_back(self, prepared: PreparedResponse) -> None:
+        """Gives back the room held for the request's record, if it still holds some."""
+        hold, prepared.hold = prepared.hold, None
+        await self.store.release(hold)
+
+    @asynccontextmanager
+    async def _held(self, prepared: PreparedResponse) -> AsyncIterator[None]:
+        """Gives the request's hold back if it ends without storing its response."""
+        try:
+            yield
+        finally:
+            await self._give_back(prepared)
 
     async def _finish(
         self,
@@ -78,27 +100,30 @@ class ResponsesService:
         """The final response object; stored (with ``store``) before it is returned."""
         response = _response_object(prepared, status, output, usage)
         if prepared.request.store is not False:
-            await self.store.save(_record(prepared, response))
+            await self.store.save(_record(prepared, response), prepared.hold)
+            prepared.hold = None  # it is the record's now
         return response
 
     async def create(
         self, prepared: PreparedResponse, meter: Meter | None = None
     ) -> dict[str, Any]:
-        chat = prepared.chat
-        run = await self.chat.reserve_run(chat, meter)
-        (result,) = await run.collect(pieces=chat.reasoner is not None)
-        reply = await self.chat.answer(chat, run, 0, result, prepared.request.max_tool_calls)
-        content, calls = reply.content, reply.calls
-        status = "incomplete" if result.finish_reason == "length" else "completed"
-        output = []
-        if reply.reasoning is not None:
-            output.append(_reasoning_item(new_id("rs"), reply.reasoning, "completed"))
-        if content or not calls:
-            logprobs = _logprobs(chat, result.logprobs)
-            output.append(_message_item(new_id("msg"), content or "", status, logprobs))
-        for call in calls:
-            output.append(_call_item(new_id("fc"), call.id, call.name, call.arguments, "completed"))
-        return await self._finish(prepared, status, output, run.usage())
+        async with self._held(prepared):
+            chat = prepared.chat
+            run = await self.chat.reserve_run(chat, meter)
+            (result,) = await run.collect(pieces=chat.reasoner is not None)
+            reply = await self.chat.answer(chat, run, 0, result, prepared.request.max_tool_calls)
+            content, calls = reply.content, reply.calls
+            status = "incomplete" if result.finish_reason == "length" else "completed"
+            output = []
+            if reply.reasoning is not None:
+                output.append(_reasoning_item(new_id("rs"), reply.reasoning, "completed"))
+            if content or not calls:
+                logprobs = _logprobs(chat, result.logprobs)
+                output.append(_message_item(new_id("msg"), content or "", status, logprobs))
+            for call in calls:
+                item = _call_item(new_id("fc"), call.id, call.name, call.arguments, "completed")
+                output.append(item)
+            return await self._finish(prepared, status, output, run.usage())
 
     async def stream(
         self, prepared: PreparedResponse, meter: Meter | None = None
@@ -106,8 +131,12 @@ class ResponsesService:
         """Starts generating and returns the SSE body. Raises (for a real HTTP error status)
         if the backend fails before its first chunk."""
         chat = prepared.chat
-        run = await self.chat.reserve_run(chat, meter)
-        pieces = await run.stream()
+        try:
+            run = await self.chat.reserve_run(chat, meter)
+            pieces = await run.stream()
+        except BaseException:
+            await self._give_back(prepared)
+            raise
         return self._guarded(prepared, _StreamWriter(prepared, self), pieces, run)
 
     async def _guarded(
@@ -119,7 +148,7 @@ class ResponsesService:
     ) -> AsyncGenerator[str, None]:
         """The events; a failure after the stream began ends it with ``error`` and
         ``response.failed`` (the HTTP status is already sent)."""
-        async with aclosing(writer.events(pieces, run)) as events:
+        async with self._held(prepared), aclosing(writer.events(pieces, run)) as events:
             try:
                 async for item in events:
                     yield item

@@ -108,7 +108,7 @@ class HermesParser(ToolParser):
         self._call = None
         try:
             data = json.loads(block)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's limit
             data = None
         name = data.get("name") if isinstance(data, dict) else None
         arguments = data.get("arguments", data.get("parameters")) if name else None

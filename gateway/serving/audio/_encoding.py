@@ -1,13 +1,10 @@
-"""Audio encoding and decoding with PyAV (FFmpeg's codecs; no hand-written codecs).
-
-:class:`StreamEncoder` turns 16-bit mono PCM pieces (one per synthesized sentence) into the
-bytes of an OpenAI speech ``response_format``, piece by piece, so the first audio can leave
-before the whole text is synthesized. Its methods do CPU work: call them in a thread.
-"""
+"""Speech out: :class:`StreamEncoder` turns 16-bit mono PCM pieces (one per synthesized
+sentence) into the bytes of an OpenAI speech ``response_format``, piece by piece, so the
+first audio can leave before the whole text is synthesized. Its methods do CPU work: call
+them in a thread."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,46 +108,3 @@ class StreamEncoder:
             for packet in self.stream.encode(frame):
                 self.container.mux(packet)
         return self.sink.take()
-
-
-class UndecodableAudioError(ValueError):
-    """The upload is not audio PyAV can decode, or holds no samples."""
-
-
-class AudioTooLongError(UndecodableAudioError):
-    """The audio decodes to more than the gateway takes (``GATEWAY_MAX_AUDIO_SECONDS``)."""
-
-
-#: The sample rate speech-to-text models take.
-STT_RATE = 16_000
-
-
-def decode_to_pcm(
-    data: bytes, rate: int = STT_RATE, max_seconds: float = 1500.0
-) -> npt.NDArray[np.float32]:
-    """Decodes any container/codec FFmpeg knows into mono float32 samples at ``rate``.
-    Decoding stops with :class:`AudioTooLongError` past ``max_seconds``: a small file at a
-    low bitrate can hold hours, gigabytes of samples."""
-    parts: list[npt.NDArray[Any]] = []
-    limit = int(max_seconds * rate)
-    decoded = 0
-    try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if not container.streams.audio:
-                raise UndecodableAudioError("the file has no audio stream")
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            for frame in container.decode(audio=0):
-                parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-                decoded += frame.samples * rate // max(frame.sample_rate, 1)
-                if decoded > limit:
-                    raise AudioTooLongError(
-                        f"the audio is longer than {max_seconds:g} seconds, the most this "
-                        "gateway takes (GATEWAY_MAX_AUDIO_SECONDS)"
-                    )
-            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    except av.FFmpegError as exc:
-        raise UndecodableAudioError(f"the file could not be decoded as audio ({exc})") from exc
-    samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-    if samples.size == 0:
-        raise UndecodableAudioError("the audio is empty")
-    return samples.astype(np.float32, copy=False)

@@ -1,0 +1,126 @@
+"""The shape of a JSON text (nesting, containers, values), measured without parsing it.
+
+A request body becomes Python objects when it is parsed, and a hostile one can make a
+replica hold far more than its bytes: a 28 MB body of a million one-letter messages is
+several million objects (over a gigabyte once validated), and arrays nested thousands deep
+make the standard parser recurse until it fails. :func:`json_shape` reads the text as bytes
+in fixed-size windows with numpy (no object per value, memory flat whatever the body), so
+such a body is refused before anything is built from it; it stops at the first window past
+a limit, so a hostile body is refused in milliseconds.
+
+What it counts is exact for valid JSON: a backslash inside a string escapes the next
+character (so ``\\\\`` and ``\\"`` pairs are dropped first), every other quote opens or
+closes a string, and brackets and commas inside strings are not counted. Invalid JSON gets
+some count; the parser refuses it afterwards anyway, and it can nest no deeper than what
+was counted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+_WINDOW = 1 << 20
+
+_QUOTE = ord('"')
+#: +1 for what opens a container, -1 for what closes one.
+_STEP = np.zeros(256, np.int8)
+_STEP[[ord("{"), ord("[")]] = 1
+_STEP[[ord("}"), ord("]")]] = -1
+_COMMA = ord(",")
+_BACKSLASH = ord("\\")
+_QUOTE_BYTE = b'"'
+
+
+@dataclass(frozen=True)
+class JsonShape:
+    """``depth``: the deepest nesting of objects and arrays; ``containers``: how many
+    objects and arrays; ``values``: an upper bound on the values and members in them
+    (containers plus commas plus one)."""
+
+    depth: int
+    containers: int
+    values: int
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    depth: int
+    containers: int
+    values: int
+
+    def exceeded(self, shape: JsonShape) -> str | None:
+        """The name of the first limit ``shape`` passes, or None."""
+        if shape.depth > self.depth:
+            return "depth"
+        if shape.containers > self.containers:
+            return "containers"
+        if shape.values > self.values:
+            return "values"
+        return None
+
+
+def json_shape(text: bytes | str, limits: JsonLimits | None = None) -> JsonShape:
+    """Measures ``text``; with ``limits``, stops at the first window where one is passed
+    (the shape returned then passes it, and counts only what was read so far)."""
+    data = _utf8(text)
+    in_string = False
+    depth = deepest = containers = commas = 0
+    start = 0
+    while start < len(data):
+        end = min(start + _WINDOW, len(data))
+        # A window never ends inside a run of backslashes, so each escape is whole in one.
+        while end < len(data) and data[end - 1] == _BACKSLASH:
+            end += 1
+        window = data[start:end]
+        start = end
+        if _QUOTE_BYTE not in window and (in_string or not _counted(window)):
+            continue  # all inside one string, or only literals and spaces: nothing to count
+        flat = window.replace(b"\\\\", b"").replace(b'\\"', b"")
+        chars: npt.NDArray[np.uint8] = np.frombuffer(flat, np.uint8)
+        if chars.size == 0:
+            continue
+        quotes = chars == _QUOTE
+        # After an odd number of quotes (counted from the start of the text), inside a string.
+        inside = (np.cumsum(quotes, dtype=np.int32) & 1).astype(bool)
+        if in_string:
+            inside = ~inside
+        structural = ~(inside | quotes)
+        steps = _STEP[chars] * structural
+        containers += int(np.count_nonzero(steps > 0))
+        commas += int(np.count_nonzero((chars == _COMMA) & structural))
+        levels = np.cumsum(steps, dtype=np.int32)
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+        in_string = bool(inside[-1])
+        shape = JsonShape(deepest, containers, containers + commas + 1)
+        if limits is not None and limits.exceeded(shape) is not None:
+            return shape
+    return JsonShape(deepest, containers, containers + commas + 1)
+
+
+def json_depth(text: bytes | str) -> int:
+    """The deepest nesting of objects and arrays in ``text``, outside strings: ``0`` for a
+    scalar, ``1`` for ``[]`` or ``{"a": 1}``, ``2`` for ``[[1]]``. For invalid JSON, at
+    least the depth of its longest valid prefix (as far as a parser recurses before it
+    fails), so a text measured within a bound never makes a parser recurse past it."""
+    return json_shape(text).depth
+
+
+def _utf8(text: bytes | str) -> bytes:
+    """``text`` as UTF-8 bytes, where every ASCII character is a byte of its own. Bytes are
+    read as :func:`json.loads` reads them: UTF-8, or UTF-16/32 when their first bytes say so."""
+    if isinstance(text, str):
+        return text.encode("utf-8", "surrogatepass")
+    encoding = json.detect_encoding(text[:4])
+    if encoding in ("utf-8", "utf-8-sig"):
+        return text
+    return text.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+
+
+def _counted(window: bytes) -> bool:
+    """Whether ``window`` holds anything :func:`json_shape` counts outside strings."""
+    return any(char in window for char in (b"{", b"[", b"}", b"]", b","))
