@@ -258,13 +258,15 @@ class Settings(BaseSettings):
     max_content_parts: int = Field(4096, ge=1, le=1_000_000)
     """Content parts in one request, every message's together."""
     max_tools_kb: int = Field(512, ge=1)
-    """The request's ``tools`` together (names, descriptions and schemas), in KB of JSON."""
+    """The request's ``tools`` (or legacy ``functions``) together (names, descriptions and
+    schemas), in KB of JSON."""
     max_json_depth: int = Field(128, ge=8, le=512)
     """How deeply a request body's JSON may nest (objects and arrays), checked before the
-    body is parsed; a tool call's ``arguments`` in the history are held to it too."""
+    body is parsed; a tool call's ``arguments`` in the history and each Realtime client event
+    are held to it too. Python's parser recurses once a level (it fails near 1,000)."""
     max_json_containers: int = Field(65_536, ge=16, le=10_000_000)
     """Objects and arrays in one request body's JSON, counted before it is parsed (each
-    becomes a Python object: a 28 MB body of a million small messages would hold gigabytes
+    becomes a Python object: a 34 MB body of a million small messages would hold gigabytes
     once parsed and validated)."""
     max_json_values: int = Field(1_048_576, ge=16, le=100_000_000)
     """Values in one request body's JSON (array items and object members), counted before

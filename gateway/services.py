@@ -17,7 +17,7 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
-from gateway.serving.audio import AudioDecoder
+from gateway.serving.audio import DecodeSlots
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
@@ -106,7 +106,7 @@ def build_services(
     )
     speech = SpeechService(backend, catalog)
     # One per process: every file decoded here (uploads, input_audio parts) takes its turn.
-    decoder = AudioDecoder(
+    decoder = DecodeSlots(
         settings.max_decodes, settings.queue_max_wait_s, settings.queue_max_waiting
     )
     default_models = DefaultModels(catalog, settings)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import redis
 
+from gateway.state.redis import connect, ping
 from tests.redis_server import ONE_TRY, wait_until
 from tests.stack import free_port
 
@@ -103,3 +104,15 @@ def running(argv: Sequence[str], env: Mapping[str, str], directory: Path) -> Ite
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+async def gateway_writes(url: str) -> None:
+    """The gateway's own Redis client, given ``url`` as a deployment gives it, connects,
+    pings and writes."""
+    client = connect(url, timeout_s=2, max_connections=2)
+    try:
+        assert await ping(client)
+        await client.set("gw:deployed", "1")
+        assert await client.get("gw:deployed") == "1"
+    finally:
+        await client.aclose()

@@ -27,7 +27,7 @@ nginx was still sending would reset the connection, and nginx would take the res
 the replica's failure (retry elsewhere, mark it down). Memory stays flat: nothing read is
 kept.
 
-A JSON body is measured before FastAPI parses it (:func:`gateway.serving.json_shape`):
+A JSON body is measured before FastAPI parses it (:func:`gateway.serving.json_shape.json_shape`):
 nesting deeper than ``GATEWAY_MAX_JSON_DEPTH`` (the standard parser would recurse until it
 fails), or more objects and arrays or values than ``GATEWAY_MAX_JSON_CONTAINERS`` /
 ``GATEWAY_MAX_JSON_VALUES`` (each becomes a Python object), is a 400 in milliseconds with
@@ -159,7 +159,7 @@ class GatewayMiddleware:
         json_limits: JsonLimits | None = None,
     ) -> None:
         self.app = app
-        self.json_limits = json_limits or JsonLimits(128, 65_536, 1_048_576)
+        self.json_limits = json_limits or JsonLimits.defaults()
         self.backend_wait_s = backend_wait_s
         self.metrics = metrics
         self.drain = drain

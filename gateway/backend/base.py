@@ -317,7 +317,7 @@ class Backend(Protocol):
     Implementations raise :mod:`gateway.errors` exceptions (``BackendUnavailableError``,
     ``BackendError``, ...) and never their client library's own."""
 
-    async def ready(self) -> bool:
+    async def live(self) -> bool:
         """True when the server answers and serves requests: it is live, whatever the state
         of each of its models (one that failed to load does not make it false, as it makes
         Triton's own strict readiness false; :meth:`models` says which are ready)."""

@@ -125,7 +125,7 @@ class FakeBackend:
     transcribe_calls: list[tuple[str, Any, TranscriptionOptions]] = field(default_factory=list)
     embed_calls: list[tuple[str, list[str], str | None]] = field(default_factory=list)
 
-    async def ready(self) -> bool:
+    async def live(self) -> bool:
         return self.up
 
     async def models(self) -> list[ModelInfo]:

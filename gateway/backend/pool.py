@@ -159,7 +159,7 @@ class BackendPool:
 
     async def _check(self, server: _Server) -> None:
         try:
-            up = await server.backend.ready()
+            up = await server.backend.live()
             entries = await server.backend.repository() if up else []
         except GatewayError:
             up, entries = False, []
@@ -404,7 +404,7 @@ class BackendPool:
 
     # -- Backend ---------------------------------------------------------------------------
 
-    async def ready(self) -> bool:
+    async def live(self) -> bool:
         await self._started()
         return any(s.up for s in self.servers.values())
 

@@ -199,7 +199,7 @@ class TritonBackend:
         self.client = triton_grpc.InferenceServerClient(url, channel_args=streams.CHANNEL_OPTIONS)
         self.streams = streams.StreamPool(url)
 
-    async def ready(self) -> bool:
+    async def live(self) -> bool:
         """Whether Triton serves now (never waits: a probe wants the answer of now): it is
         live. Not Triton's own readiness, which its strict mode (the default) makes false
         while any model of the repository failed to load, although every other model

@@ -10,7 +10,7 @@
   the chat model it names (a 403 when the key may not use them), both before anything is
   transcribed. A request has at most :data:`MAX_AUDIO_PARTS` parts (in the formats of
   uploads), decoded one after the other in one turn of the replica's
-  :class:`~gateway.serving.audio.AudioDecoder` (off the event loop; the turn is held until
+  :class:`~gateway.serving.audio.DecodeSlots` (off the event loop; the turn is held until
   they are transcribed, ``GATEWAY_MAX_DECODES`` requests at a time) and at most
   ``GATEWAY_MAX_AUDIO_SECONDS`` of audio in all (a
   400 ``audio_too_long`` before any part is transcribed): the samples of one request never
@@ -41,9 +41,9 @@ from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.audio import (
     STT_RATE,
-    AudioDecoder,
     AudioTooLongError,
-    DecodeTurn,
+    DecodeSlot,
+    DecodeSlots,
     UndecodableAudioError,
 )
 from gateway.serving.catalog import DefaultModels
@@ -94,7 +94,7 @@ class AudioChat:
         speech: SpeechService,
         models: DefaultModels,
         transcripts: TranscriptStore,
-        decoder: AudioDecoder,
+        decoder: DecodeSlots,
         max_audio_seconds: float = 1500.0,
         max_audio_parts: int = MAX_AUDIO_PARTS,
     ) -> None:
@@ -201,7 +201,7 @@ class AudioChat:
         return transcript
 
     async def _decode_all(
-        self, turn: DecodeTurn, parts: list[_Part]
+        self, turn: DecodeSlot, parts: list[_Part]
     ) -> list[npt.NDArray[np.float32]]:
         """The parts' samples, decoded one after the other, each at most what is left of
         ``max_audio_seconds``: the request's samples never pass it."""

@@ -1,7 +1,7 @@
 """The shape of a JSON text (nesting, containers, values), measured without parsing it.
 
 A request body becomes Python objects when it is parsed, and a hostile one can make a
-replica hold far more than its bytes: a 28 MB body of a million one-letter messages is
+replica hold far more than its bytes: a 34 MB body of a million one-letter messages is
 several million objects (over a gigabyte once validated), and arrays nested thousands deep
 make the standard parser recurse until it fails. :func:`json_shape` reads the text as bytes
 in fixed-size windows with numpy (no object per value, memory flat whatever the body), so
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from gateway.config import Settings
 
 _WINDOW = 1 << 20
 
@@ -48,9 +50,22 @@ class JsonShape:
 
 @dataclass(frozen=True)
 class JsonLimits:
+    """What a JSON body may hold: ``GATEWAY_MAX_JSON_DEPTH``, ``GATEWAY_MAX_JSON_CONTAINERS``
+    and ``GATEWAY_MAX_JSON_VALUES``."""
+
     depth: int
     containers: int
     values: int
+
+    @classmethod
+    def defaults(cls) -> JsonLimits:
+        """The settings' defaults."""
+        fields = Settings.model_fields
+        return cls(
+            fields["max_json_depth"].default,
+            fields["max_json_containers"].default,
+            fields["max_json_values"].default,
+        )
 
     def exceeded(self, shape: JsonShape) -> str | None:
         """The name of the first limit ``shape`` passes, or None."""

@@ -14,9 +14,15 @@ from pydantic import TypeAdapter
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError
-from gateway.serving.protocol import ChatCompletionRequest, ChatTool, ParamNames
+from gateway.serving.protocol import (
+    ChatCompletionRequest,
+    ChatTool,
+    FunctionDefinition,
+    ParamNames,
+)
 
 _TOOLS = TypeAdapter(list[ChatTool])
+_FUNCTIONS = TypeAdapter(list[FunctionDefinition])
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,12 @@ class RequestBounds:
                 param=names.messages,
                 code="too_many_content_parts",
             )
-        tools = request.tools or []
-        if tools:
-            size = len(_TOOLS.dump_json(tools, exclude_unset=True))
+        # Legacy ``functions`` are tools too (they become them after this check).
+        tools, functions = request.tools or [], request.functions or []
+        if tools or functions:
+            size = len(_TOOLS.dump_json(tools, exclude_unset=True)) + len(
+                _FUNCTIONS.dump_json(functions, exclude_unset=True)
+            )
             if size > self.tools_kb * 1024:
                 raise InvalidRequestError(
                     f"The request's tools are {size // 1024} KB of JSON together; at most "

@@ -1,7 +1,7 @@
 """Transcription: an uploaded audio file in, text out in the OpenAI response formats.
 
 Uploads (OpenAI's formats: :data:`gateway.serving.audio.UPLOAD_FORMATS`) are decoded with
-PyAV to 16 kHz mono PCM by the replica's :class:`~gateway.serving.audio.AudioDecoder` (in a
+PyAV to 16 kHz mono PCM by the replica's :class:`~gateway.serving.audio.DecodeSlots` (in a
 worker thread, ``GATEWAY_MAX_DECODES`` at a time), then sent to the speech-to-text model,
 which answers one segment at a time.
 
@@ -41,9 +41,9 @@ from gateway.backend import Backend, Segment, TranscriptionOptions
 from gateway.errors import InvalidRequestError
 from gateway.serving.audio import (
     STT_RATE,
-    AudioDecoder,
     AudioTooLongError,
-    DecodeTurn,
+    DecodeSlot,
+    DecodeSlots,
     UndecodableAudioError,
 )
 from gateway.serving.catalog import ModelCatalog, model_takes
@@ -65,7 +65,7 @@ class PreparedTranscription:
     granularities: frozenset[str]
     spans: tuple[tuple[int, int], ...] | None = None
     """The stretches of speech transcribed, as sample ranges (None: the whole audio)."""
-    turn: DecodeTurn | None = field(default=None, repr=False, compare=False)
+    turn: DecodeSlot | None = field(default=None, repr=False, compare=False)
     """The decoder's turn the samples hold, given back when the job is done (or dropped)."""
 
     @property
@@ -239,7 +239,7 @@ class TranscriptionService:
         self,
         backend: Backend,
         catalog: ModelCatalog,
-        decoder: AudioDecoder,
+        decoder: DecodeSlots,
         max_audio_seconds: float = 1500.0,
     ) -> None:
         self.backend = backend
@@ -343,7 +343,7 @@ class TranscriptionService:
             )
         )
 
-    async def _decode(self, turn: DecodeTurn, upload: bytes) -> npt.NDArray[np.float32]:
+    async def _decode(self, turn: DecodeSlot, upload: bytes) -> npt.NDArray[np.float32]:
         """The upload as 16 kHz mono samples (in a worker thread); 400 naming ``file``."""
         try:
             return await turn.decode(upload, self.max_audio_seconds)

@@ -18,9 +18,9 @@ import pytest
 import redis
 import yaml
 
-from gateway.state.redis import connect, ping
 from tests.deployed_redis import (
     REFUSED,
+    gateway_writes,
     local_url,
     running,
     start_fails,
@@ -65,16 +65,6 @@ def redis_container(tmp_path: Path, service: dict[str, Any]) -> tuple[list[str],
     return unescaped(service["command"]), with_image_entrypoint(service["environment"], tmp_path)
 
 
-async def _gateway_writes(url: str) -> None:
-    client = connect(url, timeout_s=2, max_connections=2)
-    try:
-        assert await ping(client)
-        await client.set("gw:deployed", "1")
-        assert await client.get("gw:deployed") == "1"
-    finally:
-        await client.aclose()
-
-
 def test_redis_asks_for_the_env_password_and_the_gateway_sends_it(tmp_path: Path) -> None:
     services = render(tmp_path, REDIS_PASSWORD=secrets.token_hex(32))["services"]
     server = services["redis"]
@@ -82,7 +72,7 @@ def test_redis_asks_for_the_env_password_and_the_gateway_sends_it(tmp_path: Path
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=started.port, retry=ONE_TRY).set("gw:key:{x}", '{"role": "admin"}')
         url = services["gateway"]["environment"]["GATEWAY_REDIS_URL"]
-        asyncio.run(_gateway_writes(local_url(url, "redis", started.port)))
+        asyncio.run(gateway_writes(local_url(url, "redis", started.port)))
         # The health check (redis-cli, in the container's environment) still passes.
         _, probe, *args = server["healthcheck"]["test"]
         answer = subprocess.run(

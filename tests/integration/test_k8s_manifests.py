@@ -26,9 +26,9 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.stack.server import create_server
-from gateway.state.redis import connect, ping
 from tests.deployed_redis import (
     REFUSED,
+    gateway_writes,
     local_url,
     running,
     start_fails,
@@ -188,16 +188,6 @@ def test_the_ingress_routes_the_public_paths_but_not_metrics() -> None:
     assert [path for path in sorted(public) if not _routed(paths, path)] == []
 
 
-async def _gateway_writes(url: str) -> None:
-    client = connect(url, timeout_s=2, max_connections=2)
-    try:
-        assert await ping(client)
-        await client.set("gw:deployed", "1")
-        assert await client.get("gw:deployed") == "1"
-    finally:
-        await client.aclose()
-
-
 def test_redis_asks_for_the_secret_password_and_the_gateway_sends_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,7 +205,7 @@ def test_redis_asks_for_the_secret_password_and_the_gateway_sends_it(
         for name, value in gateway_env.items():
             monkeypatch.setenv(name, value)
         url = Settings(_env_file=None).redis_url  # type: ignore[call-arg]
-        asyncio.run(_gateway_writes(local_url(url, "redis", started.port)))
+        asyncio.run(gateway_writes(local_url(url, "redis", started.port)))
         # The readiness probe (redis-cli, in the container's environment) still passes.
         probe = server["readinessProbe"]["exec"]["command"]
         answer = subprocess.run(

@@ -29,8 +29,8 @@ from gateway.errors import OverloadedError
 from gateway.serving.audio import (
     NOT_AUDIO,
     UPLOAD_FORMATS,
-    AudioDecoder,
     AudioTooLongError,
+    DecodeSlots,
     UndecodableAudioError,
     decode_to_pcm,
 )
@@ -229,7 +229,7 @@ async def test_refused_uploads_and_parts_read_the_same_to_the_client(replica_fil
 
 
 async def test_a_third_job_waits_for_a_turn() -> None:
-    decoder = AudioDecoder(2, max_wait_s=10, max_waiting=8)
+    decoder = DecodeSlots(2, max_wait_s=10, max_waiting=8)
     first, second = await decoder.turn(), await decoder.turn()
     third = asyncio.ensure_future(decoder.turn())
     await asyncio.sleep(0.05)
@@ -244,7 +244,7 @@ async def test_a_third_job_waits_for_a_turn() -> None:
 
 
 async def test_past_the_wait_or_the_queue_a_job_is_overloaded() -> None:
-    decoder = AudioDecoder(2, max_wait_s=0.05, max_waiting=1)
+    decoder = DecodeSlots(2, max_wait_s=0.05, max_waiting=1)
     held = [await decoder.turn(), await decoder.turn()]
     with pytest.raises(OverloadedError) as waited:
         await decoder.turn()
@@ -270,7 +270,7 @@ async def test_a_caller_that_leaves_mid_decode_holds_its_turn_until_the_thread_e
         running.set()
         finish.wait(10)
 
-    decoder = AudioDecoder(1, max_wait_s=10, max_waiting=8)
+    decoder = DecodeSlots(1, max_wait_s=10, max_waiting=8)
     turn = await decoder.turn()
     work = asyncio.ensure_future(turn.run(slow_decode))
     await until(running.is_set, "the decode runs")
@@ -339,7 +339,7 @@ async def test_a_prepared_job_dropped_unfinished_gives_its_turn_back() -> None:
 
 
 async def test_eight_long_files_at_once_are_decoded_two_at_a_time() -> None:
-    decoder = AudioDecoder(2, max_wait_s=30, max_waiting=8)
+    decoder = DecodeSlots(2, max_wait_s=30, max_waiting=8)
     data = long_flac(300)
 
     async def one() -> int:

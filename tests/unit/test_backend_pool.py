@@ -73,10 +73,10 @@ async def test_a_server_that_is_down_is_routed_around_and_comes_back() -> None:
         fakes["b:1"].up = False
         with pytest.raises(BackendUnavailableError):
             await answer(pool)
-        assert not await pool.ready()
+        assert not await pool.live()
         fakes["a:1"].up = fakes["b:1"].up = True
         await pool.check()
-        assert await pool.ready()
+        assert await pool.live()
         for _ in range(4):
             await answer(pool)
         assert len(fakes["a:1"].calls) == 2  # it takes its turns again

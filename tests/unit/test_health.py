@@ -181,7 +181,7 @@ async def test_several_tritons_show_the_state_that_tells_most() -> None:
     fakes["b:1"].fail("broken", BROKEN_REASON)
     pool = BackendPool("a:1,b:1", fakes.__getitem__, check_every_s=3600)  # type: ignore[arg-type]
     try:
-        assert await pool.ready()
+        assert await pool.live()
         states = {m.name: m for m in await pool.models()}
         assert states["fake-chat"].ready
         assert states["broken"].status == "failed"

@@ -103,7 +103,7 @@ async def one_slot_taken(
     pool, fakes = pool_of("a:1", max_inflight=1, **policy)
     fake = fakes["a:1"]
     try:
-        await pool.ready()
+        await pool.live()
         fake.gate.clear()
         first = asyncio.create_task(ask(pool, "first"))
         await until(lambda: fake.started, "the first request runs")
@@ -158,7 +158,7 @@ async def test_waiting_requests_get_slots_by_priority_then_arrival() -> None:
     pool, fakes = pool_of("a:1", max_inflight=1)
     fake = fakes["a:1"]
     try:
-        await pool.ready()
+        await pool.live()
         fake.gate.clear()
         first = asyncio.create_task(ask(pool, "first", priority=0))
         await until(lambda: fake.started, "the first request runs")
@@ -238,7 +238,7 @@ async def test_a_stream_holds_its_slot_until_its_last_chunk() -> None:
     pool, fakes = pool_of("a:1", max_inflight=1)
     fake = fakes["a:1"]
     try:
-        await pool.ready()
+        await pool.live()
         async with aclosing(pool.generate("fake-chat", "stream", OPTIONS, True)) as chunks:
             await anext(chunks)
             other = asyncio.create_task(ask(pool, "other"))
@@ -257,7 +257,7 @@ async def test_without_a_limit_nothing_waits() -> None:
     pool, fakes = pool_of("a:1")
     fake = fakes["a:1"]
     try:
-        await pool.ready()
+        await pool.live()
         fake.gate.clear()
         tasks = [asyncio.create_task(ask(pool, f"r{i}")) for i in range(20)]
         await until(lambda: len(fake.started) == 20, "all twenty run at once")
@@ -303,7 +303,7 @@ async def test_a_long_shared_prefix_routes_to_one_server() -> None:
 async def test_a_hot_conversation_spills_at_the_load_bound_and_comes_home() -> None:
     pool, fakes = pool_of("a:1", "b:1")
     try:
-        await pool.ready()
+        await pool.live()
         for fake in fakes.values():
             fake.gate.clear()
         hot = [asyncio.create_task(ask(pool, f"hot-{i}", key="hot")) for i in range(8)]

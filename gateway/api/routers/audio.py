@@ -12,11 +12,12 @@ from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.errors import PayloadTooLargeError
+from gateway.serving.audio import UPLOAD_FORMATS
 from gateway.serving.protocol import SpeechRequest, TranscriptionRequest, TranslationRequest
 from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
-_FILE = "The audio file: flac, m4a, mp3, mp4, mpeg, mpga, ogg, wav or webm"
+_FILE = f"The audio file: {', '.join(UPLOAD_FORMATS[:-1])} or {UPLOAD_FORMATS[-1]}"
 
 
 class TranscriptionForm(TranscriptionRequest):

@@ -30,7 +30,7 @@ async def ready(services: ServicesDep) -> dict[str, object]:
     default) one failed model makes it false."""
     outages.begin(0.0)
     await services.redis_health.check()  # 503 when Redis does not answer
-    if not await services.backend.ready():
+    if not await services.backend.live():
         raise BackendUnavailableError("Triton is not reachable", code="not_ready")
     models = await services.catalog.refresh()
     wanted = services.settings.models

@@ -4,7 +4,7 @@
   OpenAI speech ``response_format``, sentence by sentence.
 - Files in (:mod:`._decoding`): :func:`decode_to_pcm` decodes an upload, opened as one of
   :data:`UPLOAD_FORMATS` only, into 16 kHz mono float32 samples held once.
-- Turns (:mod:`._turns`): :class:`AudioDecoder` runs those decodes in worker threads and
+- Slots (:mod:`._slots`): :class:`DecodeSlots` runs those decodes in worker threads and
   bounds the jobs whose samples one replica holds (``GATEWAY_MAX_DECODES``).
 """
 
@@ -17,7 +17,7 @@ from gateway.serving.audio._decoding import (
     decode_to_pcm,
 )
 from gateway.serving.audio._encoding import FORMATS, PCM_RATE, AudioFormat, StreamEncoder
-from gateway.serving.audio._turns import AudioDecoder, DecodeTurn
+from gateway.serving.audio._slots import DecodeSlot, DecodeSlots
 
 __all__ = [
     "FORMATS",
@@ -25,10 +25,10 @@ __all__ = [
     "PCM_RATE",
     "STT_RATE",
     "UPLOAD_FORMATS",
-    "AudioDecoder",
     "AudioFormat",
     "AudioTooLongError",
-    "DecodeTurn",
+    "DecodeSlot",
+    "DecodeSlots",
     "StreamEncoder",
     "UndecodableAudioError",
     "decode_to_pcm",

@@ -100,7 +100,7 @@ def decode_to_pcm(
     """Decodes an uploaded file (one of :data:`UPLOAD_FORMATS`, its first audio stream)
     into mono float32 samples at ``rate``, frame by frame into one buffer: the samples are
     held once (4 bytes per sample), with no other copy of the whole. CPU work: run it in a
-    thread (:class:`AudioDecoder` does).
+    thread (:class:`DecodeSlots` does).
 
     Raises :class:`UndecodableAudioError` for anything else (one message, whatever the
     file is), and :class:`AudioTooLongError` as soon as the audio passes ``max_seconds``:

@@ -1,4 +1,4 @@
-"""How many decoded files a replica holds: :class:`AudioDecoder`'s turns
+"""How many decoded files a replica holds: :class:`DecodeSlots`'s turns
 (``GATEWAY_MAX_DECODES``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class AudioDecoder:
+class DecodeSlots:
     """The replica's turns at decoded audio: at most ``max_decodes`` jobs (an upload, a chat
     request's ``input_audio`` parts) hold decoded samples at once in this process, from
     their decoding (:func:`decode_to_pcm`, in a worker thread) until they give their turn
@@ -49,12 +49,12 @@ class AudioDecoder:
     def waiting(self) -> int:
         return sum(not turn.done() for turn in self._waiting)
 
-    async def turn(self) -> DecodeTurn:
+    async def turn(self) -> DecodeSlot:
         """A turn, once it is this caller's (503 ``overloaded`` when it does not come).
-        Give it back with :meth:`DecodeTurn.release` (in a ``finally``)."""
+        Give it back with :meth:`DecodeSlot.release` (in a ``finally``)."""
         if self._free and not self._waiting:
             self._free -= 1
-            return DecodeTurn(self)
+            return DecodeSlot(self)
         if self.waiting >= self.max_waiting:
             raise self._overloaded("queue_full")
         turn = asyncio.get_running_loop().create_future()
@@ -72,7 +72,7 @@ class AudioDecoder:
             if isinstance(exc, TimeoutError):
                 raise self._overloaded("wait_timeout") from None
             raise
-        return DecodeTurn(self)
+        return DecodeSlot(self)
 
     def _given_back(self, held_s: float) -> None:
         self._hold_s += 0.2 * (held_s - self._hold_s)
@@ -101,14 +101,14 @@ class AudioDecoder:
         return OverloadedError(message, reason, (waiting + 1) / self.max_decodes * self._hold_s)
 
 
-class DecodeTurn:
-    """One turn of an :class:`AudioDecoder`: one job's decodes (and other CPU work on its
+class DecodeSlot:
+    """One turn of an :class:`DecodeSlots`: one job's decodes (and other CPU work on its
     samples), one after the other. The turn goes back to the decoder once its holder
     released it and its last thread ended: a thread cannot be stopped, and what it holds
     counts until it ends (a client that left in the middle of a decode frees nothing
     earlier)."""
 
-    def __init__(self, decoder: AudioDecoder) -> None:
+    def __init__(self, decoder: DecodeSlots) -> None:
         self._decoder = decoder
         self._loop = asyncio.get_running_loop()
         self._since = time.monotonic()
