@@ -174,9 +174,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         drain=app.state.drain,
         max_body_mb=settings.max_request_mb,
         edge_body_mb=settings.edge_body_mb,
-        json_limits=JsonLimits(
-            settings.max_json_depth, settings.max_json_containers, settings.max_json_values
-        ),
+        json_limits=JsonLimits.from_settings(settings),
         tracing=tracing,
         backend_wait_s=settings.backend_wait_s,
     )

@@ -264,7 +264,7 @@ class Settings(BaseSettings):
     """How deeply a request body's JSON may nest (objects and arrays), checked before the
     body is parsed; a tool call's ``arguments`` in the history and each Realtime client event
     are held to it too. Python's parser recurses once a level (it fails near 1,000)."""
-    max_json_containers: int = Field(65_536, ge=16, le=10_000_000)
+    max_json_containers: int = Field(32_768, ge=16, le=10_000_000)
     """Objects and arrays in one request body's JSON, counted before it is parsed (each
     becomes a Python object: a 34 MB body of a million small messages would hold gigabytes
     once parsed and validated)."""

@@ -24,6 +24,7 @@ from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
 from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.images import ImageLimits, ImageReader
+from gateway.serving.json_shape import JsonLimits
 from gateway.serving.realtime import RealtimeServices
 from gateway.serving.request_bounds import RequestBounds
 from gateway.serving.responses import ResponsesService
@@ -102,7 +103,7 @@ def build_services(
         max_schema_kb=settings.max_schema_kb,
         images=ImageReader(ImageLimits.from_settings(settings)),
         bounds=RequestBounds.from_settings(settings),
-        max_json_depth=settings.max_json_depth,
+        json_limits=JsonLimits.from_settings(settings),
     )
     speech = SpeechService(backend, catalog)
     # One per process: every file decoded here (uploads, input_audio parts) takes its turn.

@@ -122,8 +122,11 @@ _CHUNKED = -1
 DISCARD_WAIT_S = 3.0
 #: Bodies at most this large are measured on the event loop; larger ones in a thread.
 _SHAPED_INLINE_BYTES = 256 * 1024
-#: Bodies that are not JSON (the form fields and files of an audio upload).
-_FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")
+#: The one media type whose body is not measured as JSON: an audio upload's form (its file
+#: is binary; its fields are parsed by the form parser, never as a JSON document). Every
+#: other body is measured, whatever it calls itself: FastAPI parses ``application/*+json``
+#: (and more) as JSON, so a list of types that are not JSON would be a way around it.
+_MULTIPART = "multipart/form-data"
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -433,12 +436,12 @@ class GatewayMiddleware:
         self, scope: Scope, receive: Receive, length: int | None
     ) -> Receive | GatewayError:
         """``receive`` replaying the whole body once it was measured, or the 400 for a
-        JSON body past :attr:`json_limits` (see the module's docstring). Bodies that are
-        not JSON (forms, uploads) pass as they are."""
+        JSON body past :attr:`json_limits` (see the module's docstring). Every body but a
+        multipart upload is measured."""
         if length is None or scope["method"] not in _WITH_BODY:
             return receive
-        content_type = Headers(scope=scope).get("content-type", "").lower().encode()
-        if content_type.startswith(_FORMS):
+        media_type = Headers(scope=scope).get("content-type", "").split(";", 1)[0]
+        if media_type.strip().lower() == _MULTIPART:
             return receive
         chunks: list[bytes] = []
         while True:

@@ -47,6 +47,7 @@ from gateway.metrics import ChatTimer, Metrics
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog, model_takes
 from gateway.serving.images import ImageLimits, ImageReader, template_messages
+from gateway.serving.json_shape import JsonLimits
 from gateway.serving.protocol import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -68,7 +69,6 @@ from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constrain
 from gateway.serving.templating import render_chat
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta, ToolCallDelta, assemble
 from gateway.serving.tools import (
-    DEFAULT_MAX_JSON_DEPTH,
     ToolPlan,
     for_template,
     from_functions,
@@ -386,7 +386,7 @@ class ChatService:
         max_schema_kb: int = DEFAULT_MAX_SCHEMA_KB,
         images: ImageReader | None = None,
         bounds: RequestBounds | None = None,
-        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        json_limits: JsonLimits | None = None,
     ) -> None:
         self.bounds = bounds or RequestBounds()
         self.backend = backend
@@ -398,7 +398,7 @@ class ChatService:
         self.in_flight = in_flight
         self.max_choices = max_choices
         self.max_schema_kb = max_schema_kb
-        self.max_json_depth = max_json_depth
+        self.json_limits = json_limits or JsonLimits.defaults()
         self.images = images or ImageReader(ImageLimits())
 
     async def prepare(
@@ -458,7 +458,7 @@ class ChatService:
         )
         # The history is checked (a call's arguments nested too deep is a 400) before any
         # image is fetched or decoded.
-        messages = openai_messages(request.messages, self.max_json_depth, names)
+        messages = openai_messages(request.messages, self.json_limits, names)
         images = await self.images.read(
             request.messages, model, names, session_id is not None, request.n
         )
@@ -475,7 +475,7 @@ class ChatService:
                 stored, messages, model.context_length, max_tokens, self.sessions.max_stored_kb
             )
             messages = session.messages
-        shown = for_template(messages, self.max_json_depth)
+        shown = for_template(messages, self.json_limits)
         prompt = render_chat(
             template,
             template_messages(shown, request.messages, model, template, names),

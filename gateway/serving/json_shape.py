@@ -18,6 +18,7 @@ was counted.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ _STEP[[ord("{"), ord("[")]] = 1
 _STEP[[ord("}"), ord("]")]] = -1
 _COMMA = ord(",")
 _BACKSLASH = ord("\\")
+_BACKSLASHES = re.compile(rb"\\*")
 _QUOTE_BYTE = b'"'
 
 
@@ -56,6 +58,10 @@ class JsonLimits:
     depth: int
     containers: int
     values: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> JsonLimits:
+        return cls(settings.max_json_depth, settings.max_json_containers, settings.max_json_values)
 
     @classmethod
     def defaults(cls) -> JsonLimits:
@@ -87,9 +93,11 @@ def json_shape(text: bytes | str, limits: JsonLimits | None = None) -> JsonShape
     start = 0
     while start < len(data):
         end = min(start + _WINDOW, len(data))
-        # A window never ends inside a run of backslashes, so each escape is whole in one.
-        while end < len(data) and data[end - 1] == _BACKSLASH:
-            end += 1
+        # A window never ends inside a run of backslashes, so each escape is whole in one
+        # (the run is skipped by the regex engine, not byte by byte in Python).
+        if end < len(data) and data[end - 1] == _BACKSLASH:
+            run = _BACKSLASHES.match(data, end)  # always matches: the run may be empty
+            end = min((run.end() if run else end) + 1, len(data))
         window = data[start:end]
         start = end
         if _QUOTE_BYTE not in window and (in_string or not _counted(window)):
@@ -133,7 +141,10 @@ def _utf8(text: bytes | str) -> bytes:
     encoding = json.detect_encoding(text[:4])
     if encoding in ("utf-8", "utf-8-sig"):
         return text
-    return text.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    try:
+        return text.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    except UnicodeError:
+        return text  # no text in that encoding: the parser refuses it (nothing is built)
 
 
 def _counted(window: bytes) -> bool:

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from gateway.backend.scheduling import MAX_PRIORITY, MIN_PRIORITY
+from gateway.serving.json_shape import json_depth
 
 
 class Strict(BaseModel):
@@ -650,6 +651,10 @@ class TranscriptionRequest(Strict):
             fields["chunking_strategy"] = nested
         elif isinstance(raw, str):
             text = raw.strip()
+            if text.startswith("{") and json_depth(text) > 1:
+                # A flat object: anything deeper is no chunking strategy (and JSON nested
+                # thousands deep would make the parser recurse until it fails).
+                raise ValueError("chunking_strategy is an object of a type and numbers")
             fields["chunking_strategy"] = (
                 json.loads(text) if text.startswith("{") else {"type": text}
             )

@@ -26,10 +26,11 @@ Messages keep OpenAI's shape (assistant ``tool_calls`` with JSON-string argument
 results with ``tool_call_id``; legacy ``function_call`` and ``function`` results are read
 as one call and its result); :func:`for_template` turns them into what Hugging Face chat
 templates expect (arguments as objects, a tool result's function ``name``). A call's
-arguments in the history are parsed for that, so they may nest at most
-``GATEWAY_MAX_JSON_DEPTH`` levels (checked before parsing, see
-:func:`gateway.serving.json_shape.json_depth`): deeper ones are a 400 ``json_too_deep``, not
-a parser that recurses until it fails.
+arguments in the history are parsed for that, so together they may hold what one request
+body may (``GATEWAY_MAX_JSON_DEPTH``, ``_CONTAINERS``, ``_VALUES``; measured before parsing
+by :func:`gateway.serving.json_shape.json_shape`): past it they are a 400 ``json_too_deep``
+or ``json_too_complex``, not a parser that recurses until it fails or builds millions of
+objects.
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backend import ModelInfo
-from gateway.config import Settings
 from gateway.errors import InvalidRequestError, unknown_parser
-from gateway.serving.json_shape import json_depth
+from gateway.serving.json_shape import JsonLimits, JsonShape, json_shape
 from gateway.serving.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -64,7 +64,6 @@ from gateway.serving.tool_parsers import ToolParser, get_parser, parser_names
 from gateway.serving.tool_parsers.forced import CallArrayParser, NamedCallParser
 
 #: ``GATEWAY_MAX_JSON_DEPTH``'s default.
-DEFAULT_MAX_JSON_DEPTH: int = Settings.model_fields["max_json_depth"].default
 
 
 @dataclass(frozen=True)
@@ -284,14 +283,17 @@ def _legacy_result(index: int, message: ChatMessage, pending: dict[str, str]) ->
 
 def openai_messages(
     messages: list[ChatMessage],
-    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    limits: JsonLimits | None = None,
     names: ParamNames | None = None,
 ) -> list[dict[str, Any]]:
     """The request's messages checked and as plain dicts (content as text); a ``tool``
     message must answer a call an earlier assistant message made. A legacy assistant
     ``function_call`` is a tool call, and the ``function`` message answering it its
-    ``tool`` result. A call's arguments nested deeper than ``max_json_depth`` are a 400
-    (named as ``names`` name the messages: a converted request's ``input``)."""
+    ``tool`` result. The calls' arguments are JSON the templates get parsed: together they
+    may hold what one body may (``limits``, the ``GATEWAY_MAX_JSON_*`` settings), or it is a
+    400 (named as ``names`` name the messages: a converted request's ``input``)."""
+    limits = limits or JsonLimits.defaults()
+    held = JsonShape(0, 0, 0)  # what the arguments so far hold together
     calls: dict[str, str] = {}  # call id -> function name
     pending: dict[str, str] = {}  # function name -> id of its legacy call not yet answered
     out: list[dict[str, Any]] = []
@@ -317,7 +319,7 @@ def openai_messages(
         if message.function_call is not None:
             wheres[-1] = f"messages.[{index}].function_call.arguments"
         for call, where in zip(made, wheres, strict=True):
-            _check_depth(call["function"]["arguments"], max_json_depth, where, names)
+            held = _check_arguments(call["function"]["arguments"], held, limits, where, names)
         reasoning = message.reasoning_content or message.reasoning
         if message.reasoning and message.reasoning_content not in (None, message.reasoning):
             raise InvalidRequestError(
@@ -361,22 +363,45 @@ def openai_messages(
     return out
 
 
-def _check_depth(arguments: str, most: int, param: str, names: ParamNames | None) -> None:
-    depth = json_depth(arguments)
-    if depth <= most:
-        return
+def _check_arguments(
+    arguments: str, held: JsonShape, limits: JsonLimits, param: str, names: ParamNames | None
+) -> JsonShape:
+    """What ``held`` and ``arguments`` hold together, measured before anything parses
+    them; a 400 when it passes ``limits`` (a string value is one value of the body, but
+    its JSON becomes objects once parsed: a 30 MB ``[{},{},...]`` would be millions)."""
+    left = JsonLimits(
+        limits.depth, limits.containers - held.containers, limits.values - held.values
+    )
+    shape = json_shape(arguments, left)
+    exceeded = left.exceeded(shape)
+    if exceeded is None:
+        return JsonShape(
+            max(held.depth, shape.depth),
+            held.containers + shape.containers,
+            held.values + shape.values,
+        )
     if names is not None and names.messages != "messages":
         param = names.messages  # a converted request's name for its history (``input``)
+    if exceeded == "depth":
+        raise InvalidRequestError(
+            f"A tool call's arguments in the messages nest {shape.depth} levels deep; the "
+            f"gateway reads JSON nested at most {limits.depth} levels deep "
+            "(GATEWAY_MAX_JSON_DEPTH).",
+            param=param,
+            code="json_too_deep",
+        )
     raise InvalidRequestError(
-        f"A tool call's arguments in the messages nest {depth} levels deep; the gateway "
-        f"reads JSON nested at most {most} levels deep (GATEWAY_MAX_JSON_DEPTH).",
+        "The tool calls' arguments in the messages hold more JSON objects, arrays or values "
+        f"together than the gateway reads in one request ({limits.containers} objects and "
+        f"arrays, {limits.values} values: GATEWAY_MAX_JSON_CONTAINERS, "
+        "GATEWAY_MAX_JSON_VALUES).",
         param=param,
-        code="json_too_deep",
+        code="json_too_complex",
     )
 
 
-def _arguments(raw: str, max_json_depth: int) -> Any:
-    if json_depth(raw) > max_json_depth:
+def _arguments(raw: str, limits: JsonLimits) -> Any:
+    if limits.exceeded(json_shape(raw, limits)) is not None:
         return raw  # a stored turn's, from a model: kept as the text it was
     try:
         return json.loads(raw)
@@ -385,12 +410,13 @@ def _arguments(raw: str, max_json_depth: int) -> Any:
 
 
 def for_template(
-    messages: list[dict[str, Any]], max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    messages: list[dict[str, Any]], limits: JsonLimits | None = None
 ) -> list[dict[str, Any]]:
     """Messages as Hugging Face chat templates take them: a call's arguments as an object
-    (when they are valid JSON nested at most ``max_json_depth`` deep: the request's own
+    (when they are valid JSON within ``limits``, each call's own: the request's own
     were checked by :func:`openai_messages`, a session's stored ones are kept as text
     past it), content never None."""
+    limits = limits or JsonLimits.defaults()
     rendered = []
     for message in messages:
         item = {**message, "content": message.get("content") or ""}
@@ -400,7 +426,7 @@ def for_template(
                     **call,
                     "function": {
                         "name": call["function"]["name"],
-                        "arguments": _arguments(call["function"]["arguments"], max_json_depth),
+                        "arguments": _arguments(call["function"]["arguments"], limits),
                     },
                 }
                 for call in message["tool_calls"]

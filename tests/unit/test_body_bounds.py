@@ -170,3 +170,35 @@ async def test_a_refused_body_is_read_to_its_end_before_the_answer(app: FastAPI)
     assert sent[0]["status"] == 401
     assert answered_at == size  # the whole body was read before the answer began
     assert (b"connection", b"close") not in sent[0]["headers"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/x-www-form-urlencoded+json",
+        "application/vnd.api+json",
+        "text/plain",
+        "Application/JSON; charset=utf-8",
+    ],
+)
+async def test_a_body_is_measured_whatever_type_it_claims(
+    http: httpx.AsyncClient, fake: FakeBackend, content_type: str
+) -> None:
+    # FastAPI parses "+json" types (and more) as JSON: only a multipart upload is not
+    # measured, so no content type walks around the measure.
+    body = json.dumps(chat_body(messages=[{"role": "user", "content": "a"}] * 40_000))
+    refused = await http.post(
+        "/v1/chat/completions", content=body, headers={"content-type": content_type}
+    )
+    assert_openai_error(refused, 400, code="json_too_complex")
+    assert fake.calls == []
+
+
+async def test_bytes_that_are_no_text_are_a_400_not_a_500(http: httpx.AsyncClient) -> None:
+    # The first bytes say UTF-16 and the rest is no UTF-16 at all.
+    refused = await http.post(
+        "/v1/chat/completions",
+        content=b"\xff\xfe[\x00\x00",
+        headers={"content-type": "application/json"},
+    )
+    assert refused.status_code == 400, refused.text

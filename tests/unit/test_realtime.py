@@ -547,6 +547,15 @@ def test_deep_or_broken_json_events_get_an_error_and_the_session_goes_on(
         error = until(socket, "error")[-1]["error"]
         assert error["code"] == "json_too_deep"
         assert "at most 128" in error["message"] and "GATEWAY_MAX_JSON_DEPTH" in error["message"]
+        # 40,000 objects in one event (16 MB could hold millions): measured, not parsed.
+        many = ",".join(["{}"] * 40_000)
+        socket.send_text(
+            '{"type": "conversation.item.create", "item": {"type": "message", "role": "user", '
+            f'"content": [{many}]}}}}'
+        )
+        error = until(socket, "error")[-1]["error"]
+        assert error["code"] == "json_too_complex"
+        assert "GATEWAY_MAX_JSON_CONTAINERS" in error["message"]
         socket.send_text('{"type": "session.update", "session": }')
         error = until(socket, "error")[-1]["error"]
         # Where it broke, in the gateway's words (not Python's "Expecting value: ...").

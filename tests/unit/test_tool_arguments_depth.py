@@ -133,3 +133,24 @@ def test_stored_deep_arguments_reach_a_template_as_text() -> None:
     call["function"]["arguments"] = nested(3)  # type: ignore[index]
     [shown] = for_template([{"role": "assistant", "content": None, "tool_calls": [call]}])
     assert shown["tool_calls"][0]["function"]["arguments"] == json.loads(nested(3))
+
+
+async def test_arguments_that_would_parse_into_millions_of_objects_are_refused(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # One string value of the body, so the body's own measure passes it; parsed for the
+    # template it was 10 million dicts (about a gigabyte) before the refusal.
+    many = "[" + ",".join(["{}"] * 3_000_000) + "]"
+    body = {"model": "fake-chat", "messages": history(many), "tools": [WEATHER]}
+    error = assert_openai_error(await http.post(CHAT, json=body), 400, code="json_too_complex")
+    assert "GATEWAY_MAX_JSON_CONTAINERS" in error["message"]
+    # The bound is on all the calls' arguments together, not on each.
+    some = "[" + ",".join(["{}"] * 20_000) + "]"
+    two = history(some) + history(some)[1:]
+    two[3]["tool_calls"][0]["id"] = "call_2"
+    two[4]["tool_call_id"] = "call_2"
+    refused = await http.post(
+        CHAT, json={"model": "fake-chat", "messages": two, "tools": [WEATHER]}
+    )
+    assert_openai_error(refused, 400, code="json_too_complex")
+    assert fake.calls == []

@@ -266,6 +266,18 @@ async def test_bad_chunking_strategies_are_400_naming_the_field(
     assert fake.transcribe_calls == []
 
 
+async def test_a_deep_chunking_strategy_is_a_400_not_a_500(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # JSON text 5,000 levels deep in a form field made the parser raise RecursionError.
+    deep = '{"type": ' + "[" * 5000 + "]" * 5000 + "}"
+    data = {"model": "fake-stt", "chunking_strategy": deep}
+    response = await http.post(URL, data=data, files={"file": ("a.wav", tone_file(1.0))})
+    error = assert_openai_error(response, 400)
+    assert "chunking_strategy" in error["message"]
+    assert fake.transcribe_calls == []
+
+
 def events_of(response: httpx.Response) -> list[dict[str, object]]:
     return [
         json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")

@@ -15,7 +15,7 @@ from typing import Any
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError
 from gateway.serving.audio import PCM_RATE
-from gateway.serving.json_shape import json_depth
+from gateway.serving.json_shape import JsonLimits, JsonShape, json_shape
 
 PCM_FORMAT = {"type": "audio/pcm", "rate": PCM_RATE}
 
@@ -56,9 +56,9 @@ class Bounds:
     all items together (past it the oldest are dropped)."""
     message_bytes: int
     """One client event (``realtime_max_message_mb``; uvicorn refuses larger ones first)."""
-    json_depth: int = Settings.model_fields["max_json_depth"].default
-    """How deeply a client event's JSON may nest (``max_json_depth``), checked before it is
-    parsed."""
+    json_limits: JsonLimits = field(default_factory=JsonLimits.defaults)
+    """What a client event's JSON may hold (``max_json_depth``, ``max_json_containers``,
+    ``max_json_values``, as a request body), measured before it is parsed."""
 
     @classmethod
     def of(cls, settings: Settings) -> Bounds:
@@ -69,7 +69,7 @@ class Bounds:
             items=settings.realtime_max_items,
             text_bytes=settings.max_stored_kb * 1024,
             message_bytes=int(settings.realtime_max_message_mb * mb),
-            json_depth=settings.max_json_depth,
+            json_limits=JsonLimits.from_settings(settings),
         )
 
 
@@ -173,22 +173,30 @@ _RESPONSE_FIELDS = frozenset(
 )
 
 
-def _too_deep(depth: int, most: int) -> ClientEventError:
+def _too_much(exceeded: str, shape: JsonShape, limits: JsonLimits) -> ClientEventError:
+    if exceeded == "depth":
+        return ClientEventError(
+            f"The event's JSON nests {shape.depth} levels deep; at most {limits.depth} are "
+            "read (GATEWAY_MAX_JSON_DEPTH).",
+            code="json_too_deep",
+        )
     return ClientEventError(
-        f"The event's JSON nests {depth} levels deep; at most {most} are read "
-        "(GATEWAY_MAX_JSON_DEPTH).",
-        code="json_too_deep",
+        f"The event's JSON holds more than {limits.containers} objects and arrays or "
+        f"{limits.values} values, the most the gateway reads in one event "
+        "(GATEWAY_MAX_JSON_CONTAINERS, GATEWAY_MAX_JSON_VALUES).",
+        code="json_too_complex",
     )
 
 
-def _decoded(raw: str | bytes, max_depth: int) -> object:
-    depth = json_depth(raw)
-    if depth > max_depth:
-        raise _too_deep(depth, max_depth)
+def _decoded(raw: str | bytes, limits: JsonLimits) -> object:
+    shape = json_shape(raw, limits)
+    exceeded = limits.exceeded(shape)
+    if exceeded is not None:
+        raise _too_much(exceeded, shape, limits)
     try:
         return json.loads(raw)
     except RecursionError:  # a bound set past what the parser can nest
-        raise _too_deep(depth, max_depth) from None
+        raise _too_much("depth", shape, limits) from None
     except json.JSONDecodeError as exc:
         raise ClientEventError(
             f"The event is not valid JSON (line {exc.lineno}, column {exc.colno}).",
@@ -198,11 +206,11 @@ def _decoded(raw: str | bytes, max_depth: int) -> object:
         raise ClientEventError("The event is not valid JSON text.", code="invalid_json") from exc
 
 
-async def _parse(raw: str | bytes, max_depth: int) -> object:
-    """A client event's JSON, its depth checked first (a large one in a worker thread)."""
+async def _parse(raw: str | bytes, limits: JsonLimits) -> object:
+    """A client event's JSON, measured first (a large one in a worker thread)."""
     if len(raw) > _PARSE_IN_THREAD_BYTES:
-        return await asyncio.to_thread(_decoded, raw, max_depth)
-    return _decoded(raw, max_depth)
+        return await asyncio.to_thread(_decoded, raw, limits)
+    return _decoded(raw, limits)
 
 
 def _unsupported(param: str, message: str) -> ClientEventError:

@@ -281,7 +281,7 @@ class RealtimeSession:
                     "(GATEWAY_REALTIME_MAX_MESSAGE_MB).",
                     code="message_too_large",
                 )
-            event = await _parse(raw, self.services.bounds.json_depth)
+            event = await _parse(raw, self.services.bounds.json_limits)
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ClientEventError(
                     "An event must be a JSON object with a 'type'.", param="type"
