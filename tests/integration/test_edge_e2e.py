@@ -13,8 +13,10 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -84,6 +86,18 @@ def _rss_mb(pid: int) -> float:
     match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
     assert match, status
     return int(match.group(1)) / 1024
+
+
+def _logged(
+    stack: GatewayProcess, done: Callable[[list[dict[str, Any]]], bool]
+) -> list[dict[str, Any]]:
+    """nginx's access log once ``done`` says it holds what a test wants, or after 5 s:
+    nginx writes a request's line just after the response's last byte, so a client can
+    read its answer before the line is there."""
+    deadline = time.monotonic() + 5
+    while not done(log := stack.nginx_access_log()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return log
 
 
 def _head_only(address: str, headers: bytes) -> bytes:
@@ -178,11 +192,11 @@ def test_bad_bodies_through_nginx_cost_other_clients_nothing(stack: GatewayProce
             for client in clients:
                 client.result()
     assert len(codes) >= 4 and set(codes) == {200}, Counter(codes)
-    refused = [
-        entry
-        for entry in stack.nginx_access_log()[before_log:]
-        if entry["status"] in (400, 401, 413)
-    ]
+
+    def refusals(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [entry for entry in log[before_log:] if entry["status"] in (400, 401, 413)]
+
+    refused = refusals(_logged(stack, lambda log: len(refusals(log)) >= 4))
     assert sorted(entry["status"] for entry in refused) == [400, 400, 401, 413], refused
     for entry in refused:  # one replica at most, and it answered (no reset, no retry)
         assert "," not in entry["upstream_addr"], entry
@@ -201,11 +215,8 @@ def test_requests_spread_over_both_replicas(stack: GatewayProcess) -> None:
     with ThreadPoolExecutor(6) as pool:
         codes = list(pool.map(lambda _: _chat(stack, max_tokens=2).status_code, range(24)))
     assert codes == [200] * 24
-    served = Counter(
-        entry["upstream_addr"]
-        for entry in stack.nginx_access_log()[before:]
-        if entry["uri"] == CHAT
-    )
+    log = _logged(stack, lambda log: sum(e["uri"] == CHAT for e in log[before:]) >= 24)
+    served = Counter(entry["upstream_addr"] for entry in log[before:] if entry["uri"] == CHAT)
     assert set(served) == set(replicas), served
     assert min(served.values()) >= 4, served
 
@@ -215,8 +226,9 @@ def test_request_ids_are_passed_through_or_created(stack: GatewayProcess) -> Non
     assert mine.headers["x-request-id"] == "req-42.a"
     made = httpx.get(stack.base_url + "/health/live")
     assert re.fullmatch(r"[0-9a-f]{32}", made.headers["x-request-id"])
-    logged = {entry["request_id"] for entry in stack.nginx_access_log()}
-    assert {"req-42.a", made.headers["x-request-id"]} <= logged
+    wanted = {"req-42.a", made.headers["x-request-id"]}
+    log = _logged(stack, lambda log: wanted <= {entry["request_id"] for entry in log})
+    assert wanted <= {entry["request_id"] for entry in log}
 
 
 def test_the_audit_log_records_the_address_nginx_saw_not_the_clients_claim(
