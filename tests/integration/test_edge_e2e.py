@@ -218,7 +218,10 @@ def test_requests_spread_over_both_replicas(stack: GatewayProcess) -> None:
     log = _logged(stack, lambda log: sum(e["uri"] == CHAT for e in log[before:]) >= 24)
     served = Counter(entry["upstream_addr"] for entry in log[before:] if entry["uri"] == CHAT)
     assert set(served) == set(replicas), served
-    assert min(served.values()) >= 4, served
+    # least_conn sends more to the replica that answers faster (on a loaded 2-core machine
+    # one may be slower for a while: 21 and 3 were seen), but the first six, sent at once
+    # to two idle replicas, are split between them.
+    assert min(served.values()) >= 2, served
 
 
 def test_request_ids_are_passed_through_or_created(stack: GatewayProcess) -> None:
