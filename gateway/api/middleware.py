@@ -457,9 +457,9 @@ class GatewayMiddleware:
             shape = json_shape(body, self.json_limits)
         else:
             shape = await asyncio.to_thread(json_shape, body, self.json_limits)
-        exceeded = self.json_limits.exceeded(shape)
-        if exceeded is not None:
-            return _too_complex(exceeded, self.json_limits)
+        refused = self.json_limits.refusal(shape, "The request body's JSON")
+        if refused is not None:
+            return InvalidRequestError(refused[0], code=refused[1])
         return _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, length: int | None) -> None:
@@ -478,24 +478,6 @@ def _replaying(messages: list[Message], receive: Receive) -> Receive:
         return next(replay, None) or await receive()
 
     return replayed
-
-
-def _too_complex(exceeded: str, limits: JsonLimits) -> InvalidRequestError:
-    if exceeded == "depth":
-        return InvalidRequestError(
-            f"The request body's JSON nests deeper than {limits.depth} levels, the most this "
-            "gateway reads (GATEWAY_MAX_JSON_DEPTH).",
-            code="json_too_deep",
-        )
-    if exceeded == "containers":
-        what, most, setting = "objects and arrays", limits.containers, "CONTAINERS"
-    else:
-        what, most, setting = "values", limits.values, "VALUES"
-    return InvalidRequestError(
-        f"The request body's JSON holds more than {most} {what}, the most this gateway "
-        f"reads in one request (GATEWAY_MAX_JSON_{setting}).",
-        code="json_too_complex",
-    )
 
 
 #: The requests that get a span when traces are on (not the probes, /metrics or the

@@ -73,6 +73,29 @@ class JsonLimits:
             fields["max_json_values"].default,
         )
 
+    def refusal(self, shape: JsonShape, subject: str) -> tuple[str, str] | None:
+        """Why ``subject`` (``"The request body's JSON"``...), of ``shape``, is refused,
+        as the message and the error code (``json_too_deep``, ``json_too_complex``); None
+        when it is within every limit."""
+        exceeded = self.exceeded(shape)
+        if exceeded is None:
+            return None
+        if exceeded == "depth":
+            return (
+                f"{subject} nests {shape.depth} levels deep or more; the gateway reads JSON "
+                f"nested at most {self.depth} levels deep (GATEWAY_MAX_JSON_DEPTH).",
+                "json_too_deep",
+            )
+        if exceeded == "containers":
+            what, most, setting = "objects and arrays", self.containers, "CONTAINERS"
+        else:
+            what, most, setting = "values", self.values, "VALUES"
+        return (
+            f"{subject} holds more than {most} {what}, the most the gateway reads in one "
+            f"request (GATEWAY_MAX_JSON_{setting}).",
+            "json_too_complex",
+        )
+
     def exceeded(self, shape: JsonShape) -> str | None:
         """The name of the first limit ``shape`` passes, or None."""
         if shape.depth > self.depth:

@@ -373,31 +373,15 @@ def _check_arguments(
         limits.depth, limits.containers - held.containers, limits.values - held.values
     )
     shape = json_shape(arguments, left)
-    exceeded = left.exceeded(shape)
-    if exceeded is None:
-        return JsonShape(
-            max(held.depth, shape.depth),
-            held.containers + shape.containers,
-            held.values + shape.values,
-        )
+    together = JsonShape(
+        max(held.depth, shape.depth), held.containers + shape.containers, held.values + shape.values
+    )
+    refused = limits.refusal(together, "The tool calls' arguments in the messages (together)")
+    if refused is None:
+        return together
     if names is not None and names.messages != "messages":
         param = names.messages  # a converted request's name for its history (``input``)
-    if exceeded == "depth":
-        raise InvalidRequestError(
-            f"A tool call's arguments in the messages nest {shape.depth} levels deep; the "
-            f"gateway reads JSON nested at most {limits.depth} levels deep "
-            "(GATEWAY_MAX_JSON_DEPTH).",
-            param=param,
-            code="json_too_deep",
-        )
-    raise InvalidRequestError(
-        "The tool calls' arguments in the messages hold more JSON objects, arrays or values "
-        f"together than the gateway reads in one request ({limits.containers} objects and "
-        f"arrays, {limits.values} values: GATEWAY_MAX_JSON_CONTAINERS, "
-        "GATEWAY_MAX_JSON_VALUES).",
-        param=param,
-        code="json_too_complex",
-    )
+    raise InvalidRequestError(refused[0], param=param, code=refused[1])
 
 
 def _arguments(raw: str, limits: JsonLimits) -> Any:

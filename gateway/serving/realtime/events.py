@@ -173,30 +173,23 @@ _RESPONSE_FIELDS = frozenset(
 )
 
 
-def _too_much(exceeded: str, shape: JsonShape, limits: JsonLimits) -> ClientEventError:
-    if exceeded == "depth":
-        return ClientEventError(
-            f"The event's JSON nests {shape.depth} levels deep; at most {limits.depth} are "
-            "read (GATEWAY_MAX_JSON_DEPTH).",
-            code="json_too_deep",
-        )
-    return ClientEventError(
-        f"The event's JSON holds more than {limits.containers} objects and arrays or "
-        f"{limits.values} values, the most the gateway reads in one event "
-        "(GATEWAY_MAX_JSON_CONTAINERS, GATEWAY_MAX_JSON_VALUES).",
-        code="json_too_complex",
-    )
+def _too_much(shape: JsonShape, limits: JsonLimits) -> ClientEventError | None:
+    refused = limits.refusal(shape, "The event's JSON")
+    return None if refused is None else ClientEventError(refused[0], code=refused[1])
 
 
 def _decoded(raw: str | bytes, limits: JsonLimits) -> object:
     shape = json_shape(raw, limits)
-    exceeded = limits.exceeded(shape)
-    if exceeded is not None:
-        raise _too_much(exceeded, shape, limits)
+    refused = _too_much(shape, limits)
+    if refused is not None:
+        raise refused
     try:
         return json.loads(raw)
     except RecursionError:  # a bound set past what the parser can nest
-        raise _too_much("depth", shape, limits) from None
+        raise ClientEventError(
+            "The event's JSON nests too deep to be read (GATEWAY_MAX_JSON_DEPTH).",
+            code="json_too_deep",
+        ) from None
     except json.JSONDecodeError as exc:
         raise ClientEventError(
             f"The event is not valid JSON (line {exc.lineno}, column {exc.colno}).",
