@@ -13,25 +13,11 @@ times what uvicorn itself spends on a request (``tests/bench/cpu.py``). The rout
 declared in the app, so it is documented in the OpenAPI schema like the others.
 
 A request body larger than ``GATEWAY_MAX_REQUEST_MB`` gets a 413 before the app reads
-it: at once when its ``Content-Length`` says so (the server holds a body to its declared
-length), else (a chunked body) once what arrived passes the limit; a chunked body is read
-here first, up to the limit, so that the answer can still be a 413. A body over
-:data:`CHECKED_BODY_BYTES` (or a chunked one) is read only for a valid key: FastAPI parses
-a body before any dependency runs, so without this anyone could make a replica parse tens
-of megabytes of JSON.
-
-A body refused before it was read (a 413, a 401 for a large body, a 503 while draining) is
-read to its end and dropped (:meth:`GatewayMiddleware._discard`, up to the largest body
-nginx lets through) before the answer goes out: a replica that answered and closed while
-nginx was still sending would reset the connection, and nginx would take the reset for
-the replica's failure (retry elsewhere, mark it down). Memory stays flat: nothing read is
-kept.
-
-A JSON body is measured before FastAPI parses it (:func:`gateway.serving.json_shape.json_shape`):
-nesting deeper than ``GATEWAY_MAX_JSON_DEPTH`` (the standard parser would recurse until it
-fails), or more objects and arrays or values than ``GATEWAY_MAX_JSON_CONTAINERS`` /
-``GATEWAY_MAX_JSON_VALUES`` (each becomes a Python object), is a 400 in milliseconds with
-nothing built from it.
+it, a JSON body past ``GATEWAY_MAX_JSON_*`` a 400 before it is parsed, and a body refused
+before it was read is read to its end and dropped first, so nginx sees no reset
+(:mod:`gateway.api.bodies`). A body over :data:`CHECKED_BODY_BYTES` (or a chunked one) is
+read only for a valid key: FastAPI parses a body before any dependency runs, so without
+this anyone could make a replica parse tens of megabytes of JSON.
 
 While the process drains before it stops (:class:`Drain`, started by SIGTERM), requests
 already running go on to their end and every new one but the liveness probe and
@@ -54,8 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -66,10 +50,11 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import outages
+from gateway.api.bodies import BodyGate, declared_length
 from gateway.api.dependencies import services_of
-from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError, error_body
+from gateway.errors import GatewayError, PayloadTooLargeError, error_body
 from gateway.metrics import Metrics
-from gateway.serving.json_shape import JsonLimits, json_shape
+from gateway.serving.json_shape import JsonLimits
 from gateway.state.admission import Admission
 from gateway.tracing import Activation, Tracing, failed, parent_of
 
@@ -115,40 +100,6 @@ class Drain:
 CHECKED_BODY_BYTES = 1024 * 1024
 
 
-#: What :func:`_declared_length` says of a chunked body: its length is not known before.
-_CHUNKED = -1
-
-#: The longest a refused body is read (and dropped) before the answer goes out regardless.
-DISCARD_WAIT_S = 3.0
-#: Bodies at most this large are measured on the event loop; larger ones in a thread.
-_SHAPED_INLINE_BYTES = 256 * 1024
-#: The one media type whose body is not measured as JSON: an audio upload's form (its file
-#: is binary; its fields are parsed by the form parser, never as a JSON document). Every
-#: other body is measured, whatever it calls itself: FastAPI parses ``application/*+json``
-#: (and more) as JSON, so a list of types that are not JSON would be a way around it.
-_MULTIPART = "multipart/form-data"
-_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
-
-
-def _declared_length(scope: Scope) -> int | None:
-    """A request body's length as its headers declare it: None without a body,
-    :data:`_CHUNKED` when a ``Transfer-Encoding`` frames it (which overrides any
-    ``Content-Length``, RFC 9112 6.3, whatever order they come in: a server that honours the
-    chunks must not be let in under a small declared length), and a malformed or repeated
-    ``Content-Length`` as past every limit."""
-    lengths = []
-    for name, value in scope["headers"]:
-        if name == b"transfer-encoding":
-            return _CHUNKED
-        if name == b"content-length":
-            lengths.append(value)
-    if not lengths:
-        return None
-    if len(set(lengths)) > 1 or not lengths[0].isdigit():
-        return sys.maxsize
-    return int(lengths[0])
-
-
 class GatewayMiddleware:
     def __init__(
         self,
@@ -162,16 +113,12 @@ class GatewayMiddleware:
         json_limits: JsonLimits | None = None,
     ) -> None:
         self.app = app
-        self.json_limits = json_limits or JsonLimits.defaults()
+        self.bodies = BodyGate(max_body_mb, edge_body_mb, json_limits or JsonLimits.defaults())
         self.backend_wait_s = backend_wait_s
         self.metrics = metrics
         self.drain = drain
         self.tracing = tracing
         """Set when traces are on (``gateway.tracing``): /v1 and /admin requests get a span."""
-        self.max_body = int(max_body_mb * 1024 * 1024)
-        # The largest body nginx passes on (Settings.edge_body_mb, which nginx's cap is
-        # rendered from): a refused body up to this size is read and dropped, not reset.
-        self.discard_limit = math.ceil(edge_body_mb) * 1024 * 1024
         self._too_large = (
             f"The request body is larger than {max_body_mb:g} MB, the most this gateway "
             "reads (GATEWAY_MAX_REQUEST_MB)."
@@ -200,20 +147,22 @@ class GatewayMiddleware:
         await self._http(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        length = _declared_length(scope)
+        length = declared_length(scope)
         if self.drain.draining and scope["path"] != "/metrics":
             await self._refuse(scope, receive, send, length)
             return
         refused = await self._unknown_caller(scope, length)
         if refused is not None:
-            await self._send_error(scope, send, refused, await self._discard(receive, length))
+            await self._send_error(scope, send, refused, await self.bodies.discard(receive, length))
             return
-        bounded = await self._bounded(receive, length)
+        bounded = await self.bodies.bounded(receive, length)
         if bounded is None:
             too_large = PayloadTooLargeError(self._too_large, code="request_too_large")
-            await self._send_error(scope, send, too_large, await self._discard(receive, length))
+            await self._send_error(
+                scope, send, too_large, await self.bodies.discard(receive, length)
+            )
             return
-        shaped = await self._shaped(scope, bounded, length)
+        shaped = await self.bodies.shaped(scope, bounded, length)
         if isinstance(shaped, GatewayError):
             await self._send_error(scope, send, shaped)
             return
@@ -384,100 +333,12 @@ class GatewayMiddleware:
         await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels(_route_of(scope), "", str(error.status_code)).inc()
 
-    async def _bounded(self, receive: Receive, length: int | None) -> Receive | None:
-        """``receive`` for a body within the limit; None for one past it."""
-        if length is None:
-            return receive
-        if length != _CHUNKED:
-            return receive if length <= self.max_body else None
-        messages: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > self.max_body:
-                return None
-            if not message.get("more_body", False):
-                break
-        return _replaying(messages, receive)
-
-    async def _discard(self, receive: Receive, length: int | None) -> bool:
-        """Reads what is left of a refused body and drops it; True once it was read to its
-        end. A body declared larger than nginx lets through (only a client that came
-        around it sends one) is not read at all, nor what passes that size, nor what has
-        not arrived within :data:`DISCARD_WAIT_S`."""
-        if length is None:
-            return True
-        if length > self.discard_limit:
-            return False
-
-        async def drop() -> bool:
-            read = 0
-            while read <= self.discard_limit:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return False  # the client went away
-                read += len(message.get("body", b""))
-                if not message.get("more_body", False):
-                    return True
-            return False
-
-        try:
-            # nginx sends a body it buffered at memory speed; a client that holds one back
-            # does not hold the replica's answer for long.
-            return await asyncio.wait_for(drop(), DISCARD_WAIT_S)
-        except TimeoutError:
-            return False
-
-    async def _shaped(
-        self, scope: Scope, receive: Receive, length: int | None
-    ) -> Receive | GatewayError:
-        """``receive`` replaying the whole body once it was measured, or the 400 for a
-        JSON body past :attr:`json_limits` (see the module's docstring). Every body but a
-        multipart upload is measured."""
-        if length is None or scope["method"] not in _WITH_BODY:
-            return receive
-        media_type = Headers(scope=scope).get("content-type", "").split(";", 1)[0]
-        if media_type.strip().lower() == _MULTIPART:
-            return receive
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return _replaying([message], receive)  # the app sees the disconnect
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks
-        if len(body) <= _SHAPED_INLINE_BYTES:
-            shape = json_shape(body, self.json_limits)
-        else:
-            shape = await asyncio.to_thread(json_shape, body, self.json_limits)
-        refused = self.json_limits.refusal(shape, "The request body's JSON")
-        if refused is not None:
-            return InvalidRequestError(refused[0], code=refused[1])
-        return _replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
-
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, length: int | None) -> None:
         """The 503 of a draining process, after the body was read and dropped."""
-        await self._discard(receive, length)
+        await self.bodies.discard(receive, length)
         await send(_DRAINING_START)
         await send({"type": "http.response.body", "body": _DRAINING_BODY})
         self.metrics.requests.labels(_route_of(scope), "", "503").inc()
-
-
-def _replaying(messages: list[Message], receive: Receive) -> Receive:
-    """``receive`` that gives ``messages`` first, then what ``receive`` gives."""
-    replay = iter(messages)
-
-    async def replayed() -> Message:
-        return next(replay, None) or await receive()
-
-    return replayed
 
 
 #: The requests that get a span when traces are on (not the probes, /metrics or the
