@@ -22,6 +22,7 @@ from gateway.api.routers import (
     audio,
     chat,
     completions,
+    conversations,
     embeddings,
     health,
     models,
@@ -194,7 +195,8 @@ def _routes() -> list[BaseRoute]:
     # requires it too); /metrics has its own rule (api/routers/metrics.py); the health
     # probes, the playground and FastAPI's /docs, /redoc and /openapi.json are open.
     v1 = APIRouter(dependencies=[Depends(admit)])
-    for group in (chat, completions, responses, embeddings, audio, realtime, models, sessions):
+    groups = (chat, completions, responses, conversations, embeddings, audio, realtime, models)
+    for group in (*groups, sessions):
         v1.include_router(group.router)
     routes.include_router(v1)
     routes.include_router(admin.router, dependencies=[Depends(require_admin)])

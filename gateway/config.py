@@ -241,6 +241,13 @@ class Settings(BaseSettings):
     """Largest record the gateway stores for a request (a ``/v1/responses`` response with
     its conversation, a session's messages, the text a Realtime session keeps), in KB of
     JSON."""
+    max_conversation_items: int = Field(1000, ge=20, le=100_000)
+    """Items one conversation (``/v1/conversations``) holds at most; adding more is a 400
+    (``too_many_items``). Its record is also bounded by ``max_stored_kb``."""
+    max_stored_chat_completions: int = Field(10_000, ge=1, le=1_000_000)
+    """Stored chat completions (``store: true``) one key may keep at once; past it, storing
+    another is refused (403 ``storage_quota_exceeded``) until some expire or are deleted.
+    It bounds what one ``GET /v1/chat/completions`` with filters reads."""
     realtime_max_buffer_mb: float = Field(15.0, gt=0)
     """Largest Realtime input audio buffer, in pcm16 bytes as the client sent them
     (OpenAI's limit is 15 MB)."""
@@ -302,7 +309,20 @@ class Settings(BaseSettings):
     session_ttl_s: int = Field(86_400, gt=0)
     """How long a chat session is kept after its last use (seconds)."""
     responses_ttl_s: int = Field(30 * 86_400, gt=0)
-    """How long a stored ``/v1/responses`` response is kept (seconds; OpenAI keeps 30 days)."""
+    """How long a stored ``/v1/responses`` response is kept (seconds; OpenAI keeps 30 days).
+    Conversations (``/v1/conversations``) and stored chat completions are kept as long."""
+    reasoning_keys: SecretStr | None = None
+    """Keys that seal a reasoning model's reasoning as ``encrypted_content`` (Responses
+    ``include: ["reasoning.encrypted_content"]``): comma-separated Fernet keys (32
+    url-safe base64 bytes each); the first seals, every one opens, so a new key goes first
+    and an old one is dropped once what it sealed is no longer sent back. Unset: one key
+    derived from ``admin_key`` (every replica shares it)."""
+    max_background_per_key: int = Field(8, ge=1, le=10_000)
+    """Background responses (``background: true``) one key may have running at once;
+    past it, 429 ``too_many_background_responses``."""
+    background_lease_s: float = Field(30.0, ge=2, le=3600)
+    """A running background response's replica renews its lease this often (a third of it);
+    one whose lease ran out (its replica died) reads as ``failed``."""
     concurrency_lease_s: float = Field(60.0, gt=0)
     """A running request holds a concurrency slot for this long and renews it while it
     runs, so a gateway that dies frees its slots after at most this long."""

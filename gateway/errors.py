@@ -84,8 +84,12 @@ class GatewayError(Exception):
 
 
 class InvalidRequestError(GatewayError):
+    """A request the gateway refuses; its ``code`` says why (``invalid_value`` unless a
+    more telling one is given: every refusal has a code)."""
+
     status_code = 400
     type = "invalid_request_error"
+    code = "invalid_value"
 
 
 class AuthenticationError(GatewayError):
@@ -272,13 +276,21 @@ _HTTP_TYPES = {
 }
 
 
+#: The codes of Starlette's own errors (an unknown path, a method a path does not take).
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
 _LOCATIONS = {"body", "query", "path", "header"}
 
 
 def _is_union_tag(part: str) -> bool:
     # pydantic names the member of a union a value failed as (``str``, ``list[str]``,
     # ``function-after[...]``); those are types, not parameters. No field here is so named.
-    return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "none"}
+    # A tagged union's tag has a colon (``tool:function``).
+    return (
+        "[" in part
+        or ":" in part
+        or part in {"str", "int", "float", "bool", "dict", "list", "none"}
+    )
 
 
 def _validation_param(loc: tuple[Any, ...]) -> str | None:
@@ -344,14 +356,26 @@ async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+#: The codes of FastAPI's validation errors, by pydantic's error type (OpenAI's codes; a
+#: value of the wrong type is ``invalid_type``, anything else ``invalid_value``).
+_VALIDATION_CODES = {
+    "json_invalid": "invalid_json",
+    "missing": "missing_required_parameter",
+    "extra_forbidden": "unsupported_parameter",
+}
+
+
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     first = _most_telling(errors) if errors else {"loc": (), "msg": "invalid request"}
     param = _validation_param(tuple(first.get("loc", ())))
     message = str(first.get("msg", "invalid request"))
-    code = None
-    if first.get("type") == "json_invalid":
+    kind = str(first.get("type", ""))
+    code = _VALIDATION_CODES.get(
+        kind, "invalid_type" if kind.endswith("_type") else "invalid_value"
+    )
+    if kind == "json_invalid":
         message, param = "The request body is not valid JSON.", None
     elif first.get("type") == "extra_forbidden":
         # OpenAI's wording for a parameter it does not know; here also one it defines that
@@ -368,7 +392,9 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    body = error_body(str(exc.detail), _HTTP_TYPES.get(exc.status_code, "invalid_request_error"))
+    kind = _HTTP_TYPES.get(exc.status_code, "invalid_request_error")
+    code = _HTTP_CODES.get(exc.status_code, kind)
+    body = error_body(str(exc.detail), kind, code=code)
     return _answer(request, body, exc.status_code, exc.headers)
 
 

@@ -10,6 +10,7 @@ It sits between ``api/`` and ``serving/``: it imports the services and the store
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from redis.asyncio import Redis
 
@@ -22,20 +23,28 @@ from gateway.serving.audio_chat import AudioChat
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.completions import CompletionService
+from gateway.serving.conversations import ConversationService
 from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.json_shape import JsonLimits
 from gateway.serving.realtime import RealtimeServices
 from gateway.serving.request_bounds import RequestBounds
 from gateway.serving.responses import ResponsesService
+from gateway.serving.responses.background import BackgroundResponses
+from gateway.serving.responses.references import References
+from gateway.serving.responses.sealing import ReasoningSeal
 from gateway.serving.speech import SpeechService
+from gateway.serving.stored_chat import StoredChat
 from gateway.serving.transcription import TranscriptionService
-from gateway.state.admission import Gatekeeper
+from gateway.state.admission import Admission, Gatekeeper
 from gateway.state.audit import AuditLog
 from gateway.state.budgets import Budgets, Prices
+from gateway.state.chat_completions import ChatCompletionStore
+from gateway.state.conversations import ConversationStore
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
 from gateway.state.redis import Headroom, RedisHealth
+from gateway.state.response_events import BackgroundRuns
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
 from gateway.state.stored_bytes import StoredBytes
@@ -58,8 +67,11 @@ class Services:
     sessions: SessionStore
     stored_bytes: StoredBytes
     chat: ChatService
+    stored_chat: StoredChat
     completions: CompletionService
     responses: ResponsesService
+    background: BackgroundResponses
+    conversations: ConversationService
     embeddings: EmbeddingService
     speech: SpeechService
     transcription: TranscriptionService
@@ -111,6 +123,20 @@ def build_services(
         settings.max_decodes, settings.queue_max_wait_s, settings.queue_max_waiting
     )
     default_models = DefaultModels(catalog, settings)
+    # Stored responses and conversations: what item_reference and conversation= read.
+    references = References(
+        ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, stored_bytes),
+        ConversationStore(
+            redis,
+            settings.responses_ttl_s,
+            settings.max_stored_kb,
+            settings.max_conversation_items,
+            stored_bytes,
+        ),
+    )
+    responses = ResponsesService(
+        chat, references.responses, ReasoningSeal.from_settings(settings), references
+    )
     return Services(
         settings=settings,
         metrics=metrics,
@@ -124,6 +150,16 @@ def build_services(
         sessions=sessions,
         stored_bytes=stored_bytes,
         chat=chat,
+        stored_chat=StoredChat(
+            chat,
+            ChatCompletionStore(
+                redis,
+                settings.responses_ttl_s,
+                settings.max_stored_kb,
+                stored_bytes,
+                settings.max_stored_chat_completions,
+            ),
+        ),
         completions=CompletionService(
             backend,
             catalog,
@@ -132,10 +168,15 @@ def build_services(
             in_flight=settings.max_inflight_per_request,
             max_schema_kb=settings.max_schema_kb,
         ),
-        responses=ResponsesService(
-            chat,
-            ResponseStore(redis, settings.responses_ttl_s, settings.max_stored_kb, stored_bytes),
+        responses=responses,
+        background=BackgroundResponses(
+            responses,
+            BackgroundRuns(redis, settings.responses_ttl_s, settings.background_lease_s),
+            partial(_settle_background, gatekeeper, metrics),
+            settings.max_background_per_key,
+            settings.background_lease_s,
         ),
+        conversations=ConversationService(references.conversations, references),
         embeddings=EmbeddingService(backend, catalog, settings.max_inflight_per_request),
         speech=speech,
         transcription=TranscriptionService(backend, catalog, decoder, settings.max_audio_seconds),
@@ -157,3 +198,12 @@ def build_services(
         ),
         audit=AuditLog(redis, settings.audit_retention_days, settings.audit_max_entries),
     )
+
+
+async def _settle_background(
+    gatekeeper: Gatekeeper, metrics: Metrics, admission: Admission
+) -> None:
+    """Settles a background response's run when it ends (its tokens, usage and metrics), as
+    the middleware settles a request when it has been answered."""
+    await gatekeeper.finish(admission)
+    metrics.record_usage(admission)

@@ -216,6 +216,16 @@ def span(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Spa
             raise
 
 
+def annotate(prefix: str, values: Mapping[str, str] | None) -> None:
+    """Puts ``values`` on the request's span as ``<prefix>.<key>`` attributes (a client's
+    telemetry ids, such as Responses ``client_metadata``); nothing when it is not traced."""
+    current = trace.get_current_span()
+    if not values or not current.is_recording():
+        return
+    for key, value in values.items():
+        current.set_attribute(f"{prefix}.{key}", value)
+
+
 def client_span(name: str) -> Span | None:
     """A client span under the current request, not made current (for an async generator,
     whose ``yield`` would leak it to its consumer); None when the request is not traced.

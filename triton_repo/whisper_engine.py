@@ -124,6 +124,14 @@ class Whisper:
                         _float("avg_logprob", segment.avg_logprob),
                         _float("no_speech_prob", segment.no_speech_prob),
                         _bytes("language", info.language),
+                        # The rest of Whisper's segment, as OpenAI's verbose_json has it.
+                        _int("seek", [segment.seek]),
+                        _int("tokens", segment.tokens),
+                        _float(
+                            "decode_temperature",
+                            temperature if segment.temperature is None else segment.temperature,
+                        ),
+                        _float("compression_ratio", segment.compression_ratio),
                     ]
                 )
             )
@@ -136,3 +144,7 @@ def _bytes(name: str, value: str) -> Any:
 
 def _float(name: str, value: float) -> Any:
     return pb_utils.Tensor(name, np.array([value], dtype=np.float32))
+
+
+def _int(name: str, values: list[int]) -> Any:
+    return pb_utils.Tensor(name, np.array(values, dtype=np.int32))

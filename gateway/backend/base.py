@@ -133,6 +133,9 @@ class ModelInfo:
     translates: bool = False
     """Transcription models: they translate speech into English (``translates`` parameter
     and a ``task`` input), so ``/v1/audio/translations`` may use them."""
+    segment_scores: bool = True
+    """Transcription models: they report each segment's ``avg_logprob`` and
+    ``no_speech_prob``, which ``verbose_json`` segments carry (never made up)."""
     state: str = ""
     """The server's state of the model, as :attr:`RepositoryModel.state` (empty: never
     loaded, or a backend that does not say)."""
@@ -285,9 +288,19 @@ class Segment:
     start: float
     end: float
     words: tuple[Word, ...] = ()
-    avg_logprob: float = 0.0
-    no_speech_prob: float = 0.0
+    avg_logprob: float | None = None
+    """Whisper's scores of the segment; None: the model reports none."""
+    no_speech_prob: float | None = None
     language: str = ""
+    seek: int = 0
+    """Where the window the segment was decoded in starts, in 10 ms frames (Whisper's
+    ``seek``); 0 from a model that reports none (it heard the audio as one window)."""
+    tokens: tuple[int, ...] = ()
+    """The text's token ids (empty: the model reports none)."""
+    temperature: float | None = None
+    """The temperature the segment was decoded at (after any fallback); None: not told."""
+    compression_ratio: float | None = None
+    """Whisper's compression ratio of the text; None: not told (the gateway computes it)."""
 
 
 @dataclass(frozen=True)
@@ -356,10 +369,11 @@ class Backend(Protocol):
         ...
 
     def synthesize(
-        self, model: str, text: str, voice: str, speed: float
+        self, model: str, text: str, voice: str, speed: float, instructions: str | None = None
     ) -> AsyncGenerator[AudioChunk, None]:
-        """Speaks ``text``, one chunk per sentence as the model produces them. Closing the
-        iterator early cancels the request on the server."""
+        """Speaks ``text``, one chunk per sentence as the model produces them; ``instructions``
+        (how to speak) go to a model that takes them and are dropped for one that does not.
+        Closing the iterator early cancels the request on the server."""
         ...
 
     def transcribe(

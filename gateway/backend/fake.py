@@ -100,7 +100,14 @@ class FakeBackend:
                 structured_outputs=("json", "json_object"),
                 reasoning_parser="qwen3",
             ),
-            ModelInfo("fake-tts", "speech", True, voices=("joe", "amy")),
+            # Like piper_tts: one style of speaking, so instructions are accepted unheeded.
+            ModelInfo(
+                "fake-tts",
+                "speech",
+                True,
+                voices=("joe", "amy"),
+                ignores=frozenset({"instructions"}),
+            ),
             ModelInfo("fake-stt", "transcription", True, languages=("en",)),
             ModelInfo(
                 "fake-embed",
@@ -122,6 +129,8 @@ class FakeBackend:
     token_delay_s: float = 0.0
     calls: list[GenerateCall] = field(default_factory=list)
     speech_calls: list[tuple[str, str, str, float]] = field(default_factory=list)
+    speech_instructions: list[str | None] = field(default_factory=list)
+    """The ``instructions`` of each speech call (None: none reached the model)."""
     transcribe_calls: list[tuple[str, Any, TranscriptionOptions]] = field(default_factory=list)
     embed_calls: list[tuple[str, list[str], str | None]] = field(default_factory=list)
 
@@ -211,12 +220,14 @@ class FakeBackend:
             raise
 
     async def synthesize(
-        self, model: str, text: str, voice: str, speed: float
+        self, model: str, text: str, voice: str, speed: float, instructions: str | None = None
     ) -> AsyncGenerator[AudioChunk, None]:
-        """A 440 Hz tone of ``0.5 / speed`` seconds per sentence, at 22,050 Hz."""
+        """A 440 Hz tone of ``0.5 / speed`` seconds per sentence, at 22,050 Hz. The
+        ``instructions`` that reached it are kept in :attr:`speech_instructions`."""
         self._check_up()
         sentences = [s for s in text.split(".") if s.strip()]
         self.speech_calls.append((model, text, voice, speed))
+        self.speech_instructions.append(instructions)
         rate = 22_050
         length = int(rate * 0.5 / speed)
         tone = (np.sin(2 * np.pi * 440 * np.arange(length) / rate) * 8000).astype(np.int16)
@@ -244,7 +255,18 @@ class FakeBackend:
             )
             language = options.language or "en"  # the language given, else "detected"
             yield Segment(
-                text, start, end, words if options.word_timestamps else (), -0.2, 0.01, language
+                text,
+                start,
+                end,
+                words if options.word_timestamps else (),
+                -0.2,
+                0.01,
+                language,
+                # Whisper's window of 30 s (3,000 frames) the segment falls in; its text's
+                # bytes as token ids; no compression ratio (the gateway computes it).
+                seek=int(start // 30) * 3000,
+                tokens=tuple(text.encode()),
+                temperature=options.temperature,
             )
 
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:

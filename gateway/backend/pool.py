@@ -447,9 +447,9 @@ class BackendPool:
         )
 
     def synthesize(
-        self, model: str, text: str, voice: str, speed: float
+        self, model: str, text: str, voice: str, speed: float, instructions: str | None = None
     ) -> AsyncGenerator[AudioChunk, None]:
-        return self._stream(model, lambda b: b.synthesize(model, text, voice, speed))
+        return self._stream(model, lambda b: b.synthesize(model, text, voice, speed, instructions))
 
     def transcribe(
         self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions

@@ -441,10 +441,10 @@ class TritonBackend:
         yield reader.finish()
 
     async def synthesize(
-        self, model: str, text: str, voice: str, speed: float
+        self, model: str, text: str, voice: str, speed: float, instructions: str | None = None
     ) -> AsyncGenerator[AudioChunk, None]:
         contract = await self.contract(model)
-        inputs = contract.synthesize(text, voice, speed)
+        inputs = contract.synthesize(text, voice, speed, instructions)
         async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
             async for outputs in results:
                 chunk = contract.audio(outputs)

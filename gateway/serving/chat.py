@@ -285,7 +285,11 @@ def logprob_items(tokens: list[TokenLogprob], top: int) -> list[TokenLogprobItem
 
 
 def _finish(backend_reason: str, calls: int, plan: ToolPlan | None) -> str:
-    if not calls or backend_reason != "stop":
+    """The choice's ``finish_reason``: a call the request named (``tool_choice`` or
+    ``function_call`` naming a function) ends with ``stop``, as OpenAI answers; calls the
+    model chose (``auto``, ``required``) with ``tool_calls`` (``function_call`` for legacy
+    functions)."""
+    if not calls or backend_reason != "stop" or (plan is not None and plan.mode == "named"):
         return backend_reason
     return "function_call" if plan is not None and plan.legacy else "tool_calls"
 

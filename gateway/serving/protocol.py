@@ -169,11 +169,15 @@ Hint = Annotated[str, Field(max_length=256)]
 Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 #: OpenAI's ``safety_identifier`` (at most 64 characters).
 SafetyIdentifier = Annotated[str, Field(max_length=64)]
-#: OpenAI's processing tiers; accepted as a hint (there is one tier here).
-ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+#: OpenAI's processing tiers (chat's): accepted as a hint. There is one tier here, so an
+#: answer always says it was served by ``default``.
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+#: The Responses API's tiers (``ultrafast`` besides), accepted the same way.
+ResponsesServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
 
-#: OpenAI's ``reasoning_effort`` values.
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+#: OpenAI's ``reasoning_effort`` values, lowest first (``max``: the model's highest, see
+#: :func:`gateway.serving.reasoning.template_switches`).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 #: ``chat_template_kwargs``: at most 16 variables.
 TemplateKwargs = Annotated[dict[str, Any], Field(max_length=16)]
 
@@ -253,15 +257,22 @@ class AudioOutput(Strict):
     format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"] = "wav"
 
 
+class CacheOptions(Strict):
+    """OpenAI's ``prompt_cache_options``: hints about its prompt cache, accepted and not
+    read (vLLM's and TensorRT-LLM's prefix caches keep what they keep)."""
+
+    comparison_response_id: str | None = Field(None, max_length=256)
+    mode: Literal["implicit", "explicit"] | None = None
+    prewarm: bool | None = None
+    ttl: Literal["30m", "12h"] | None = None
+
+
 #: Official chat parameters the gateway does not implement, and why: refused when set.
 CHAT_REFUSED = {
     "web_search_options": "no model here searches the web",
     "moderation": "no moderation model runs here",
     "verbosity": "no model here adjusts its length to it",
     "prediction": "predicted outputs are not implemented",
-    "metadata": "chat completions are not stored here",
-    "prompt_cache_retention": "the prompt cache is the engine's own",
-    "prompt_cache_options": "the prompt cache is the engine's own",
 }
 
 
@@ -300,8 +311,9 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioOutput | None = None
-    store: Literal[False] | None = None
-    """Chat completions are never stored here: ``false`` is honoured, ``true`` refused."""
+    store: bool | None = None
+    """``true``: the completion is stored under the key, with its request's messages and
+    ``metadata`` (:mod:`gateway.serving.stored_chat`); ``false`` or unset: nothing is."""
     functions: list[FunctionDefinition] | None = Field(None, min_length=1, max_length=128)
     """Legacy function calling: honoured as tools, and answered in its own shape."""
     function_call: Literal["none", "auto"] | NamedFunction | None = None
@@ -323,9 +335,20 @@ class ChatCompletionRequest(SamplingRequest):
     moderation: Any = None
     verbosity: Any = None
     prediction: Any = None
-    metadata: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    """Stored with the completion (``store``) to filter lists by; without ``store``,
+    accepted and unused. OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512."""
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    """A caching hint: accepted metadata (the engine's prefix cache keeps what it keeps;
+    ``docs/conformance.md``)."""
+    prompt_cache_options: CacheOptions | None = None
+    """Caching hints (OpenAI's explicit cache): accepted metadata, as above."""
 
     def wants_audio(self) -> bool:
         return "audio" in (self.modalities or [])
@@ -482,6 +505,8 @@ class ChatCompletion(BaseModel):
     choices: list[ChatCompletionChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: str = "default"
+    """The tier that served it: the one tier here, whatever ``service_tier`` asked."""
 
 
 class CompletionLogprobs(BaseModel):
@@ -584,9 +609,11 @@ class SpeechRequest(Strict):
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
-    instructions: str | None = None
-    """How to speak: no speech model here can be steered so (Piper voices have one style),
-    so it is refused unless the operator lists it in the model's ``openai_ignore``."""
+    instructions: str | None = Field(None, max_length=4096)
+    """How to speak (tone, pace, style): passed to a model whose config maps an input for it
+    (``openai_input_instructions``); a voice without that control reads the same words in
+    its one style, and lists ``instructions`` in ``/v1/models`` ``ignored_parameters``
+    (OpenAI's Agents SDK sends them with every request)."""
 
 
 class ChunkingStrategy(Strict):

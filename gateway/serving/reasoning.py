@@ -11,12 +11,14 @@ constraint (:attr:`gateway.serving.generation.Generation.answer_after`).
 
 ``reasoning_effort`` and ``chat_template_kwargs`` reach the model through its chat
 template: a variable the template reads is set, one it does not read is refused by name
-(:func:`template_switches`).
+(:func:`template_switches`). ``max`` is the template's highest effort
+(:func:`highest_effort`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, get_args
 
@@ -82,7 +84,8 @@ def template_switches(
     if effort is None:
         return switches
     if "reasoning_effort" in reads:
-        _agree(switches, "reasoning_effort", effort, names)
+        value = highest_effort(template) if effort == "max" else effort
+        _agree(switches, "reasoning_effort", value, names)
     elif "enable_thinking" in reads:
         _agree(switches, "enable_thinking", effort != "none", names)
     elif effort != "none" or model.reasoning_parser is not None:
@@ -93,6 +96,16 @@ def template_switches(
             code="unsupported_parameter",
         )
     return switches
+
+
+def highest_effort(template: str) -> str:
+    """What ``reasoning_effort: "max"`` sets in a template that reads ``reasoning_effort``:
+    the highest effort its text names as a string (gpt-oss's templates name ``low``,
+    ``medium`` and ``high``), else ``high``, the highest every such template takes."""
+    for effort in reversed(_EFFORTS[:-1]):
+        if re.search(rf"""['"]{effort}['"]""", template):
+            return str(effort)
+    return "high"
 
 
 def _depth(value: Any) -> int:

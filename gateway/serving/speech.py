@@ -4,6 +4,9 @@ Each sentence from Triton is encoded (PyAV, in a worker thread so the event loop
 blocks) and sent at once, as raw audio bytes in the requested format or as SSE events
 (``speech.audio.delta`` with base64 audio, then ``speech.audio.done``). The first sentence
 is awaited before the response starts, so a request that fails up front gets a real status.
+
+``instructions`` reach a model that takes them (its config maps an input for them); a
+model that cannot follow them lists them as ignored, and reads the same words without them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class PreparedSpeech:
     speed: float
     response_format: str
     sse: bool
+    instructions: str | None = None
+    """How to speak, for a model that takes them (None: none sent)."""
 
     @property
     def content_type(self) -> str:
@@ -60,10 +65,11 @@ class SpeechService:
         speed = request.speed
         if speed != 1.0 and not model_takes(model, "speed"):
             speed = 1.0
-        if request.instructions:
-            # No profile passes instructions to a model yet, so none takes them: a 400,
-            # unless the operator accepts them unheeded (openai_ignore).
-            model_takes(model, "instructions")
+        instructions = request.instructions or None
+        # A model without an input for them ignores them (its profile says so); otherwise
+        # a 400, unless the operator accepts them unheeded (openai_ignore).
+        if instructions is not None and not model_takes(model, "instructions"):
+            instructions = None
         return PreparedSpeech(
             model=request.model,
             text=request.input,
@@ -71,6 +77,7 @@ class SpeechService:
             speed=speed,
             response_format=request.response_format,
             sse=request.stream_format == "sse",
+            instructions=instructions,
         )
 
     async def stream(
@@ -80,7 +87,9 @@ class SpeechService:
         its first sentence."""
         if meter is not None:  # not sized beforehand: refused once a budget is spent
             await meter.check_budget()
-        chunks = self.backend.synthesize(speech.model, speech.text, speech.voice, speech.speed)
+        chunks = self.backend.synthesize(
+            speech.model, speech.text, speech.voice, speech.speed, speech.instructions
+        )
         first = await first_or_close(chunks)
         if first is None:
             raise GatewayError(f"Model '{speech.model}' produced no audio")

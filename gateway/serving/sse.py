@@ -60,6 +60,7 @@ class ChunkWriter:
             "created": created,
             "model": model,
             "system_fingerprint": None,
+            "service_tier": "default",
         }
         return cls(head, usage_null)
 

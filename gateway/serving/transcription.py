@@ -22,6 +22,14 @@ A multilingual model gets no ``language`` unless the client gives one, and detec
 ``verbose_json`` names the language each model reports by its English name, as OpenAI does.
 A translation (``/v1/audio/translations``) is the same job with the ``translate`` task, on
 a model that declares it translates; its output is English.
+
+``verbose_json`` segments carry every field of OpenAI's (and the SDK's
+``TranscriptionSegment``): the model's, where it reports them (Whisper reports all), else
+computed where that is honest: ``seek`` 0 (the model heard its audio as one window),
+``tokens`` empty, ``temperature`` the one asked for, ``compression_ratio`` of the text by
+Whisper's definition (:func:`compression_ratio`). ``avg_logprob`` and ``no_speech_prob`` are
+never made up: a model that reports none serves ``verbose_json`` without segments only (400
+otherwise), as OpenAI refuses ``verbose_json`` for its models that have none.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import weakref
+import zlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -37,8 +46,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.backend import Backend, Segment, TranscriptionOptions
-from gateway.errors import InvalidRequestError
+from gateway.backend import Backend, ModelInfo, Segment, TranscriptionOptions
+from gateway.errors import BackendError, InvalidRequestError
 from gateway.serving.audio import (
     STT_RATE,
     AudioTooLongError,
@@ -54,6 +63,8 @@ from gateway.serving.vad import SpeechStarted, TurnDetector, VadSettings
 from gateway.state.limits import Meter
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+#: Whisper's mel frames per second, the unit of a segment's ``seek``.
+FRAMES_PER_S = 100
 
 
 @dataclass(frozen=True)
@@ -116,11 +127,18 @@ def speech_spans(
 
 
 def _shifted(segment: Segment, seconds: float) -> Segment:
-    """``segment`` of a stretch starting ``seconds`` into the audio, in the audio's times."""
+    """``segment`` of a stretch starting ``seconds`` into the audio, in the audio's times
+    (its ``seek`` too: the window's start in the whole audio's frames)."""
     if not seconds:
         return segment
     words = tuple(replace(w, start=w.start + seconds, end=w.end + seconds) for w in segment.words)
-    return replace(segment, start=segment.start + seconds, end=segment.end + seconds, words=words)
+    return replace(
+        segment,
+        start=segment.start + seconds,
+        end=segment.end + seconds,
+        words=words,
+        seek=segment.seek + round(seconds * FRAMES_PER_S),
+    )
 
 
 def _clock(seconds: float, separator: str) -> str:
@@ -163,16 +181,37 @@ async def transcript(
         return _text([segment async for segment in segments])
 
 
+def compression_ratio(text: str) -> float:
+    """Whisper's compression ratio: the UTF-8 text's length over its zlib-compressed length
+    (above 2.4, Whisper takes the text for a loop)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
 def _segment_json(job: PreparedTranscription, number: int, s: Segment) -> dict[str, Any]:
+    """OpenAI's segment: the model's values, the others computed (see the module's
+    docstring); the scores only from a model that reports them (checked in ``prepare``)."""
+    ratio = s.compression_ratio if s.compression_ratio is not None else compression_ratio(s.text)
+    temperature = s.temperature if s.temperature is not None else job.options.temperature
     return {
         "id": number,
+        "seek": s.seek,
         "start": round(s.start, 3),
         "end": round(s.end, 3),
         "text": s.text,
-        "temperature": job.options.temperature,
-        "avg_logprob": round(s.avg_logprob, 4),
-        "no_speech_prob": round(s.no_speech_prob, 4),
+        "tokens": list(s.tokens),
+        "temperature": round(temperature, 4),
+        "avg_logprob": round(_score(job, s.avg_logprob, "avg_logprob"), 4),
+        "compression_ratio": round(ratio, 4),
+        "no_speech_prob": round(_score(job, s.no_speech_prob, "no_speech_prob"), 4),
     }
+
+
+def _score(job: PreparedTranscription, value: float | None, name: str) -> float:
+    """A score the model declares; one it then leaves out is the model's error."""
+    if value is None:
+        raise BackendError(f"Model '{job.model}' declares {name} but sent none")
+    return value
 
 
 def _words_json(s: Segment) -> list[dict[str, Any]]:
@@ -234,6 +273,21 @@ def _done(job: PreparedTranscription, segments: list[Segment]) -> dict[str, Any]
     return done | {"text": _text(segments)}
 
 
+def _scores_needed(info: ModelInfo, param: str | None = None) -> None:
+    """A 400 for segments from a model that reports no ``avg_logprob`` and
+    ``no_speech_prob``, which OpenAI's segments require and the gateway cannot measure."""
+    if info.segment_scores:
+        return
+    raise InvalidRequestError(
+        f"The model '{info.name}' reports no segment scores (avg_logprob, no_speech_prob), "
+        "which verbose_json segments carry. Use response_format 'json', 'text', 'srt' or "
+        "'vtt' (srt and vtt are timed), or verbose_json with "
+        "timestamp_granularities[]=word alone.",
+        param=param or "response_format",
+        code="unsupported_value",
+    )
+
+
 class TranscriptionService:
     def __init__(
         self,
@@ -274,6 +328,10 @@ class TranscriptionService:
                 "timestamp_granularities[] requires response_format 'verbose_json'.",
                 param="timestamp_granularities[]",
             )
+        # OpenAI's verbose_json has segments unless only words were asked for.
+        chosen = frozenset(granularities or ["segment"])
+        if response_format == "verbose_json" and "segment" in chosen:
+            _scores_needed(info, "timestamp_granularities[]" if granularities else None)
         turn = await self.decoder.turn()
         try:
             audio = await self._decode(turn, upload)
@@ -283,8 +341,6 @@ class TranscriptionService:
         except BaseException:
             turn.release()
             raise
-        # OpenAI's verbose_json has segments unless only words were asked for.
-        chosen = frozenset(granularities or ["segment"])
         return _holding(
             PreparedTranscription(
                 model=model,
@@ -323,6 +379,8 @@ class TranscriptionService:
             prompt = None
         if temperature and not model_takes(info, "temperature"):
             temperature = 0.0
+        if request.response_format == "verbose_json":
+            _scores_needed(info)
         turn = await self.decoder.turn()
         try:
             audio = await self._decode(turn, upload)

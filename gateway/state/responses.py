@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.state.item_index import ItemIndex
 from gateway.state.redis import PREFIX, needs_store
 from gateway.state.stored_bytes import Hold, StoredBytes
 
@@ -123,6 +124,11 @@ class ResponseStore:
             with contextlib.suppress(Exception):  # counted until its TTL at worst
                 await self.stored_bytes.drop(stored.owner, entry)
             raise
+        # Its items, for item_reference (gateway/state/item_index.py).
+        items = [*stored.input_items, *stored.response["output"]]
+        await ItemIndex(self.redis, self.stored_bytes).add_response(
+            stored.owner, entry, items, self.ttl_s
+        )
 
     @needs_store
     async def get(self, owner: str, response_id: str) -> StoredResponse:

@@ -8,6 +8,7 @@ import re
 import httpx
 import openai
 import pytest
+from openai.types.audio import TranscriptionSegment, TranscriptionVerbose
 
 from tests.stack import GatewayProcess
 
@@ -102,3 +103,26 @@ def test_language_the_model_lacks_is_a_clear_error(client: openai.OpenAI, spoken
         )
     assert raised.value.param == "language"
     assert raised.value.code == "unsupported_language"
+
+
+def test_every_sdk_segment_field_comes_from_whisper(stack: GatewayProcess, spoken: bytes) -> None:
+    """openai-python's TranscriptionSegment requires ten fields; whisper_stt sends them all
+    (issue 36): reading the answer through the SDK's types must not raise."""
+    response = httpx.post(
+        stack.base_url + "/v1/audio/transcriptions",
+        data={"model": "whisper_stt", "response_format": "verbose_json", "temperature": "0"},
+        files={"file": ("s.mp3", spoken)},
+        timeout=60,
+        headers=stack.headers,
+    )
+    verbose = TranscriptionVerbose.model_validate(response.json())
+    assert verbose.segments
+    for raw, segment in zip(response.json()["segments"], verbose.segments, strict=True):
+        assert set(raw) >= set(TranscriptionSegment.model_fields)
+        assert isinstance(raw["seek"], int) and isinstance(raw["id"], int)
+        # Whisper's token ids: text tokens (below its special ones, 50257 on), maybe with
+        # the timestamp tokens around them, as OpenAI's whisper-1 sends them.
+        assert segment.tokens and any(0 <= t < 50257 for t in segment.tokens)
+        assert segment.temperature == 0.0 and segment.compression_ratio > 0
+        assert segment.avg_logprob < 0 and 0 <= segment.no_speech_prob <= 1
+        assert segment.seek >= 0 and segment.end > segment.start

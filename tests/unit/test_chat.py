@@ -184,7 +184,7 @@ async def test_single_user_message_prompt(client: openai.AsyncOpenAI, fake: Fake
 async def test_fields_the_gateway_honours_are_accepted(
     http: httpx.AsyncClient, fake: FakeBackend
 ) -> None:
-    # store=false is what the gateway does anyway; user and tool_choice none are honoured.
+    # store=false stores nothing; user and tool_choice none are honoured.
     response = await http.post(
         "/v1/chat/completions", json=chat_body(store=False, user="u1", tool_choice="none")
     )
@@ -194,7 +194,7 @@ async def test_fields_the_gateway_honours_are_accepted(
 
 @pytest.mark.parametrize(
     "field",
-    [{"metadata": {"k": "v"}}, {"store": True}, {"reasoning_effort": "low"}, {"top_a": 5}],
+    [{"reasoning_effort": "low"}, {"top_a": 5}],
 )
 async def test_fields_it_cannot_honour_are_refused_by_name(
     http: httpx.AsyncClient, fake: FakeBackend, field: dict[str, Any]

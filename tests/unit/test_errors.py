@@ -320,8 +320,12 @@ async def test_unexpected_exception_is_a_500_without_internals(
 
 
 async def test_unknown_route_and_wrong_method_get_openai_errors(http: httpx.AsyncClient) -> None:
-    assert_openai_error(await http.get("/v1/nothing-here"), 404, type="not_found_error")
-    assert_openai_error(await http.get(CHAT), 405, type="invalid_request_error")
+    assert_openai_error(
+        await http.get("/v1/nothing-here"), 404, type="not_found_error", code="not_found"
+    )
+    assert_openai_error(
+        await http.put(CHAT), 405, type="invalid_request_error", code="method_not_allowed"
+    )
 
 
 async def test_max_tokens_beyond_the_context_is_400_before_any_generation(

@@ -147,7 +147,7 @@ async def _refusals(http: httpx.AsyncClient, model: str) -> list[int]:
     tone = tone_file(1)
     sent = [
         await http.post("/v1/chat/completions", json=chat_body(model=model, logit_bias={"1": 1})),
-        await http.post("/v1/chat/completions", json=chat_body(model=model, metadata={"a": "b"})),
+        await http.post("/v1/chat/completions", json=chat_body(model=model, verbosity="low")),
         await http.post(
             "/v1/chat/completions", json=chat_body(model=model, priority=0), headers=bearer(bound)
         ),

@@ -31,9 +31,6 @@ VLLM_EXTRAS = {
         ("moderation", {"model": "omni-moderation-latest"}),
         ("verbosity", "low"),
         ("prediction", {"type": "content", "content": "Hello"}),
-        ("metadata", {"k": "v"}),
-        ("prompt_cache_retention", "24h"),
-        ("prompt_cache_options", {"mode": "explicit"}),
     ],
 )
 async def test_official_chat_parameters_not_implemented_are_refused_with_why(
@@ -70,9 +67,12 @@ async def test_hints_are_accepted(client: openai.AsyncOpenAI) -> None:
         user="u1",
         safety_identifier="hashed-user",
         prompt_cache_key="conversation-7",
-        service_tier="default",
+        service_tier="fast",
+        prompt_cache_retention="24h",
+        prompt_cache_options={"mode": "explicit", "ttl": "30m"},
     )
     assert reply.choices[0].message.content == REPLY
+    assert reply.service_tier == "default"  # the one tier here served it
     stream = await client.chat.completions.create(
         model="fake-chat",
         messages=USER_HI,

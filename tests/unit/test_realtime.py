@@ -637,7 +637,11 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
     (update(foo=1), "unknown_parameter", "session.foo"),
     (update(tools=[{"type": "function", "name": "f"}]), "unsupported_parameter", "session.tools"),
     (update(tool_choice="required"), "unsupported_parameter", "session.tool_choice"),
-    (update(tracing="auto"), "unsupported_parameter", "session.tracing"),
+    (
+        update(tracing={"workflow_name": "x", "sampling": 1}),
+        "unknown_parameter",
+        "session.tracing.sampling",
+    ),
     (update(truncation="auto"), "unsupported_parameter", "session.truncation"),
     (update(prompt={"id": "pmpt_1"}), "unsupported_parameter", "session.prompt"),
     (
@@ -682,17 +686,17 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
     ),
     (
         {"type": "response.create", "response": {"conversation": "conv_1"}},
-        "invalid_request_error",
+        "invalid_value",
         "response.conversation",
     ),
     (
         {"type": "response.create", "response": {"metadata": {str(i): "v" for i in range(17)}}},
-        "invalid_request_error",
+        "invalid_value",
         "response.metadata",
     ),
     (
         {"type": "response.create", "response": {"metadata": {"k": "v" * 513}}},
-        "invalid_request_error",
+        "invalid_value",
         "response.metadata.k",
     ),
     (
@@ -721,14 +725,15 @@ def test_every_field_is_honoured_or_refused_by_name(realtime: TestClient) -> Non
         for event, code, param in REFUSED:
             error = refusal(socket, event)
             assert (error["code"] or error["type"], error["param"]) == (code, param), event
-        # What asks for nothing is taken: no tools, tracing off, no noise reduction.
+        # What asks for nothing is taken: no tools, no noise reduction; tracing is metadata.
         accepted = update(
             tools=[],
             tool_choice="none",
-            tracing=None,
+            tracing={"workflow_name": "Voice agent", "group_id": "g-1"},
             truncation="disabled",
             audio={"input": {"noise_reduction": None}},
         )
         socket.send_json(accepted)
         session = until(socket, "session.updated")[-1]["session"]
         assert session["tool_choice"] == "none"
+        assert session["tracing"] == {"workflow_name": "Voice agent", "group_id": "g-1"}

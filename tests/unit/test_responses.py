@@ -293,7 +293,7 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
             "input[0].call_id",
         ),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
-        ({"background": True}, "background"),
+        ({"background": True, "store": False}, "store"),
     ],
 )
 async def test_bad_input_is_a_400_naming_the_parameter(
@@ -717,11 +717,15 @@ async def test_hints_are_accepted_and_echoed(client: openai.AsyncOpenAI) -> None
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"truncation": "auto"}, "truncation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
-        ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
-        ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
+        ({"reasoning": {"context": "all_turns"}}, "reasoning.context"),
+        ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
+        ({"include": ["file_search_call.results"]}, "include[0]"),
+        ({"context_management": [{"type": "compaction"}]}, "context_management"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"background_options": {"continuation_id": "c_1"}}, "background_options.continuation_id"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"include": ["message.output_text.logprobs"], "top_logprobs": 6}, "top_logprobs"),
         ({"model": "fake-plain", "include": ["message.output_text.logprobs"]}, "include"),
@@ -739,9 +743,8 @@ async def test_parameters_it_cannot_honour_are_refused_with_the_reason(
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"text": {"format": {"type": "text", "extra": 1}}}, "text.format.extra"),
-        ({"tools": [{**WEATHER, "defer_loading": True}]}, "tools.[0].defer_loading"),
+        ({"tools": [{**WEATHER, "deferred": True}]}, "tools.[0].deferred"),
     ],
 )
 async def test_unknown_fields_of_text_and_tools_are_refused(

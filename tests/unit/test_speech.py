@@ -127,24 +127,56 @@ async def test_failure_before_the_first_sentence_is_a_real_error(
     assert_openai_error(await http.post(SPEECH, json=body), 500, code="model_error")
 
 
-async def test_instructions_are_refused_unless_the_operator_lets_them_be_ignored(
+async def test_instructions_a_voice_cannot_follow_are_accepted_and_listed_as_ignored(
     client: openai.AsyncOpenAI, fake: FakeBackend
 ) -> None:
-    """No voice here can be steered: instructions are never silently dropped."""
+    """fake-tts, like piper_tts, has one style: the same words are read, without them."""
+    plain = await client.audio.speech.create(model="fake-tts", voice="alloy", input=TEXT)
+    styled = await client.audio.speech.create(
+        model="fake-tts", voice="alloy", input=TEXT, instructions="Whisper it."
+    )
+    assert styled.content == plain.content
+    assert fake.speech_calls[-1] == fake.speech_calls[-2] == ("fake-tts", TEXT, "joe", 1.0)
+    assert fake.speech_instructions == [None, None]
+    listed = await client.models.retrieve("fake-tts")
+    assert listed.model_extra is not None
+    assert listed.model_extra["ignored_parameters"] == ["instructions"]
+    assert "instructions" not in listed.model_extra["parameters"]
+
+
+async def test_instructions_reach_a_model_that_takes_them(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    styled = replace(
+        next(m for m in fake.model_list if m.name == "fake-tts"),
+        name="fake-tts-styled",
+        takes=frozenset({"speed", "instructions"}),
+        ignores=frozenset(),
+    )
+    fake.model_list.append(styled)
+    await client.audio.speech.create(
+        model="fake-tts-styled", voice="alloy", input=TEXT, instructions="Whisper it."
+    )
+    assert fake.speech_instructions == ["Whisper it."]
+    listed = await client.models.retrieve("fake-tts-styled")
+    assert listed.model_extra is not None and "instructions" in listed.model_extra["parameters"]
+
+
+async def test_instructions_are_refused_by_a_model_that_neither_takes_nor_ignores_them(
+    client: openai.AsyncOpenAI, fake: FakeBackend
+) -> None:
+    """Only a model whose profile cannot tell (none serves speech today) and whose operator
+    did not list them in openai_ignore."""
+    strict = replace(
+        next(m for m in fake.model_list if m.name == "fake-tts"),
+        name="fake-tts-strict",
+        ignores=frozenset(),
+    )
+    fake.model_list.append(strict)
     with pytest.raises(openai.BadRequestError) as refused:
         await client.audio.speech.create(
-            model="fake-tts", voice="alloy", input=TEXT, instructions="Whisper it."
+            model="fake-tts-strict", voice="alloy", input=TEXT, instructions="Whisper it."
         )
     assert refused.value.body["param"] == "instructions"  # type: ignore[index]
     assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
     assert not fake.speech_calls
-    lax = replace(
-        next(m for m in fake.model_list if m.name == "fake-tts"),
-        name="fake-tts-lax",
-        ignores=frozenset({"instructions"}),
-    )
-    fake.model_list.append(lax)
-    spoken = await client.audio.speech.create(
-        model="fake-tts-lax", voice="alloy", input=TEXT, instructions="Whisper it."
-    )
-    assert spoken.content and fake.speech_calls[-1][1] == TEXT

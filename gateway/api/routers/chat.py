@@ -1,19 +1,22 @@
-"""POST /v1/chat/completions."""
+"""/v1/chat/completions: create (stream or not; ``store: true`` keeps it), and the stored
+completions of the caller's key: list, retrieve, update, delete, list messages."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.api.auth import AdmissionDep
+from gateway.api.auth import AdmissionDep, CallerDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.backend import scheduling
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.serving.sse import SSE_HEADERS
+from gateway.serving.stored_chat import StoredChatUpdate
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 
@@ -43,6 +46,8 @@ async def create_chat_completion(
     scheduling.start(priority, session_id, body.prompt_cache_key)
     chat, audio_chat = services.chat, services.audio_chat
     audio = AudioChat.involved(body)
+    stored = services.stored_chat
+    stored.check(body, audio)
     if audio:
         await services.catalog.get(body.model, "chat")  # a 404 before any audio is heard
         resolved = audio_chat.resolve_inputs(body, admission.key, meter)
@@ -59,11 +64,80 @@ async def create_chat_completion(
             request, audio_chat.complete(prepared, body, admission.key, meter)
         )
         return Response(spoken.model_dump_json(), media_type="application/json", headers=headers)
+    owner = admission.key.id
     if body.stream:
-        events = await chat.stream(prepared, meter)
+        if body.store:
+            events = await stored.stream(prepared, body, owner, meter)
+        else:
+            events = await chat.stream(prepared, meter)
         return StreamingResponse(
             events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
         )
-    completion = await cancel_on_disconnect(request, chat.complete(prepared, meter))
+    work = (
+        stored.complete(prepared, body, owner, meter)
+        if body.store
+        else chat.complete(prepared, meter)
+    )
+    completion = await cancel_on_disconnect(request, work)
     # Serialized by pydantic-core directly: FastAPI's generic encoder costs more per call.
     return Response(completion.model_dump_json(), media_type="application/json", headers=headers)
+
+
+#: ``metadata[<key>]=<value>`` query parameters (the SDK's encoding of ``metadata``).
+_METADATA_PARAM = re.compile(r"metadata\[(.+)\]")
+
+
+@router.get("/chat/completions")
+async def list_chat_completions(
+    request: Request,
+    caller: CallerDep,
+    services: ServicesDep,
+    model: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "asc",
+) -> dict[str, Any]:
+    """The caller's stored chat completions (oldest first by default), of ``model`` and with
+    every ``metadata[k]=v`` pair given, paginated as OpenAI lists are (``after`` an id)."""
+    metadata = {
+        found.group(1): value
+        for name, value in request.query_params.multi_items()
+        if (found := _METADATA_PARAM.fullmatch(name))
+    }
+    return await services.stored_chat.list(caller.id, model, metadata, after, limit, order)
+
+
+@router.get("/chat/completions/{completion_id}")
+async def get_chat_completion(
+    completion_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
+    """A stored completion of the caller's key; 404 for another key's or an unknown id."""
+    return await services.stored_chat.retrieve(caller.id, completion_id)
+
+
+@router.post("/chat/completions/{completion_id}")
+async def update_chat_completion(
+    completion_id: str, body: StoredChatUpdate, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
+    """Replaces a stored completion's metadata (``null``: none)."""
+    return await services.stored_chat.update(caller.id, completion_id, body.metadata)
+
+
+@router.delete("/chat/completions/{completion_id}")
+async def delete_chat_completion(
+    completion_id: str, caller: CallerDep, services: ServicesDep
+) -> dict[str, Any]:
+    return await services.stored_chat.delete(caller.id, completion_id)
+
+
+@router.get("/chat/completions/{completion_id}/messages")
+async def list_chat_completion_messages(
+    completion_id: str,
+    caller: CallerDep,
+    services: ServicesDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "asc",
+) -> dict[str, Any]:
+    """The messages of a stored completion's request, paginated (``after`` a message id)."""
+    return await services.stored_chat.messages(caller.id, completion_id, after, limit, order)

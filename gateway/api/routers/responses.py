@@ -1,4 +1,5 @@
-"""/v1/responses: create (stream or not), retrieve, list input items, delete."""
+"""/v1/responses: create (stream or not, in the background or not), retrieve (a background
+response's events too), cancel, list input items, delete."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ async def create_response(
     responses = services.responses
     prepared = await responses.prepare(body, owner=admission.key.id)
     scheduling.start(priority, prepared.root, body.prompt_cache_key)
+    if body.background:
+        background = services.background
+        queued = await background.start(prepared, admission)
+        if body.stream:
+            events = await background.follow(admission.key.id, prepared.id, None)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return Response(json.dumps(queued), media_type="application/json")
     if body.stream:
         events = await responses.stream(prepared, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -35,10 +43,35 @@ async def create_response(
     return Response(json.dumps(response), media_type="application/json")
 
 
-@router.get("/{response_id}")
-async def get_response(response_id: str, caller: CallerDep, services: ServicesDep) -> Any:
-    """A stored response of the caller's key; 404 for another key's or an unknown id."""
-    return (await services.responses.store.get(caller.id, response_id)).response
+@router.get("/{response_id}", response_model=None)
+async def get_response(
+    response_id: str,
+    caller: CallerDep,
+    services: ServicesDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=-1)] = None,
+    include_obfuscation: bool = False,
+) -> Any:
+    """A stored response of the caller's key as it stands (404 for another key's or an
+    unknown id); with ``stream``, a background response's events after ``starting_after``,
+    then the rest as they come."""
+    if include_obfuscation:
+        raise InvalidRequestError(
+            "Stream obfuscation is not supported by this gateway; set it to false.",
+            param="include_obfuscation",
+            code="unsupported_parameter",
+        )
+    if stream:
+        events = await services.background.follow(caller.id, response_id, starting_after)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await services.background.current(caller.id, response_id)
+
+
+@router.post("/{response_id}/cancel")
+async def cancel_response(response_id: str, caller: CallerDep, services: ServicesDep) -> Any:
+    """Cancels a background response of the caller's key; one that has ended is returned
+    as it is."""
+    return await services.background.cancel(caller.id, response_id)
 
 
 @router.get("/{response_id}/input_items")
@@ -75,5 +108,7 @@ async def list_input_items(
 async def delete_response(
     response_id: str, caller: CallerDep, services: ServicesDep
 ) -> dict[str, Any]:
+    stored = await services.responses.store.get(caller.id, response_id)
     await services.responses.store.delete(caller.id, response_id)
+    await services.background.forget(stored)
     return {"id": response_id, "object": "response.deleted", "deleted": True}

@@ -121,7 +121,7 @@ class Contract:
             profile=self.profile,
             release=self.release(),
             takes=self.takes(),
-            ignores=frozenset(config.names("openai_ignore")),
+            ignores=frozenset(config.names("openai_ignore")) | self.unheeded(),
             default_max_tokens=config.integer("default_max_tokens"),
             bos_token=bos,
             eos_token=eos,
@@ -129,6 +129,7 @@ class Contract:
             adapters=self.adapters() if self.task() == "chat" else (),
             image_input=self.image_input() if self.task() == "chat" else None,
             translates=self.translates(),
+            segment_scores=self.segment_scores(),
         )
 
     def voices(self) -> tuple[str, ...]:
@@ -169,6 +170,17 @@ class Contract:
     def translates(self) -> bool:
         """Transcription models: whether they translate into English."""
         return False
+
+    def segment_scores(self) -> bool:
+        """Transcription models: whether they report Whisper's segment scores
+        (``avg_logprob``, ``no_speech_prob``)."""
+        return False
+
+    def unheeded(self) -> frozenset[str]:
+        """Parameters the model cannot follow that clients send by default, accepted and
+        not honoured (added to the operator's ``openai_ignore``; listed in ``/v1/models``
+        ``ignored_parameters``)."""
+        return frozenset()
 
     def sample_rate(self) -> int | None:
         return self.config.integer("sample_rate")
@@ -221,7 +233,9 @@ class Contract:
 
     # -- speech, transcription, embeddings -----------------------------------------------
 
-    def synthesize(self, text: str, voice: str, speed: float) -> list[streams.Input]:
+    def synthesize(
+        self, text: str, voice: str, speed: float, instructions: str | None = None
+    ) -> list[streams.Input]:
         raise self._unsupported("speech")
 
     def audio(self, outputs: streams.Outputs) -> AudioChunk | None:

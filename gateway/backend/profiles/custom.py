@@ -9,14 +9,17 @@ of truth (see ``triton_repo/README.md``, "Fronting your Triton"):
   ``temperature``, ``top_p``, ``seed``, ``stop``, ``presence_penalty``,
   ``frequency_penalty``, ``stream``, and vLLM's ``top_k``, ``min_p``,
   ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (vLLM's meanings);
-  speech: ``text``, ``voice``, ``speed``; transcription: ``audio`` (FP32 samples at
-  ``sample_rate``, or the encoded file as BYTES), ``language``, ``prompt``,
-  ``temperature``, ``task`` (``transcribe`` or ``translate``); embeddings: ``text``,
-  ``input_type``. Chat's ``lora`` (BYTES): the name of the LoRA adapter a request asked
-  for (one of ``lora_adapters``), absent without.
+  speech: ``text``, ``voice``, ``speed``, ``instructions`` (how to speak: a model without
+  it reads the same words in its one style, and lists ``instructions`` as ignored);
+  transcription: ``audio`` (FP32 samples at ``sample_rate``, or the encoded file as
+  BYTES), ``language``, ``prompt``, ``temperature``, ``task`` (``transcribe`` or
+  ``translate``); embeddings: ``text``, ``input_type``. Chat's ``lora`` (BYTES): the name
+  of the LoRA adapter a request asked for (one of ``lora_adapters``), absent without.
 - ``openai_output_<field>``: the output that returns it. Chat: ``text``,
   ``finish_reason``, ``prompt_tokens``, ``completion_tokens``; speech: ``audio`` (FP32 in
-  [-1, 1] or INT16 samples), ``sample_rate``; transcription: ``text``; embeddings:
+  [-1, 1] or INT16 samples), ``sample_rate``; transcription: ``text``, and Whisper's
+  segment fields ``start``, ``end``, ``words``, ``language``, ``seek``, ``tokens``,
+  ``temperature``, ``compression_ratio``, ``avg_logprob``, ``no_speech_prob``; embeddings:
   ``embedding``, ``prompt_tokens``.
 - ``openai_output_text_mode``: ``delta`` (each response holds new text, the default) or
   ``cumulative``; ``sample_rate``: the rate of audio tensors; ``translates``: ``true`` for a
@@ -59,7 +62,7 @@ from gateway.errors import BackendError, InvalidRequestError
 #: the config does not map.
 DEFAULT_INPUTS = {
     "chat": {"prompt": "text_input", "stream": "stream"},
-    "speech": {"text": "text", "voice": "voice", "speed": "speed"},
+    "speech": {"text": "text", "voice": "voice", "speed": "speed", "instructions": "instructions"},
     "transcription": {
         "audio": "audio",
         "language": "language",
@@ -81,6 +84,11 @@ DEFAULT_OUTPUTS = {
         "avg_logprob": "avg_logprob",
         "no_speech_prob": "no_speech_prob",
         "language": "language",
+        "seek": "seek",
+        "tokens": "tokens",
+        # Not "temperature": that name is the request's input.
+        "temperature": "decode_temperature",
+        "compression_ratio": "compression_ratio",
     },
     "embeddings": {"embedding": "embedding", "prompt_tokens": "num_input_tokens"},
 }
@@ -129,7 +137,7 @@ class CustomContract(Contract):
         if task == "chat":
             return frozenset({f for f in _CHAT_FIELDS if self.input(f)} | {"stop"})
         if task == "speech":
-            return frozenset({"speed"} if self.input("speed") else ())
+            return frozenset(f for f in ("speed", "instructions") if self.input(f))
         if task == "transcription":
             return frozenset(f for f in ("language", "prompt", "temperature") if self.input(f))
         return frozenset()
@@ -140,6 +148,18 @@ class CustomContract(Contract):
             self.unusable_adapters(names, "no openai_input_lora input takes the adapter's name")
             return ()
         return names
+
+    def unheeded(self) -> frozenset[str]:
+        # The OpenAI Agents SDK sends instructions with every speech request: a voice that
+        # cannot follow them still reads the same words.
+        if self.task() == "speech" and self.input("instructions") is None:
+            return frozenset({"instructions"})
+        return frozenset()
+
+    def segment_scores(self) -> bool:
+        if self.task() != "transcription":
+            return False
+        return all(self.output_of(f) for f in ("avg_logprob", "no_speech_prob"))
 
     def translates(self) -> bool:
         declared = self.config.parameters.get("translates", "").strip().lower() == "true"
@@ -212,7 +232,9 @@ class CustomContract(Contract):
             return declared
         return ("default",)  # one voice: OpenAI's voice names map onto it
 
-    def synthesize(self, text: str, voice: str, speed: float) -> list[streams.Input]:
+    def synthesize(
+        self, text: str, voice: str, speed: float, instructions: str | None = None
+    ) -> list[streams.Input]:
         target = self.input("text")
         if self.task() != "speech" or target is None:
             raise self._unsupported("speech")
@@ -221,6 +243,8 @@ class CustomContract(Contract):
             values[name] = voice
         if (name := self.input("speed")) is not None:
             values[name] = speed
+        if (name := self.input("instructions")) is not None and instructions:
+            values[name] = instructions
         return [self.config.tensor(n, v) for n, v in values.items()]
 
     def audio(self, outputs: streams.Outputs) -> AudioChunk | None:
@@ -283,22 +307,31 @@ class CustomContract(Contract):
         if text is None:
             return None  # the empty final response
 
-        def number(field: str, default: float = 0.0) -> float:
+        def told(field: str) -> float | None:
             found = self.output_of(field)
-            value = outputs.first_number(found) if found is not None else None
+            return outputs.first_number(found) if found is not None else None
+
+        def number(field: str, default: float) -> float:
+            value = told(field)
             return default if value is None else value
 
         words_output = self.output_of("words")
         words = json.loads(outputs.first_bytes(words_output) or b"[]") if words_output else []
         language = self.output_of("language")
+        tokens_output = self.output_of("tokens")
+        tokens = outputs.array(tokens_output) if tokens_output is not None else None
         return Segment(
             text=text.decode("utf-8", errors="replace"),
-            start=number("start"),
+            start=number("start", 0.0),
             end=number("end", duration),
             words=tuple(Word(w["word"], w["start"], w["end"]) for w in words),
-            avg_logprob=number("avg_logprob"),
-            no_speech_prob=number("no_speech_prob"),
+            avg_logprob=told("avg_logprob"),
+            no_speech_prob=told("no_speech_prob"),
             language=(outputs.first_bytes(language) or b"").decode() if language else "",
+            seek=int(number("seek", 0.0)),
+            tokens=tuple(int(t) for t in tokens.reshape(-1)) if tokens is not None else (),
+            temperature=told("temperature"),
+            compression_ratio=told("compression_ratio"),
         )
 
     # -- embeddings --------------------------------------------------------------------

@@ -57,6 +57,9 @@ class SessionConfig:
     max_output_tokens: int | None = None
     temperature: float | None = None
     tool_choice: str = "auto"
+    tracing: str | dict[str, Any] | None = None
+    """OpenAI's trace settings (``auto``, or a workflow name, group id and metadata): accepted
+    metadata, echoed; the gateway's own traces cover the session (docs/tracing.md)."""
 
     def to_json(self, session_id: str) -> dict[str, Any]:
         detection: dict[str, Any] | None = None
@@ -90,7 +93,7 @@ class SessionConfig:
             # A conversation that outgrows the model's context is not cut to fit: the
             # response fails with context_length_exceeded (OpenAI's "disabled").
             "truncation": "disabled",
-            "tracing": None,
+            "tracing": self.tracing,
             "audio": {
                 "input": {
                     "format": PCM_FORMAT,
@@ -147,12 +150,6 @@ class Configurator:
                 "session.include",
                 "Log probabilities of input transcriptions are not reported by this gateway.",
             )
-        if spec.get("tracing") is not None:
-            raise _unsupported(
-                "session.tracing",
-                "Tracing to OpenAI's dashboard does not exist here (the gateway's logs and "
-                "metrics trace sessions); send null.",
-            )
         if spec.get("truncation", "disabled") != "disabled":
             raise _unsupported(
                 "session.truncation",
@@ -161,6 +158,8 @@ class Configurator:
                 "context_length_exceeded (delete items to make room).",
             )
         config = replace(current)
+        if "tracing" in spec:
+            config.tracing = _tracing(spec["tracing"])
         if spec.get("model") is not None:
             requested = _string(spec["model"], "session.model")
             config.model = await self.services.model_for("chat", requested, "session.model")
@@ -319,3 +318,22 @@ def _configure_vad(config: SessionConfig, spec: dict[str, Any]) -> None:
     config.create_response = spec.get("create_response", config.create_response)
     config.interrupt_response = spec.get("interrupt_response", config.interrupt_response)
     config.vad = VadSettings(float(threshold), padding, silence)
+
+
+#: The most a ``tracing`` object holds (it is echoed with the session).
+_MAX_TRACING_CHARS = 1024
+
+
+def _tracing(value: object) -> str | dict[str, Any] | None:
+    """``session.tracing`` as given: null, ``auto``, or an object of ``workflow_name``,
+    ``group_id`` and ``metadata`` (bounded: it is echoed)."""
+    param = "session.tracing"
+    if value is None or value == "auto":
+        return value
+    spec = _object(value, param)
+    _fields(spec, param, {"workflow_name", "group_id", "metadata"})
+    if len(repr(spec)) > _MAX_TRACING_CHARS:
+        raise ClientEventError(
+            f"tracing holds at most {_MAX_TRACING_CHARS} characters.", param=param
+        )
+    return spec

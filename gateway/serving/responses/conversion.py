@@ -11,22 +11,21 @@ chat path's, given the Responses names in :data:`RESPONSES_NAMES`."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving.chat import PreparedChat, logprob_items
-from gateway.serving.protocol import FUNCTION_NAME, ChatCompletionRequest, ParamNames, Usage
+from gateway.serving.protocol import ChatCompletionRequest, ParamNames, Usage
 from gateway.serving.responses.protocol import (
     ContentPart,
-    FunctionTool,
     InputItem,
     PreparedResponse,
     ResponsesRequest,
     TextConfig,
     ToolChoiceFunction,
 )
+from gateway.serving.responses.tools import ToolNames, stored_tools
 from gateway.state.responses import StoredResponse, new_id
 
 
@@ -167,7 +166,10 @@ def input_messages(
             call = {
                 "id": item.call_id,
                 "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments or "{}"},
+                "function": {
+                    "name": ToolNames.chat_name(item.name, item.namespace),
+                    "arguments": item.arguments or "{}",
+                },
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
@@ -183,6 +185,7 @@ def input_messages(
                     "type": "function_call",
                     "call_id": item.call_id,
                     "name": item.name,
+                    **({"namespace": item.namespace} if item.namespace else {}),
                     "arguments": item.arguments or "{}",
                     "status": "completed",
                 }
@@ -221,11 +224,6 @@ def input_messages(
 
 def _reasoning_of(item: InputItem, param: str) -> str:
     """The text of a reasoning item sent back (an earlier response's output)."""
-    if item.encrypted_content is not None:
-        raise InvalidRequestError(
-            "Encrypted reasoning is not made here: send a reasoning item's reasoning_text.",
-            param=f"{param}.encrypted_content",
-        )
     parts = item.content if isinstance(item.content, list) else []
     for number, part in enumerate(parts):
         if part.type != "reasoning_text" or part.text is None:
@@ -238,31 +236,6 @@ def _reasoning_of(item: InputItem, param: str) -> str:
     if not parts and item.summary:  # an item with only its summary stands for it
         parts = item.summary
     return "".join(part.text or "" for part in parts)
-
-
-def _chat_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    out = []
-    for index, tool in enumerate(tools):
-        if tool.type != "function":
-            raise InvalidRequestError(
-                f"Tools of type '{tool.type}' are not supported; only function tools.",
-                param=f"tools[{index}].type",
-            )
-        if not tool.name:
-            raise InvalidRequestError("A function tool needs a name.", param=f"tools[{index}].name")
-        if not re.fullmatch(FUNCTION_NAME, tool.name):
-            raise InvalidRequestError(
-                f"Invalid function name '{tool.name}': letters, digits, '_' and '-' only, "
-                "at most 64 characters.",
-                param=f"tools[{index}].name",
-                code="invalid_value",
-            )
-        function: dict[str, Any] = {"name": tool.name, "description": tool.description}
-        function |= {"parameters": tool.parameters, "strict": tool.strict}
-        out.append({"type": "function", "function": function})
-    return out
 
 
 def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
@@ -290,7 +263,9 @@ RESPONSES_NAMES = ParamNames(
 
 
 def chat_request(
-    request: ResponsesRequest, messages: list[dict[str, Any]]
+    request: ResponsesRequest,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
 ) -> ChatCompletionRequest:
     """The chat request ``request`` is served as: ``instructions`` as the system message,
     then ``messages`` (the stored chain and the new input). Its errors are the chat path's
@@ -298,7 +273,8 @@ def chat_request(
     system = [{"role": "system", "content": request.instructions}]
     tool_choice: Any = request.tool_choice
     if isinstance(tool_choice, ToolChoiceFunction):
-        tool_choice = {"type": "function", "function": {"name": tool_choice.name}}
+        name = ToolNames.chat_name(tool_choice.name, tool_choice.namespace)
+        tool_choice = {"type": "function", "function": {"name": name}}
     if not messages and not request.instructions:
         raise InvalidRequestError(
             "The input holds no message to answer (a reasoning item alone is not one).",
@@ -310,7 +286,7 @@ def chat_request(
         "max_completion_tokens": request.max_output_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
-        "tools": _chat_tools(request.tools),
+        "tools": tools,
         "tool_choice": tool_choice,
         "parallel_tool_calls": request.parallel_tool_calls,
         "response_format": _response_format(request.text),
@@ -357,27 +333,41 @@ def _message_item(
     }
 
 
-def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    """A reasoning model's reasoning, whole (no summary is made)."""
+def _reasoning_item(
+    item_id: str, text: str, status: str, sealed: str | None = None
+) -> dict[str, Any]:
+    """A reasoning model's reasoning, whole (no summary is made), with the reasoning sealed
+    as ``encrypted_content`` when the request asked for it (``sealed``)."""
     part = {"type": "reasoning_text", "text": text}
-    return {
+    item = {
         "id": item_id,
         "type": "reasoning",
         "status": status,
         "summary": [],
         "content": [part] if status != "in_progress" else [],
     }
+    if sealed is not None:
+        item["encrypted_content"] = sealed
+    return item
 
 
 def _call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str
+    item_id: str,
+    call_id: str,
+    name: str,
+    arguments: str,
+    status: str,
+    names: ToolNames | None = None,
 ) -> dict[str, Any]:
+    """A ``function_call`` item; ``name`` as the model called it (a namespace's function
+    is reported by its ``name`` and ``namespace``, see :class:`ToolNames`)."""
+    fields = names.item_fields(name) if names is not None else {"name": name}
     return {
         "id": item_id,
         "type": "function_call",
         "status": status,
         "call_id": call_id,
-        "name": name,
+        **fields,
         "arguments": arguments,
     }
 
@@ -408,10 +398,13 @@ def _response_object(
         "output": output,
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
+        "conversation": (
+            {"id": prepared.conversation.id} if prepared.conversation is not None else None
+        ),
         "prompt_cache_key": request.prompt_cache_key,
         "reasoning": {
             "effort": request.reasoning.effort if request.reasoning else None,
-            "summary": None,
+            "summary": request.reasoning.summary if request.reasoning else None,
         },
         "safety_identifier": request.safety_identifier,
         "service_tier": "default",
@@ -425,10 +418,11 @@ def _response_object(
             )
         },
         "tool_choice": tool_choice,
-        "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
+        "tools": stored_tools(request),
         "top_logprobs": request.top_logprobs,
         "top_p": 1.0 if request.top_p is None else request.top_p,
-        "truncation": "disabled",
+        "truncation": request.truncation or "disabled",
+        "truncated_messages": prepared.truncated,
         "usage": _usage(usage) if usage is not None else None,
         "user": request.user,
         "metadata": request.metadata or {},
@@ -441,8 +435,8 @@ def _stored_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
     ``tool_choice: "none"`` the model was not shown them (:mod:`gateway.serving.tools`), so
     only their names are kept, not descriptions and schemas that shaped nothing."""
     if request.tool_choice != "none":
-        return [t.model_dump(exclude_none=True) for t in request.tools or []]
-    return [{"type": t.type, "name": t.name} for t in request.tools or []]
+        return stored_tools(request)
+    return [{"type": t.type, "name": getattr(t, "name", None)} for t in request.tools or []]
 
 
 def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
@@ -456,7 +450,10 @@ def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredRespo
         {
             "id": item["call_id"],
             "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
+            "function": {
+                "name": ToolNames.chat_name(item["name"], item.get("namespace")),
+                "arguments": item["arguments"],
+            },
         }
         for item in output
         if item["type"] == "function_call"

@@ -6,23 +6,35 @@ a request once validated and rendered by the chat path."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.serving.chat import PreparedChat
 from gateway.serving.protocol import (
     FUNCTION_NAME,
+    CacheOptions,
     Echoed,
     Hint,
     Priority,
     ReasoningEffort,
+    ResponsesServiceTier,
     SafetyIdentifier,
-    ServiceTier,
     Strict,
 )
+from gateway.state.conversations import ConversationTurn
 from gateway.state.stored_bytes import Hold
+
+if TYPE_CHECKING:
+    from gateway.serving.responses.tools import ToolNames
+
+
+def _tool_names() -> ToolNames:
+    from gateway.serving.responses.tools import ToolNames
+
+    return ToolNames()
 
 
 class ContentPart(Strict):
@@ -63,30 +75,101 @@ class InputItem(Strict):
     """An earlier output item's status, sent back with it (stored items are completed)."""
     summary: list[ContentPart] | None = None
     """A reasoning item's summary (none is made here: sent back empty)."""
-    encrypted_content: Any = None
+    encrypted_content: str | None = None
+    """A reasoning item's reasoning as the gateway sealed it (``include:
+    ["reasoning.encrypted_content"]``): opened and given to the model
+    (:mod:`gateway.serving.responses.sealing`)."""
+    namespace: str | None = None
+    """A ``function_call`` item's namespace (a call of a namespace tool's function)."""
+    caller: Echoed = None
+    """What made an earlier call (the model, ``direct``), sent back with it."""
 
 
 class ReasoningConfig(Strict):
     """``reasoning``: its ``effort`` is the chat path's ``reasoning_effort`` (see
-    :mod:`gateway.serving.reasoning`); no summary is made (the reasoning is given whole, as
-    ``reasoning_text``), so ``summary`` is refused."""
+    :mod:`gateway.serving.reasoning`). A summary is asked for with ``summary`` (or the
+    older ``generate_summary``): accepted, and the reasoning item's ``summary`` stays empty,
+    because no model here writes one (its reasoning comes whole, as ``reasoning_text``; a
+    summary is never invented). ``context`` ``auto`` and ``mode`` ``standard`` are what runs
+    here; the others are refused by name."""
 
     effort: ReasoningEffort | None = None
-    summary: Any = None
-    generate_summary: Any = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: str | None = Field(None, max_length=64)
 
 
 class FunctionTool(Strict):
+    """A function tool; the fields of OpenAI's newer function tools that change nothing
+    here are accepted (``defer_loading``: offered at once, there is no tool search here;
+    ``output_schema``: a description of what the function returns, not shown)."""
+
     type: str
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    allowed_callers: list[Literal["direct", "programmatic"]] | None = None
+    """Who may call it: ``direct`` (the model) is the only caller here."""
+    defer_loading: bool | None = None
+    output_schema: dict[str, Any] | None = None
+    async_: bool | None = Field(None, alias="async")
+    """An asynchronous function (the model goes on before its output): refused when true."""
+
+
+class NamespaceTool(Strict):
+    """``{"type": "namespace", "name", "description", "tools"}``: functions grouped under a
+    name (Codex puts its MCP tools so). Each is offered to the model as
+    ``<namespace>__<name>``, and its calls come back as OpenAI reports them: a
+    ``function_call`` item with ``name`` and ``namespace``."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    tools: list[FunctionTool] = Field(max_length=128)
+
+
+#: OpenAI's hosted tools (it runs them), by their ``type``: refused with ``unsupported_tool``
+#: (no server here searches, runs code or calls MCP servers for the model), saying what to
+#: turn off. ``custom`` (free-form input by a grammar) is refused the same way.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search", "web_search_2025_08_26", "web_search_preview",
+        "web_search_preview_2025_03_11", "file_search", "code_interpreter", "computer",
+        "computer_use_preview", "image_generation", "mcp", "local_shell", "shell",
+        "apply_patch", "tool_search", "programmatic_tool_calling", "custom",
+    }
+)  # fmt: skip
+
+
+class HostedTool(BaseModel):
+    """A hosted tool, with whatever fields its type has (its type is what is refused)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if isinstance(kind, str) and kind in HOSTED_TOOLS:
+        return "tool:hosted"
+    return "tool:namespace" if kind == "namespace" else "tool:function"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("tool:function")]
+    | Annotated[NamespaceTool, Tag("tool:namespace")]
+    | Annotated[HostedTool, Tag("tool:hosted")],
+    Discriminator(_tool_kind),
+]
 
 
 class ToolChoiceFunction(Strict):
     type: Literal["function"]
     name: str = Field(min_length=1)
+    namespace: str | None = None
+    """The function's namespace, for a function of a namespace tool."""
 
 
 class TextFormat(Strict):
@@ -99,13 +182,47 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """Refused when set (as chat's ``verbosity``): no model here adjusts its length to it."""
 
 
-#: The one ``include`` value the gateway can fill.
+#: The ``include`` values the gateway fills: log probabilities, and a reasoning model's
+#: reasoning sealed for a stateless client to send back (``gateway.serving.responses.sealing``).
 LOGPROBS = "message.output_text.logprobs"
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+#: Input images' URLs are always kept in the items (nothing to add for it).
+INPUT_IMAGES = "message.input_image.image_url"
+INCLUDABLE = (LOGPROBS, ENCRYPTED_REASONING, INPUT_IMAGES)
 #: OpenAI's bounds on ``metadata``: 16 pairs, keys of 64 characters, values of 512.
 MetadataKey = Annotated[str, Field(max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
+
+
+class ResponsesStreamOptions(Strict):
+    include_obfuscation: bool | None = None
+    """Nothing here pads events: ``false`` is honoured, ``true`` refused."""
+
+
+class ImageOptions(Strict):
+    """``image``: how input images are kept in the context (a hint: accepted metadata)."""
+
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
+
+
+class BackgroundOptions(Strict):
+    """``background_options``: any ``completion_window`` is met (a background response
+    runs at once); ``continuation_id`` is refused."""
+
+    completion_window: Literal["soonest", "2h", "8h"] | None = None
+    continuation_id: str | None = Field(None, max_length=256)
+
+
+#: Official Responses parameters the gateway does not implement, and why: refused when set.
+RESPONSES_REFUSED = {
+    "context_management": "no context compaction runs here (truncation 'auto' drops the "
+    "oldest items instead)",
+    "moderation": "no moderation model runs here",
+}
 
 
 class ResponsesRequest(Strict):
@@ -115,17 +232,20 @@ class ResponsesRequest(Strict):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(None, ge=1)
     """Honoured by keeping the first calls of the answer (OpenAI: further calls are
     ignored)."""
     text: TextConfig | None = None
-    include: list[str] | None = None
+    include: list[str] | None = Field(None, max_length=32)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     truncation: Literal["auto", "disabled"] | None = None
+    """``auto``: the oldest items are dropped until the input fits the model's context
+    (:mod:`gateway.serving.responses.truncation`)."""
     stream: bool | None = False
+    stream_options: ResponsesStreamOptions | None = None
     store: bool | None = True
     previous_response_id: str | None = None
     metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
@@ -141,37 +261,69 @@ class ResponsesRequest(Strict):
     user: Hint | None = None
     safety_identifier: SafetyIdentifier | None = None
     prompt_cache_key: Hint | None = None
-    service_tier: ServiceTier | None = None
+    service_tier: ResponsesServiceTier | None = None
     priority: Priority | None = None
     """vLLM's scheduling priority (lower first; see ``docs/scheduling.md``)."""
+    # Caching hints (accepted metadata: the engine's prefix cache keeps what it keeps).
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: CacheOptions | None = None
+    client_metadata: dict[MetadataKey, MetadataValue] | None = Field(
+        None, max_length=32, exclude=True
+    )
+    """Telemetry ids of the client (Codex sends its session and turn ids): not in
+    openai-python's types, accepted by OpenAI; put on the request's trace span, never
+    stored or echoed."""
+    access_programs: dict[str, str] | None = Field(None, max_length=8)
+    """OpenAI's access programs (its own account checks): accepted metadata."""
+    image: ImageOptions | None = None
+    background_options: BackgroundOptions | None = None
+    # Declared so that setting one gets its reason (see RESPONSES_REFUSED).
+    context_management: Any = None
+    moderation: Any = None
 
     def wants_logprobs(self) -> bool:
         return LOGPROBS in (self.include or [])
 
+    def wants_encrypted_reasoning(self) -> bool:
+        return ENCRYPTED_REASONING in (self.include or [])
+
     def unsupported(self) -> tuple[str, str] | None:
-        if self.background:
-            return "background", "Background responses are not supported by this gateway."
-        if self.conversation is not None:
-            return "conversation", "Conversations are not supported; use previous_response_id."
+        for param, why in RESPONSES_REFUSED.items():
+            if getattr(self, param) is not None:
+                return param, f"{param} is not supported by this gateway: {why}."
         if self.prompt is not None:
             return "prompt", "Prompt templates are not supported; send input and instructions."
         reasoning = self.reasoning
-        if reasoning is not None and (reasoning.summary or reasoning.generate_summary):
-            name = "summary" if reasoning.summary else "generate_summary"
-            return f"reasoning.{name}", (
-                "Reasoning summaries are not made here: a reasoning model's reasoning comes "
-                "whole, as the reasoning item's reasoning_text."
+        if reasoning is not None and reasoning.context not in (None, "auto"):
+            return "reasoning.context", (
+                "Which earlier reasoning the model sees is its chat template's choice here; "
+                "only 'auto' is taken."
             )
-        if self.truncation == "auto":
-            return "truncation", (
-                "truncation 'auto' is not supported: a conversation longer than the model's "
-                "context is a 400 (context_length_exceeded), never shortened."
-            )
+        if reasoning is not None and reasoning.mode not in (None, "standard"):
+            return "reasoning.mode", "Only the 'standard' reasoning mode runs here."
         for index, value in enumerate(self.include or []):
-            if value != LOGPROBS:
+            if value not in INCLUDABLE:
                 return f"include[{index}]", (
-                    f"include '{value}' is not supported; only '{LOGPROBS}' is."
+                    f"include '{value}' is not supported: it names the output of a hosted "
+                    f"tool this gateway does not run (it fills {', '.join(INCLUDABLE)})."
                 )
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true."
+        if self.stream_options is not None and self.stream_options.include_obfuscation:
+            return (
+                "stream_options.include_obfuscation",
+                "Stream obfuscation is not supported by this gateway; set it to false.",
+            )
+        if self.text is not None and self.text.verbosity is not None:
+            return "text.verbosity", (
+                "text.verbosity is not supported by this gateway: no model here adjusts its "
+                "length to it."
+            )
+        options = self.background_options
+        if options is not None and options.continuation_id is not None:
+            return "background_options.continuation_id", (
+                "Continuing a background response by id is not supported here."
+            )
         if self.top_logprobs is not None and not self.wants_logprobs():
             return "top_logprobs", f"top_logprobs needs include ['{LOGPROBS}']."
         if isinstance(self.input, list) and not self.input:
@@ -194,6 +346,20 @@ class PreparedResponse:
     root: str = ""
     """The first response of its ``previous_response_id`` chain (its own id when it starts
     one): what routes the chain's requests to one Triton server."""
+    tool_names: ToolNames = field(default_factory=lambda: _tool_names())
+    """The request's namespaced functions (how their calls are reported)."""
+    seal: Callable[[str], str] | None = None
+    """Seals the reasoning as ``encrypted_content``, when the request includes it."""
+    truncated: int = 0
+    """Messages ``truncation: "auto"`` left out (oldest first) so the input fits."""
+
+    def sealed(self, reasoning: str) -> str | None:
+        """``reasoning`` sealed as ``encrypted_content`` (None unless it was asked for)."""
+        return self.seal(reasoning) if self.seal is not None else None
+
     hold: Hold | None = None
     """The room held in the key's stored bytes for its record (with ``store``), until it is
     saved or given back."""
+    conversation: ConversationTurn | None = None
+    """The conversation it continues (``conversation=``), which its input and output join
+    when it is done."""

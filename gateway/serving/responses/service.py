@@ -16,10 +16,14 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
+from cryptography.fernet import Fernet
+
+from gateway import tracing
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
-from gateway.serving.chat import ChatService
+from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.protocol import Usage
+from gateway.serving.responses import truncation
 from gateway.serving.responses.conversion import (
     RESPONSES_NAMES,
     _call_item,
@@ -33,16 +37,41 @@ from gateway.serving.responses.conversion import (
     input_messages,
 )
 from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
+from gateway.serving.responses.references import References
+from gateway.serving.responses.sealing import ReasoningSeal, opened
 from gateway.serving.responses.stream import _StreamWriter
+from gateway.serving.responses.tools import chat_tools
 from gateway.serving.sse import failure
+from gateway.state.conversations import ConversationStore
 from gateway.state.limits import Meter
 from gateway.state.responses import ResponseStore, new_id
 
 
+def _images(messages: list[dict[str, Any]]) -> int:
+    return sum(
+        1
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    )
+
+
 class ResponsesService:
-    def __init__(self, chat: ChatService, store: ResponseStore) -> None:
+    def __init__(
+        self,
+        chat: ChatService,
+        store: ResponseStore,
+        seal: ReasoningSeal | None = None,
+        references: References | None = None,
+    ) -> None:
         self.chat = chat
         self.store = store
+        # item_reference items and conversation= (over the same Redis as the store).
+        self.references = references or References(
+            store, ConversationStore(store.redis, store.ttl_s, store.max_stored_kb)
+        )
+        self.seal = seal or ReasoningSeal([Fernet.generate_key()])
 
     async def prepare(self, request: ResponsesRequest, owner: str) -> PreparedResponse:
         problem = request.unsupported()
@@ -57,10 +86,16 @@ class ResponsesService:
             history = previous.messages
             earlier = [*previous.input_items, *previous.response["output"]]
             root = previous.root or request.previous_response_id
-        new, items = input_messages(request.input, history)
+        continued = await self.references.conversation(request, owner)
+        if continued is not None:
+            history, earlier = continued.messages, continued.items
+        request = await self.references.resolve(request, owner)
+        tracing.annotate("gateway.client_metadata", request.client_metadata)
+        given = opened(request.input, self.seal, owner)
+        new, items = input_messages(given, history)
         messages = history + new
-        names = replace(RESPONSES_NAMES, image_parts=image_names(request.input, history))
-        chat = await self.chat.prepare(chat_request(request, messages), names=names)
+        tools, tool_names = chat_tools(request)
+        chat, truncated = await self._chat(request, messages, tools, image_names(given, history))
         prepared = PreparedResponse(
             id=response_id,
             request=request,
@@ -69,13 +104,41 @@ class ResponsesService:
             input_items=[*earlier, *items],
             messages=messages,
             root=root,
+            tool_names=tool_names,
+            truncated=truncated,
+            conversation=continued.turn if continued is not None else None,
         )
+        self.references.check_turn(continued, items)
+        if request.wants_encrypted_reasoning() and chat.reasoner is not None:
+            prepared.seal = self.seal.sealer(owner, request.model)
         if request.store is not False:
             # What is known before generating (all but the answer) must fit the store, and
             # the key's and project's quotas.
             known = _record(prepared, _response_object(prepared, "in_progress", []))
             prepared.hold = await self.store.hold(known)
         return prepared
+
+    async def _chat(
+        self,
+        request: ResponsesRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: tuple[str, ...],
+    ) -> tuple[PreparedChat, int]:
+        """The chat request the response is served as, validated and rendered, and how many
+        messages ``truncation: "auto"`` left out to fit the context."""
+        names = replace(RESPONSES_NAMES, image_parts=images)
+
+        async def prepare(kept: list[dict[str, Any]]) -> PreparedChat:
+            # An image's name is its place among the request's images: with messages left
+            # out, the kept ones are the last.
+            kept_names = replace(names, image_parts=images[len(images) - _images(kept) :])
+            return await self.chat.prepare(chat_request(request, kept, tools), names=kept_names)
+
+        if request.truncation != "auto":
+            return await prepare(messages), 0
+        chat, _, dropped = await truncation.fit(messages, prepare)
+        return chat, dropped
 
     async def _give_back(self, prepared: PreparedResponse) -> None:
         """Gives back the room held for the request's record, if it still holds some."""
@@ -99,6 +162,7 @@ class ResponsesService:
     ) -> dict[str, Any]:
         """The final response object; stored (with ``store``) before it is returned."""
         response = _response_object(prepared, status, output, usage)
+        await self.references.append_turn(prepared, output)  # conversation=, before storing
         if prepared.request.store is not False:
             await self.store.save(_record(prepared, response), prepared.hold)
             prepared.hold = None  # it is the record's now
@@ -116,12 +180,23 @@ class ResponsesService:
             status = "incomplete" if result.finish_reason == "length" else "completed"
             output = []
             if reply.reasoning is not None:
-                output.append(_reasoning_item(new_id("rs"), reply.reasoning, "completed"))
+                output.append(
+                    _reasoning_item(
+                        new_id("rs"), reply.reasoning, "completed", prepared.sealed(reply.reasoning)
+                    )
+                )
             if content or not calls:
                 logprobs = _logprobs(chat, result.logprobs)
                 output.append(_message_item(new_id("msg"), content or "", status, logprobs))
             for call in calls:
-                item = _call_item(new_id("fc"), call.id, call.name, call.arguments, "completed")
+                item = _call_item(
+                    new_id("fc"),
+                    call.id,
+                    call.name,
+                    call.arguments,
+                    "completed",
+                    prepared.tool_names,
+                )
                 output.append(item)
             return await self._finish(prepared, status, output, run.usage())
 

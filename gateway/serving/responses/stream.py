@@ -46,6 +46,8 @@ class _StreamWriter:
         """Those sent with the open message's deltas."""
         self.text = ""
         """Everything generated so far (a strict call's arguments continue it)."""
+        self.call_name = ""
+        """The open call's function as the model named it (a namespace's: joined)."""
         self.call_at: int | None = None
         """Where the open call's arguments start in :attr:`text`."""
         self.generation_run: generation.GenerationRun | None = None
@@ -69,7 +71,7 @@ class _StreamWriter:
             tools is not None
             and open_ is not None
             and open_["type"] == "function_call"
-            and open_["name"] in tools.strict
+            and self.call_name in tools.strict
         )
 
     def _opened(self, kind: str) -> bool:
@@ -126,7 +128,15 @@ class _StreamWriter:
                 continue
             if piece.id is not None:
                 events += await self._close("completed")
-                self.open = _call_item(new_id("fc"), piece.id, piece.name or "", "", "in_progress")
+                self.call_name = piece.name or ""
+                self.open = _call_item(
+                    new_id("fc"),
+                    piece.id,
+                    self.call_name,
+                    "",
+                    "in_progress",
+                    self.prepared.tool_names,
+                )
                 self.call_at = piece.at
                 if piece.at is not None and self.reasoner is not None:
                     self.call_at = piece.at + (self.reasoner.content_at or 0)
@@ -161,7 +171,7 @@ class _StreamWriter:
         events = []
         if strict:
             assert self.generation_run is not None
-            call = ParsedCall(item["call_id"], item["name"], item["arguments"], self.call_at)
+            call = ParsedCall(item["call_id"], self.call_name, item["arguments"], self.call_at)
             item["arguments"] = await self.service.chat.strict_arguments(
                 self.prepared.chat,
                 self.generation_run,
@@ -179,7 +189,8 @@ class _StreamWriter:
                 )
             )
         if item["type"] == "reasoning":
-            item = _reasoning_item(item["id"], item["text"], "completed")
+            text = item["text"]
+            item = _reasoning_item(item["id"], text, "completed", self.prepared.sealed(text))
             (part,) = item["content"]
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             events.append(self.event("response.reasoning_text.done", **ids, text=part["text"]))

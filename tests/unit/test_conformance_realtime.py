@@ -1,0 +1,91 @@
+"""``docs/conformance.md``'s Realtime tables checked over the WebSocket (the fake backend):
+each field of the SDK's session and response configs is known to the gateway (an honoured
+one, sent as null, is never an unknown parameter), a refused one is an ``error`` event with
+the doc's code naming it, a metadata one is taken, and a made-up one is unknown. The doc's
+tables and the sample values are those of :mod:`tests.unit.test_conformance`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.backend.fake import FakeBackend
+from tests.unit.conftest import AUTH, make_settings
+from tests.unit.test_conformance import MADE_UP, Row, all_rows, names, sample_values
+
+#: The models of a Realtime session on the fake backend: chat, speech, transcription.
+VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
+USER_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+
+
+def _event(table: str, field: str, value: Any) -> tuple[dict[str, Any], str]:
+    """The client event that sets ``field`` of ``table`` to ``value``, and its path."""
+    if table == "realtime.response":
+        return {"type": "response.create", "response": {field: value}}, f"response.{field}"
+    path = table.removeprefix("realtime.").split(".")[1:]  # session.audio.input -> audio, input
+    spec: dict[str, Any] = {field: value}
+    for name in reversed(path):
+        spec = {name: spec}
+    session = {"type": "realtime", "output_modalities": ["text"]} | spec
+    return {"type": "session.update", "session": session}, ".".join(["session", *path, field])
+
+
+def _answer(table: str, field: str, value: Any) -> tuple[list[dict[str, Any]], str]:
+    """What a session sends while it handles the event setting ``field`` to ``value``:
+    a retrieve of no item follows it, whose ``error`` ends the answer."""
+    event, path = _event(table, field, value)
+    app = create_app(make_settings(models=VOICE_MODELS), backend=FakeBackend())
+    with TestClient(app) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        if table == "realtime.response":  # something to respond to
+            ws.send_json({"type": "conversation.item.create", "item": USER_ITEM})
+        ws.send_json(event)
+        ws.send_json({"type": "conversation.item.retrieve", "item_id": "-", "event_id": "end"})
+        seen = []
+        while (received := json.loads(ws.receive_text()))["type"] != "error" or (
+            received["error"].get("event_id") != "end"
+        ):
+            seen.append(received)
+    return seen, path
+
+
+def _realtime_cases() -> list[Any]:
+    cases = []
+    for table, row in all_rows():
+        if not table.startswith("realtime"):
+            continue
+        values = [None] if row.kind == "honoured" else sample_values(table, row) or [None]
+        for index, value in enumerate(values):
+            cases.append(pytest.param(table, row, value, id=f"{table}-{row.field}-{index}"))
+    return cases
+
+
+@pytest.mark.parametrize(("table", "row", "value"), _realtime_cases())
+def test_each_realtime_field_is_known_and_taken_as_its_class(
+    table: str, row: Row, value: Any
+) -> None:
+    """An honoured field (sent as null) is never an unknown parameter; a refused one is an
+    ``error`` with its code naming it; a metadata one is no error."""
+    if row.kind != "honoured":
+        assert value is not None, f"SAMPLES has no value for {table} '{row.field}'"
+    seen, path = _answer(table, row.field, value)
+    errors = [event["error"] for event in seen if event["type"] == "error"]
+    unknown = [e for e in errors if e.get("code") == "unknown_parameter"]
+    assert not unknown, f"{path} is unknown to the gateway: {unknown}"
+    if row.kind == "refused":
+        assert errors, f"{path} = {value!r} was not refused"
+        assert errors[0]["code"] == row.code, errors[0]
+        assert names(errors[0]["param"], path), errors[0]
+    if row.kind == "metadata":
+        assert not errors, f"{path} = {value!r} was refused: {errors}"
+
+
+@pytest.mark.parametrize("table", ["realtime.session", "realtime.response"])
+def test_a_made_up_realtime_field_is_unknown(table: str) -> None:
+    seen, path = _answer(table, MADE_UP, 1)
+    errors = [event["error"] for event in seen if event["type"] == "error"]
+    assert errors and errors[0]["code"] == "unknown_parameter", errors
+    assert errors[0]["param"] == path
