@@ -7,7 +7,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The npm openai client that tests/integration/test_js_sdk.py drives (pinned by its lock file).
+# The npm clients the integration tests drive: openai, the Vercel AI SDK, the Codex CLI (pinned by the lock file).
 JS_STAMP := tests/js/node_modules/.installed
 # llama-cpp-python is built from source; a native (-march=native) build crashed on some
 # CPUs, so build a portable one. pip caches the wheel after the first build.
@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.priorities
 	$(BIN)/python -m tests.bench.faults
 	$(BIN)/python -m tests.bench.hostile
+	$(BIN)/python -m tests.bench.stateless
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps

@@ -239,8 +239,8 @@ class Settings(BaseSettings):
     """Largest JSON schema (``response_format``, a tool's ``parameters``) in KB of JSON."""
     max_stored_kb: int = Field(1024, ge=1)
     """Largest record the gateway stores for a request (a ``/v1/responses`` response with
-    its conversation, a session's messages, the text a Realtime session keeps), in KB of
-    JSON."""
+    its conversation, a conversation of ``/v1/conversations``, a stored chat completion, a
+    session's messages, the text a Realtime session keeps), in KB of JSON."""
     max_conversation_items: int = Field(1000, ge=20, le=100_000)
     """Items one conversation (``/v1/conversations``) holds at most; adding more is a 400
     (``too_many_items``). Its record is also bounded by ``max_stored_kb``."""
@@ -321,8 +321,9 @@ class Settings(BaseSettings):
     """Background responses (``background: true``) one key may have running at once;
     past it, 429 ``too_many_background_responses``."""
     background_lease_s: float = Field(30.0, ge=2, le=3600)
-    """A running background response's replica renews its lease this often (a third of it);
-    one whose lease ran out (its replica died) reads as ``failed``."""
+    """How long a running background response's lease lasts; its replica renews it every
+    min(0.5 s, a third of this). One whose lease ran out (its replica died) reads as
+    ``failed``."""
     concurrency_lease_s: float = Field(60.0, gt=0)
     """A running request holds a concurrency slot for this long and renews it while it
     runs, so a gateway that dies frees its slots after at most this long."""

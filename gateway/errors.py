@@ -6,7 +6,7 @@
     ├── InvalidRequestError           400 invalid_request_error
     ├── AuthenticationError           401 invalid_request_error / invalid_api_key
     ├── PermissionDeniedError         403 invalid_request_error / permission_denied
-    ├── NotFoundError                 404 invalid_request_error / (what was not found)
+    ├── NotFoundError                 404 invalid_request_error / not_found
     │   └── ModelNotFoundError        404 invalid_request_error / model_not_found
     ├── NotSupportedError             404 invalid_request_error / not_supported
     ├── PayloadTooLargeError          413 invalid_request_error / file_too_large
@@ -114,6 +114,7 @@ class PermissionDeniedError(GatewayError):
 class NotFoundError(GatewayError):
     status_code = 404
     type = "invalid_request_error"
+    code = "not_found"
 
 
 class ModelNotFoundError(NotFoundError):

@@ -84,6 +84,7 @@ class Services:
     async def close(self) -> None:
         """Stops what the services run in the background (not the backend nor Redis: the
         lifespan that opened them closes them)."""
+        await self.background.close()  # its runs stored failed and settled while Redis is open
         await self.gatekeeper.close()
         await self.redis_health.close()
 

@@ -411,11 +411,14 @@ class ChatService:
         session_id: str | None = None,
         owner: str = "",
         names: ParamNames | None = None,
+        read_images: bool = True,
     ) -> PreparedChat:
         """Validates the request and renders its prompt. With ``session_id`` the stored
         conversation of ``owner`` (a key id) comes first. Errors name parameters as
         ``names`` do: by default the request's own, else those of the request it was
-        converted from."""
+        converted from. ``read_images`` false: the request's images are neither fetched
+        nor checked (a trial of what fits the context, see
+        :mod:`gateway.serving.responses.truncation`; never a request that is sent)."""
         problem = request.unsupported()
         if problem is not None:
             param, message = problem
@@ -460,12 +463,7 @@ class ChatService:
             constraint_key=model.structured_outputs_key,
             lora_name=model.lora_adapter,
         )
-        # The history is checked (a call's arguments nested too deep is a 400) before any
-        # image is fetched or decoded.
         messages = openai_messages(request.messages, self.json_limits, names)
-        images = await self.images.read(
-            request.messages, model, names, session_id is not None, request.n
-        )
         session = None
         if session_id is not None:
             if self.sessions is None:
@@ -490,6 +488,13 @@ class ChatService:
             **switches,
         )
         check_prompt(model, prompt, max_tokens, names.messages)
+        # The history is checked (a call's arguments nested too deep is a 400) and the
+        # prompt measured against the context before any image is fetched or decoded.
+        images: tuple[ChatImage, ...] = ()
+        if read_images:
+            images = await self.images.read(
+                request.messages, model, names, session_id is not None, request.n
+            )
         answer_after = None
         if reasoner is not None and options.constraint is not None and reasoner(prompt).reasoning:
             answer_after = _answer_after(model, reasoner, tools.constraint is not None, names)

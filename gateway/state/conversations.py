@@ -13,10 +13,12 @@ replicas appending at once both land, in some order.
 ``max_conversation_items`` items; a change past either is refused with a 400
 (``stored_record_too_large``, ``too_many_items``) and changes nothing. Each record counts
 towards its key's (and project's) stored bytes (:mod:`gateway.state.stored_bytes`) with the
-index entries of its items (:mod:`gateway.state.item_index`): a change through the API holds
-the room it adds first (403 ``storage_quota_exceeded`` past a quota); a response's turn
-checks that the key has room before generating, and its write is never refused for the
-quota (the answer was paid for), as a session's.
+index entries of its items (:mod:`gateway.state.item_index`): a change through the API that
+grows the record (items, metadata) holds the room it adds first (403
+``storage_quota_exceeded`` past a quota); a response's turn checks that the key has room
+before generating, and its write is never refused for the quota (the answer was paid for),
+as a session's. A delete racing a change wins: the change finds the conversation gone (a
+404) and counts nothing, and index entries it wrote meanwhile are removed again.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class ConversationStore:
         def change(conversation: StoredConversation) -> None:
             conversation.metadata = metadata
 
-        return await self._change(owner, conversation_id, change, "metadata")
+        return await self._change(owner, conversation_id, change, "metadata", hold=True)
 
     async def append(
         self,
@@ -250,10 +252,12 @@ class ConversationStore:
     ) -> StoredConversation:
         """Reads, changes (``change`` may raise) and writes the conversation in one
         optimistic transaction, counting its new size (after holding what it adds, with
-        ``hold``), and renews its items' index entries."""
+        ``hold``), and renews its items' index entries. A delete landing meanwhile wins:
+        the retry finds no conversation and stops counting what this change counted."""
         key = self._key(owner, conversation_id)
         where = location(conversation_id)
         held: Hold | None = None
+        counted = False
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
                 while True:
@@ -261,6 +265,8 @@ class ConversationStore:
                         await pipe.watch(key)
                         raw = await pipe.get(key)
                         if raw is None:
+                            if counted:  # deleted after this change counted it
+                                await self.stored_bytes.drop(owner, where)
                             raise not_found(conversation_id)
                         before = StoredConversation.model_validate_json(raw)
                         conversation = before.model_copy(deep=True)
@@ -274,7 +280,7 @@ class ConversationStore:
                                     owner, where, grown, param, _INSTEAD
                                 )
                         await self.stored_bytes.put(owner, where, size, self.ttl_s, held)
-                        held = None  # counted in the record's entry now
+                        held, counted = None, True  # counted in the record's entry now
                         pipe.multi()  # type: ignore[no-untyped-call]
                         pipe.set(key, raw, ex=self.ttl_s)
                         await pipe.execute()
@@ -284,7 +290,7 @@ class ConversationStore:
         finally:
             await self.stored_bytes.release(held)
         ids = [str(item["id"]) for item in conversation.items]
-        await self.index.point(owner, where, ids, self.ttl_s)
+        await self.index.point(owner, where, ids, self.ttl_s, record=key)
         return conversation
 
     @needs_store

@@ -8,17 +8,22 @@ key, the record that holds it (its stored-bytes entry name, ``response:<id>`` or
 expiring with the record's TTL. Another key's item is not in the caller's index: it does
 not exist for them, as an unknown id.
 
-A response's items are indexed when it is stored, each only if not already indexed (an
+A response's items are indexed each time it is stored, each only if not already indexed (an
 item of the ``previous_response_id`` chain keeps pointing at the response that made it
 first). A conversation indexes all of its items at each write, which also renews their
-expiry with the conversation's.
+expiry with the conversation's; entries written after the conversation was deleted (a
+delete racing the write) are removed again.
 
 **Stored bytes.** The entries count towards the key's stored bytes as
 :data:`ENTRY_OVERHEAD` plus the bytes of their key and value each: a response's under an
-entry of their own (``items:response:<id>``, counted when they are written, never refused,
-like the record), a conversation's inside the conversation's own entry. An entry of a
-deleted record is not removed (it names the record only, no content): it fails to resolve
-and stays counted until it expires, as it stays in Redis until then.
+entry of their own (``items:response:<id>``, never refused, like the record), a
+conversation's inside the conversation's own entry. Each time a response is stored (a
+background response is stored as it runs, several times) its entry counts every entry that
+points at it, those written then and before alike, so the count never shrinks as a
+response is saved again (it shrinks when a conversation takes an item over: the
+conversation counts it then). An entry of a deleted response is not removed (it names the
+record only, no content): it fails to resolve and stays counted until it expires, as it
+stays in Redis until then.
 """
 
 from __future__ import annotations
@@ -59,35 +64,54 @@ class ItemIndex:
         self, owner: str, location: str, items: Iterable[dict[str, Any]], ttl_s: int
     ) -> None:
         """Indexes a stored response's items (those not indexed yet) under ``location``,
-        and counts the entries it wrote in the key's stored bytes."""
+        and counts in the key's stored bytes every entry that points at it (written now
+        or by an earlier save of the same response), in one pipeline: each id's ``SET NX``
+        then its ``GET`` (no write where the entry exists)."""
         ids = list(dict.fromkeys(str(item["id"]) for item in items if item.get("id")))
         if not ids:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for item_id in ids:
                 pipe.set(_key(owner, item_id), location, ex=ttl_s, nx=True)
-            written = await pipe.execute()
-        mine = [item_id for item_id, ok in zip(ids, written, strict=True) if ok]
-        if mine:
-            size = entry_bytes(owner, location, mine)
+                pipe.get(_key(owner, item_id))
+            found = (await pipe.execute())[1::2]
+        ours = [item_id for item_id, raw in zip(ids, found, strict=True) if raw == location]
+        if ours:
+            size = entry_bytes(owner, location, ours)
             await self.stored_bytes.put(owner, f"items:{location}", size, ttl_s, None)
 
     @needs_store
-    async def point(self, owner: str, location: str, item_ids: Iterable[str], ttl_s: int) -> None:
+    async def point(
+        self,
+        owner: str,
+        location: str,
+        item_ids: Iterable[str],
+        ttl_s: int,
+        record: str | None = None,
+    ) -> None:
         """Points ``item_ids`` at ``location`` (a conversation, which counts them in its own
-        stored bytes), renewing their expiry."""
+        stored bytes), renewing their expiry; with ``record`` (the conversation's Redis
+        key), removes them again when it is gone by then (deleted meanwhile)."""
+        ids = list(item_ids)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for item_id in item_ids:
+            for item_id in ids:
                 pipe.set(_key(owner, item_id), location, ex=ttl_s)
             await pipe.execute()
+        # Once they are written (a cluster's pipeline runs in no set order across nodes).
+        if record is not None and not await self.redis.exists(record):
+            await self.forget(owner, location, ids)
 
     @needs_store
-    async def locate(self, owner: str, item_id: str) -> str | None:
-        """The record holding the caller's item ``item_id``, or None."""
-        raw = await self.redis.get(_key(owner, item_id))
-        if raw is None:
-            return None
-        return str(raw)
+    async def locate(self, owner: str, item_ids: list[str]) -> list[str | None]:
+        """The record holding each of the caller's items ``item_ids`` (None for one it has
+        not stored), in one pipeline."""
+        if not item_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for item_id in item_ids:
+                pipe.get(_key(owner, item_id))
+            found = await pipe.execute()
+        return [None if raw is None else str(raw) for raw in found]
 
     @needs_store
     async def forget(self, owner: str, location: str, item_ids: Iterable[str]) -> None:

@@ -9,12 +9,17 @@ Per response ``R`` of the key ``K`` (all in ``K``'s Redis Cluster slot, ``{K}``)
   lease every third of ``background_lease_s``; a replica that dies stops renewing, so its
   responses stop counting against ``max_background_per_key`` after one lease, and a reader
   that finds ``R`` still ``queued``/``in_progress`` without a lease reports it ``failed``.
-- ``gw:background:{K}:end:R``: the status ``R`` ended with, set once (``SET NX``): the one
-  place where a finish, a cancel and a reader's "its replica died" race, so exactly one of
-  them decides. The running replica stops at its next renewal once it is set.
+- ``gw:background:{K}:end:R``: the status ``R`` ended with and the :data:`Party` that
+  claimed it, set once: the one place where a finish, a cancel and a reader's "its replica
+  died" race, so exactly one of them decides (the run alone may change its own end: a
+  failure after it claimed ``completed``). A delete overrides any end (``deleted``). The
+  running replica stops at its next renewal, or its next event, once another party
+  claimed it.
 - ``gw:background:{K}:events:R``: a Redis Stream of ``R``'s SSE events as they were sent
   (entry id ``0-(sequence_number + 1)``), ending with an entry ``end``: what
-  ``retrieve(stream=True, starting_after=N)`` replays and follows.
+  ``retrieve(stream=True, starting_after=N)`` replays and follows. A party logs only while
+  no other party claimed the end, and nothing is logged once ``R`` was deleted, in the same
+  script run as the check: a delete's removal of the log is never undone.
 
 Everything expires with the response's record, ``responses_ttl_s`` after it was written.
 """
@@ -22,7 +27,7 @@ Everything expires with the response's record, ``responses_ttl_s`` after it was 
 from __future__ import annotations
 
 import importlib.resources
-from typing import Any
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 
@@ -31,6 +36,11 @@ from gateway.state.redis import PREFIX, needs_store
 _SCRIPT = importlib.resources.files("gateway.state").joinpath("background.lua").read_text()
 #: Events one read returns at most (a follower reads again at once when it got this many).
 READ_COUNT = 500
+#: Who claims a response's end: the replica that runs it, a cancel, or a reader that found
+#: its lease ended (its replica died).
+Party = Literal["run", "cancel", "reader"]
+#: The end of a deleted response.
+DELETED = "deleted"
 
 
 def _scope(owner: str) -> str:
@@ -55,8 +65,12 @@ class BackgroundRuns:
     def _events(owner: str, response_id: str) -> str:
         return f"{_scope(owner)}:events:{response_id}"
 
-    async def _run(self, owner: str, response_id: str, op: str, *args: int) -> int:
-        keys = [f"{_scope(owner)}:running", self._end(owner, response_id)]
+    async def _run(self, owner: str, response_id: str, op: str, *args: int | str) -> int:
+        keys = [
+            f"{_scope(owner)}:running",
+            self._end(owner, response_id),
+            self._events(owner, response_id),
+        ]
         return int(await self._script(keys=keys, args=[op, response_id, *args]))
 
     @needs_store
@@ -67,7 +81,8 @@ class BackgroundRuns:
 
     @needs_store
     async def renew(self, owner: str, response_id: str) -> bool:
-        """Renews the lease; false when the response has an end already (stop running it)."""
+        """Renews the lease; false once another party than the run claimed the response's
+        end (stop running it)."""
         return bool(await self._run(owner, response_id, "renew", self.lease_ms))
 
     @needs_store
@@ -81,35 +96,32 @@ class BackgroundRuns:
         await self._run(owner, response_id, "stop")
 
     @needs_store
-    async def claim(self, owner: str, response_id: str, status: str) -> bool:
-        """Sets how the response ended, unless that is set already: whether this call
-        decided (:meth:`ended` then reads what was decided)."""
-        key = self._end(owner, response_id)
-        return bool(await self.redis.set(key, status, nx=True, ex=self.ttl_s))
+    async def claim(self, owner: str, response_id: str, status: str, party: Party) -> bool:
+        """Sets how the response ended, unless that is set already (the run may change its
+        own): whether ``status`` is now its end (:meth:`ended` reads it)."""
+        end = f"{status} {party}"
+        return bool(await self._run(owner, response_id, "claim", end, self.ttl_s * 1000))
 
     @needs_store
     async def ended(self, owner: str, response_id: str) -> str | None:
-        """How the response ended, if it has."""
+        """How the response ended, if it has (:data:`DELETED`: it was deleted)."""
         ended = await self.redis.get(self._end(owner, response_id))
-        return None if ended is None else str(ended)
+        return None if ended is None else str(ended).split(" ")[0]
 
     @needs_store
-    async def append(self, owner: str, response_id: str, sequence: int, sse: str) -> None:
-        """Adds the event numbered ``sequence`` (its SSE text) to the response's log."""
-        key = self._events(owner, response_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"sse": sse}, id=f"0-{sequence + 1}")
-            pipe.expire(key, self.ttl_s)
-            await pipe.execute()
+    async def append(
+        self, owner: str, response_id: str, sequence: int, sse: str, party: Party
+    ) -> bool:
+        """Adds the event numbered ``sequence`` (its SSE text) to the response's log, unless
+        another party than ``party`` claimed its end: whether it was logged."""
+        ms = self.ttl_s * 1000
+        return bool(await self._run(owner, response_id, "append", sequence, sse, ms, party))
 
     @needs_store
-    async def close(self, owner: str, response_id: str, sequence: int) -> None:
-        """Ends the response's log (``sequence``: the number after its last event)."""
-        key = self._events(owner, response_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"end": "1"}, id=f"0-{sequence + 1}")
-            pipe.expire(key, self.ttl_s)
-            await pipe.execute()
+    async def close(self, owner: str, response_id: str, sequence: int) -> bool:
+        """Ends the response's log (``sequence``: the number after its last event), unless it
+        was deleted or ended already: whether this call ended it."""
+        return bool(await self._run(owner, response_id, "close", sequence, self.ttl_s * 1000))
 
     @needs_store
     async def read(self, owner: str, response_id: str, after: int) -> list[tuple[int, str | None]]:
@@ -124,6 +136,7 @@ class BackgroundRuns:
         ]
 
     @needs_store
-    async def forget(self, owner: str, response_id: str) -> None:
-        """Deletes the response's event log (the response was deleted)."""
-        await self.redis.delete(self._events(owner, response_id))
+    async def delete(self, owner: str, response_id: str) -> None:
+        """Marks the response deleted (its end, whatever it was) and deletes its event log,
+        at once: a run that goes on logs nothing more, and sees it deleted."""
+        await self._run(owner, response_id, "delete", self.ttl_s * 1000)

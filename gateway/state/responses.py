@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.state.item_index import ItemIndex
+from gateway.state.item_index import ItemIndex, entry_bytes
 from gateway.state.redis import PREFIX, needs_store
 from gateway.state.stored_bytes import Hold, StoredBytes
 
@@ -102,8 +102,11 @@ class ResponseStore:
         """Holds the room ``stored`` (the record as known before generating) takes in its
         key's and project's stored bytes; 503 ``store_full`` when Redis has no room left
         for stored records, 403 ``storage_quota_exceeded`` past a quota."""
-        size = len(self.encode(stored).encode())
         entry = self._entry(str(stored.response["id"]))
+        # With the index entries of its items (gateway/state/item_index.py), counted
+        # when it is saved: a quota is checked against both.
+        ids = [str(item["id"]) for item in stored.input_items if item.get("id")]
+        size = len(self.encode(stored).encode()) + entry_bytes(stored.owner, entry, ids)
         return await self.stored_bytes.hold(stored.owner, entry, size, "store", "send store: false")
 
     async def release(self, hold: Hold | None) -> None:

@@ -109,3 +109,19 @@ def test_another_key_cannot_see_it_and_each_key_runs_a_bounded_number(
     again = mine.responses.create(model="mock_chat", input=SHORT, background=True)
     assert until_status(mine, again.id, "completed").output_text
     generation_stops(stack, "mock_chat")
+
+
+def test_a_delete_on_the_other_replica_stops_it_for_good(stack: GatewayProcess) -> None:
+    key = stack.create_key("background delete")["key"]
+    first, second = (replica(stack, a, key) for a in stack.replica_addresses())
+    created = first.responses.create(model="mock_chat", input=LONG, background=True)
+    until_status(second, created.id, "in_progress")
+    time.sleep(0.3)  # some output first: the run stores it as it goes
+    second.responses.delete(created.id)
+    generation_stops(stack, "mock_chat")  # the run on the first replica stopped
+    # Well past its replica's next renewal: nothing brought it back.
+    for client in (first, second):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(created.id, stream=True)

@@ -1,4 +1,5 @@
-"""The official npm ``openai`` client against the real stack, through nginx.
+"""The official npm ``openai`` client and the Vercel AI SDK against the real stack, through
+nginx.
 
 The checks live in ``tests/js/*.mjs`` (node:assert, one line per check); ``make test``
 installs the pinned client from ``tests/js/package-lock.json`` with ``npm ci``.
@@ -39,3 +40,13 @@ def test_npm_client_responses_and_embeddings(stack: GatewayProcess) -> None:
     report = result.stdout + result.stderr
     assert result.returncode == 0, report
     assert report.count("ok - ") == 3, report
+
+
+def test_vercel_ai_sdk_holds_a_three_turn_chat_on_the_responses_provider(
+    stack: GatewayProcess,
+) -> None:
+    # Turns 2 and 3 send the stored assistant messages as item_reference items.
+    result = run_script(stack, "vercel_chat.mjs")
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report
+    assert report.count("ok - ") == 1, report

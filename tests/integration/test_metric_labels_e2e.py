@@ -1,6 +1,6 @@
 """Made-up model names never become metric series, on the real stack: an attacker's key
 sends a 20 KB model name on every path that refuses a request after the key named its
-model (an unsupported parameter, a priority the key may not take, ``metadata``, an audio
+model (an unsupported parameter, a priority the key may not take, ``verbosity``, an audio
 file over the limit, a model that does not exist); ``/metrics`` never shows the name and
 does not grow with such requests, and the replicas' multiprocess files (which outlive a
 replica) never hold it."""
@@ -41,7 +41,7 @@ def _refused(stack: GatewayProcess, key: str, bound_key: str, name: str, audio: 
         (openai.BadRequestError, lambda: client.chat.completions.create(
             model=name, messages=HI, logit_bias={"1": 1})),
         (openai.BadRequestError, lambda: client.chat.completions.create(
-            model=name, messages=HI, metadata={"team": "a"})),
+            model=name, messages=HI, verbosity="low")),
         (openai.BadRequestError, lambda: bound.chat.completions.create(
             model=name, messages=HI, extra_body={"priority": 0})),
         (openai.APIStatusError, lambda: client.audio.transcriptions.create(

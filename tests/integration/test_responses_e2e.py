@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from gateway.stack.redis_server import EmbeddedRedis
+from gateway.state.item_index import entry_bytes
 from gateway.state.stored_bytes import RECORD_OVERHEAD
 from tests.stack import GatewayProcess
 
@@ -194,10 +195,11 @@ def test_bad_input_and_a_chain_too_long(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model="mock_chat", input="hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
     assert caught.value.body["param"] == "tools[0].type"  # type: ignore[index]
-    long = client.responses.create(model="mock_chat", input="word " * 2500, max_output_tokens=2)
+    # mock_chat's context is 32,768 tokens, a word a token: the chain passes it.
+    long = client.responses.create(model="mock_chat", input="word " * 20_000, max_output_tokens=2)
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(
-            model="mock_chat", input="word " * 2000, previous_response_id=long.id
+            model="mock_chat", input="word " * 15_000, previous_response_id=long.id
         )
     assert caught.value.code == "context_length_exceeded"
 
@@ -223,10 +225,13 @@ def test_tools_the_model_was_not_shown_are_not_stored_whole(
         size = int(store.strlen(f"gw:response:{created['id']}:{response.id}"))
     assert 0 < size < 3_000, size
     fetched = client.responses.retrieve(response.id)
+    items = [*client.responses.input_items.list(response.id), *fetched.output]
     assert [t.model_dump(exclude_none=True) for t in fetched.tools] == [
         {"type": "function", "name": "get_weather"}
     ]
     me = httpx.get(
         stack.base_url + "/v1/me", headers={"Authorization": f"Bearer {created['key']}"}
     ).json()
-    assert me["storage"]["key"]["used_bytes"] == size + RECORD_OVERHEAD
+    # The record, and the index entries of its two items (for item_reference).
+    index = entry_bytes(created["id"], f"response:{response.id}", [i.id for i in items])
+    assert me["storage"]["key"]["used_bytes"] == size + RECORD_OVERHEAD + index + RECORD_OVERHEAD

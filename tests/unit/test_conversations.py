@@ -6,18 +6,20 @@ codes and params."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
+import redis.asyncio
 
 from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
-from gateway.state.item_index import ENTRY_OVERHEAD
-from gateway.state.stored_bytes import RECORD_OVERHEAD
+from gateway.state.item_index import ENTRY_OVERHEAD, ItemIndex, entry_bytes
+from gateway.state.stored_bytes import RECORD_OVERHEAD, StoredBytes
 from tests.unit.conftest import assert_openai_error, make_settings, new_key, sdk, serve
 
 USER = {"type": "message", "role": "user", "content": "hello there"}
@@ -262,3 +264,133 @@ async def test_item_reference_resolves_the_callers_stored_items(
         assert caught.value.body["param"] == "input[1].id"  # type: ignore[index]
         assert caught.value.code == "item_not_found"
         assert len(fake.calls) == calls
+
+
+async def _used(http: httpx.AsyncClient) -> int:
+    return int((await http.get("/v1/me")).json()["storage"]["key"]["used_bytes"])
+
+
+async def test_a_metadata_update_that_grows_a_conversation_is_refused_past_the_quota() -> None:
+    most = {f"k{i:02}" + "k" * 61: "v" * 512 for i in range(16)}  # 9 KB, OpenAI's most
+    async with serve(make_settings(stored_mb_per_key=0.005)) as (_, http, client):
+        conversation = await client.conversations.create(items=[USER], metadata={"tag": "a"})
+        before = await _used(http)
+        refused = await http.post(f"/v1/conversations/{conversation.id}", json={"metadata": most})
+        error = assert_openai_error(refused, 403, param="metadata", code="storage_quota_exceeded")
+        assert "GATEWAY_STORED_MB_PER_KEY" in error["message"]
+        assert (await client.conversations.retrieve(conversation.id)).metadata == {"tag": "a"}
+        assert await _used(http) == before
+        # What fits is taken; a smaller record gives its bytes back.
+        await client.conversations.update(conversation.id, metadata={"tag": "b"})
+        await client.conversations.update(conversation.id, metadata={})
+        assert await _used(http) < before
+
+
+async def test_a_delete_racing_a_change_wins(
+    app: Any, client: openai.AsyncOpenAI, http: httpx.AsyncClient, redis_server: EmbeddedRedis
+) -> None:
+    store = app.state.services.conversations.store
+    put, point = store.stored_bytes.put, store.index.point
+
+    # The delete lands after the change read the conversation, before it counted it.
+    conversation = await client.conversations.create(items=[USER])
+
+    async def put_after_delete(*args: Any, **kwargs: Any) -> None:
+        store.stored_bytes.put = put
+        await client.conversations.delete(conversation.id)
+        await put(*args, **kwargs)
+
+    store.stored_bytes.put = put_after_delete
+    with pytest.raises(openai.NotFoundError):
+        await client.conversations.items.create(conversation.id, items=[said("x")])
+    assert await _used(http) == 0
+
+    # The delete lands after the change was written, before its items were indexed.
+    conversation = await client.conversations.create(items=[USER])
+
+    async def point_after_delete(*args: Any, **kwargs: Any) -> None:
+        store.index.point = point
+        await client.conversations.delete(conversation.id)
+        await point(*args, **kwargs)
+
+    store.index.point = point_after_delete
+    await client.conversations.items.create(conversation.id, items=[said("y")])
+    assert await _used(http) == 0
+    with redis.Redis.from_url(redis_server.url) as raw:
+        assert raw.keys("gw:item:*") == [] and raw.keys("gw:conversation:*") == []
+
+
+async def test_a_background_response_counts_every_item_it_indexed(
+    redis_server: EmbeddedRedis,
+) -> None:
+    async with serve(make_settings()) as (_, http, client):
+        await _background_counts(client, http, redis_server)
+
+
+async def _background_counts(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, redis_server: EmbeddedRedis
+) -> None:
+    # Stored several times as it runs (queued, in progress, each output item, done): each
+    # save counts the index entries of all its items, not only those new at that save.
+    created = await client.responses.create(
+        model="fake-chat", input=[said(f"turn {i}") for i in range(100)], background=True
+    )
+    for _ in range(400):
+        if (await client.responses.retrieve(created.id)).status == "completed":
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the background response never completed")
+    where = f"response:{created.id}"
+    with redis.Redis.from_url(redis_server.url, decode_responses=True) as raw:
+        keys = raw.keys("gw:item:*")
+        entries = [(k, v) for k, v in zip(keys, raw.mget(keys), strict=True) if v == where]
+        (record,) = raw.keys(f"gw:response:*{created.id}")
+        stored = raw.strlen(record)
+    assert len(entries) == 101  # its input and its answer
+    indexed = sum(len(k) + len(v) + ENTRY_OVERHEAD for k, v in entries)
+    assert await _used(http) >= stored + indexed + 2 * RECORD_OVERHEAD
+
+
+async def test_a_response_saved_again_counts_the_same_entries(
+    redis_server: EmbeddedRedis,
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        counted = StoredBytes(client)
+        index = ItemIndex(client, counted)
+        items = [{"id": f"msg_{i}"} for i in range(50)]
+
+        async def used() -> int:
+            return int((await counted.usage("o", None))["key"]["used_bytes"])
+
+        await index.add_response("o", "response:r0", items[:10], 60)  # made them first
+        first = await used()
+        await index.add_response("o", "response:r1", items[:40], 60)
+        await index.add_response("o", "response:r1", items, 60)  # the same response, grown
+        ids = [str(item["id"]) for item in items[10:]]
+        expected = first + entry_bytes("o", "response:r1", ids) + RECORD_OVERHEAD
+        assert await used() == expected
+        await index.add_response("o", "response:r1", items, 60)  # unchanged
+        assert await used() == expected
+    finally:
+        await client.aclose()
+
+
+async def test_item_references_are_located_in_one_round_trip(
+    client: openai.AsyncOpenAI, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conversation = await client.conversations.create(items=[said("one"), said("two")])
+    items = (await client.conversations.items.list(conversation.id, order="asc")).data
+    calls: list[object] = []
+    locate = ItemIndex.locate
+
+    async def counted(self: ItemIndex, *args: Any) -> Any:
+        calls.append(args)
+        return await locate(self, *args)
+
+    monkeypatch.setattr(ItemIndex, "locate", counted)
+    refs: Any = [{"type": "item_reference", "id": item.id} for item in items]
+    await client.responses.create(model="fake-chat", input=[*refs, said("three")])
+    assert fake.calls[-1].prompt.index("one") < fake.calls[-1].prompt.index("two")
+    assert len(calls) == 1

@@ -11,11 +11,13 @@ import httpx
 import openai
 import pytest
 
-from gateway.backend import ModelInfo
+from gateway.backend import ImageInput, ModelInfo
 from gateway.backend.fake import FakeBackend
+from gateway.serving.images import ImageReader
 from gateway.serving.reasoning import highest_effort
 from gateway.serving.responses.sealing import ReasoningSeal
 from tests.unit.conftest import assert_openai_error, new_key, sdk
+from tests.unit.test_images import VISION_TEMPLATE, data_url, picture
 from tests.unit.test_responses import sse_events
 
 #: A reasoning model whose template shows earlier reasoning and reads reasoning_effort
@@ -48,9 +50,10 @@ CRM_CALL = '<tool_call> {"name": "crm__lookup", "arguments": {"id": "7"}} </tool
 @pytest.fixture
 def fake() -> FakeBackend:
     backend = FakeBackend()
-    backend.model_list.append(
-        ModelInfo("fake-thinker", "chat", True, THINKER_TEMPLATE, 2048, reasoning_parser="qwen3")
-    )
+    backend.model_list += [
+        ModelInfo("fake-thinker", "chat", True, THINKER_TEMPLATE, 2048, reasoning_parser="qwen3"),
+        ModelInfo("fake-vision", "chat", True, VISION_TEMPLATE, 2048, image_input=ImageInput()),
+    ]
     return backend
 
 
@@ -318,3 +321,37 @@ async def test_a_named_tool_choice_finishes_with_stop(
         tool_choice="required",
     )  # fmt: skip
     assert reply.choices[0].finish_reason == "tool_calls"
+
+
+async def test_namespaces_count_their_functions_towards_the_bound(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    functions = [{"type": "function", "name": f"f{i}"} for i in range(100)]
+    namespaces = [{**CRM, "name": f"ns{i}", "tools": functions} for i in range(2)]
+    body = {"model": "fake-chat", "input": "Hi", "tools": namespaces}
+    error = assert_openai_error(await http.post("/v1/responses", json=body), 400, param="tools")
+    assert "128 functions" in error["message"]
+    assert not fake.calls
+
+
+async def test_truncation_reads_the_kept_images_once(
+    client: openai.AsyncOpenAI, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turns that fit are found by trials that read no image: the images of what is
+    sent are fetched and decoded once, not once a trial."""
+    reads: list[int] = []
+    original = ImageReader.read
+
+    async def counted(self: ImageReader, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(len(messages))
+        return await original(self, messages, *args, **kwargs)
+
+    monkeypatch.setattr(ImageReader, "read", counted)
+    image = {"type": "input_image", "image_url": data_url(picture(8, 8)), "detail": "low"}
+    old = [{"role": "user", "content": f"turn {i} " + "x" * 8000} for i in range(12)]
+    newest = {"role": "user", "content": [{"type": "input_text", "text": "What?"}, image]}
+    response = await client.responses.create(
+        model="fake-vision", input=[*old, newest], truncation="auto", max_output_tokens=16
+    )
+    assert (response.model_extra or {})["truncated_messages"] > 0
+    assert len(reads) == 1 and len(fake.calls[-1].images) == 1

@@ -18,6 +18,7 @@ from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
 from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.chat_completions import ChatCompletionStore, StoredChatCompletion
+from gateway.state.stored_bytes import RECORD_OVERHEAD
 from tests.shapes import CALL, WEATHER
 from tests.unit.conftest import (
     REPLY,
@@ -287,11 +288,11 @@ async def test_stored_completions_count_in_the_key_quota_and_deleting_gives_it_b
 
 
 async def _quota(client: openai.AsyncOpenAI, http: httpx.AsyncClient) -> None:
-    # 10 KB: two records of 4 KB of messages fit, a third does not.
-    body = chat_body(store=True, messages=[{"role": "user", "content": "x" * 4000}])
+    # 10 KB: two records of 3 KB of messages (4.5 KB counted each) fit, a third does not.
+    body = chat_body(store=True, messages=[{"role": "user", "content": "x" * 3000}])
     made = [(await http.post("/v1/chat/completions", json=body)).json()["id"] for _ in range(2)]
     used = (await http.get("/v1/me")).json()["storage"]["key"]["used_bytes"]
-    assert used > 8000
+    assert used > 6000
     assert_openai_error(
         await http.post("/v1/chat/completions", json=body), 403, code="storage_quota_exceeded"
     )
@@ -326,5 +327,99 @@ async def test_expired_completions_leave_the_list(redis_server: EmbeddedRedis) -
         assert page.records == [] and not page.has_more
         assert await client.zcard(store._index("o")) == 0  # trimmed, not only skipped
         assert await client.hlen(store._summaries("o")) == 0
+    finally:
+        await client.aclose()
+
+
+#: The most metadata OpenAI allows: 16 pairs of 64-character keys and 512-character values.
+MOST = {f"k{i:02}" + "k" * 61: "v" * 512 for i in range(16)}
+
+
+def _record_keys(raw: redis.Redis) -> list[str]:
+    """The Redis keys of stored completions' records (not their index or summaries)."""
+    keys = [k.decode() for k in raw.keys("gw:chatcmpl:*")]
+    return [k for k in keys if not k.endswith((":index", ":summaries"))]
+
+
+async def test_a_metadata_update_that_grows_a_record_is_refused_past_the_quota(
+    redis_server: EmbeddedRedis,
+) -> None:
+    async with serve(make_settings(stored_mb_per_key=0.006)) as (_, http, client):
+        made = await _store(client, tag="a")
+        await _store(client)
+
+        async def used() -> int:
+            return int((await http.get("/v1/me")).json()["storage"]["key"]["used_bytes"])
+
+        before = await used()
+        refused = await http.post(f"/v1/chat/completions/{made}", json={"metadata": MOST})
+        error = assert_openai_error(refused, 403, param="metadata", code="storage_quota_exceeded")
+        assert "GATEWAY_STORED_MB_PER_KEY" in error["message"]
+        assert (await client.chat.completions.retrieve(made)).metadata == {"tag": "a"}
+        assert await used() == before
+        # What fits is taken, and a smaller record gives its bytes back.
+        assert (await client.chat.completions.update(made, metadata={"tag": "b"})).metadata
+        assert (await client.chat.completions.update(made, metadata=None)).metadata == {}
+        assert await used() < before
+
+
+async def test_the_summary_the_list_reads_is_small_and_counted(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, redis_server: EmbeddedRedis
+) -> None:
+    made = await _store(client, **MOST)
+    used = (await http.get("/v1/me")).json()["storage"]["key"]["used_bytes"]
+    with redis.Redis.from_url(redis_server.url) as raw:
+        (record,) = _record_keys(raw)
+        (summaries,) = raw.keys("gw:chatcmpl:*:summaries")
+        summary = raw.hstrlen(summaries, made)
+        assert used >= raw.strlen(record) + RECORD_OVERHEAD + summary
+    # A filter reads about 300 bytes per completion, not its 9 KB of metadata.
+    assert 0 < summary < 400
+    (key, value), *_ = MOST.items()
+    found = await client.chat.completions.list(metadata={key: value}, model="fake-chat")
+    assert [c.id for c in found.data] == [made]
+    for metadata in ({key: value + "x"}, {key + "x": value}, {key: value, "k": "v"}):
+        assert (await client.chat.completions.list(metadata=metadata)).data == []
+
+
+@pytest.mark.parametrize("name", ["index", "summaries", "rec:x", "chatcmpl-1:rec"])
+async def test_only_the_gateways_ids_name_a_stored_completion(
+    client: openai.AsyncOpenAI, http: httpx.AsyncClient, name: str
+) -> None:
+    made = await _store(client, tag="a")
+    for call in (
+        http.get(f"/v1/chat/completions/{name}"),
+        http.post(f"/v1/chat/completions/{name}", json={"metadata": {"k": "v"}}),
+        http.delete(f"/v1/chat/completions/{name}"),
+        http.get(f"/v1/chat/completions/{name}/messages"),
+    ):
+        assert_openai_error(await call, 404, param="completion_id", code="not_found")
+    # The key's list, its filters and its count are whole.
+    assert [c.id for c in (await client.chat.completions.list(metadata={"tag": "a"})).data] == [
+        made
+    ]
+    assert (await client.chat.completions.retrieve(made)).metadata == {"tag": "a"}
+
+
+async def test_a_record_stored_under_the_earlier_key_is_still_served(
+    redis_server: EmbeddedRedis,
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        store = ChatCompletionStore(client, ttl_s=60)
+        completion = {"id": "chatcmpl-old", "model": "m", "metadata": {"tag": "a"}}
+        await store.save(StoredChatCompletion(owner="o", completion=completion, messages=[]))
+        # As it was stored before: no "rec:" in its key, its whole metadata as its summary.
+        await client.rename(store._key("o", "chatcmpl-old"), "gw:chatcmpl:{o}:chatcmpl-old")
+        legacy = json.dumps({"model": "m", "metadata": {"tag": "a"}})
+        await client.hset(store._summaries("o"), "chatcmpl-old", legacy)
+        assert (await store.get("o", "chatcmpl-old")).completion["metadata"] == {"tag": "a"}
+        assert [r.id for r in (await store.list("o", metadata={"tag": "a"})).records] == [
+            "chatcmpl-old"
+        ]
+        await store.update("o", "chatcmpl-old", {"tag": "b"})
+        assert [r.id for r in (await store.list("o", model="m", metadata={"tag": "b"})).records]
+        await store.delete("o", "chatcmpl-old")
+        assert await client.keys("gw:chatcmpl:{o}:*") == []
     finally:
         await client.aclose()

@@ -18,6 +18,9 @@ from gateway.serving.responses import ResponsesRequest
 from gateway.serving.sse import SSE_HEADERS
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
+#: The largest ``starting_after`` (an event log's entry ids are 64-bit: this one is far
+#: past any response's last event).
+MAX_SEQUENCE_NUMBER = 2**63 - 1
 
 
 @router.post("", response_model=None)
@@ -49,7 +52,7 @@ async def get_response(
     caller: CallerDep,
     services: ServicesDep,
     stream: bool = False,
-    starting_after: Annotated[int | None, Query(ge=-1)] = None,
+    starting_after: Annotated[int | None, Query(ge=-1, le=MAX_SEQUENCE_NUMBER)] = None,
     include_obfuscation: bool = False,
 ) -> Any:
     """A stored response of the caller's key as it stands (404 for another key's or an
@@ -108,7 +111,7 @@ async def list_input_items(
 async def delete_response(
     response_id: str, caller: CallerDep, services: ServicesDep
 ) -> dict[str, Any]:
-    stored = await services.responses.store.get(caller.id, response_id)
-    await services.responses.store.delete(caller.id, response_id)
-    await services.background.forget(stored)
+    """Deletes a stored response of the caller's key (a background one stopped, its events
+    deleted with it)."""
+    await services.background.delete(caller.id, response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}

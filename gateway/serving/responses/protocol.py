@@ -196,6 +196,9 @@ INCLUDABLE = (LOGPROBS, ENCRYPTED_REASONING, INPUT_IMAGES)
 #: OpenAI's bounds on ``metadata``: 16 pairs, keys of 64 characters, values of 512.
 MetadataKey = Annotated[str, Field(max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
+#: A ``client_metadata`` value: never stored, so longer (Codex sends a turn's metadata as
+#: JSON of some 750 characters); 32 of them at most.
+ClientMetadataValue = Annotated[str, Field(max_length=8192)]
 
 
 class ResponsesStreamOptions(Strict):
@@ -267,7 +270,7 @@ class ResponsesRequest(Strict):
     # Caching hints (accepted metadata: the engine's prefix cache keeps what it keeps).
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: CacheOptions | None = None
-    client_metadata: dict[MetadataKey, MetadataValue] | None = Field(
+    client_metadata: dict[MetadataKey, ClientMetadataValue] | None = Field(
         None, max_length=32, exclude=True
     )
     """Telemetry ids of the client (Codex sends its session and turn ids): not in

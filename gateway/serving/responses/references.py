@@ -113,14 +113,23 @@ class References:
     ) -> list[InputItem]:
         """``items`` with each ``item_reference`` replaced by the stored item; a 400
         ``item_not_found`` naming ``{param}[i].id`` for an id the caller has not stored."""
-        records: dict[str, list[dict[str, Any]]] = {}  # each record read once
+        wanted = [item.id for item in items if is_reference(item) and item.id]
+        # Where each lives, in one round trip; then each record read once.
+        found_at = await self.conversations.index.locate(owner, wanted)
+        located = dict(zip(wanted, found_at, strict=True))
+        records: dict[str, list[dict[str, Any]]] = {}
         out = []
         for index, item in enumerate(items):
             if not is_reference(item):
                 out.append(item)
                 continue
             item_id = item.id
-            found = await self._find(owner, item_id, records) if item_id else None
+            where = located.get(item_id) if item_id else None
+            found = None
+            if item_id and where is not None:
+                if where not in records:
+                    records[where] = await self._items(owner, where)
+                found = next((i for i in records[where] if i.get("id") == item_id), None)
             if found is None:
                 raise InvalidRequestError(
                     f"Item with id '{item_id}' not found: an item_reference names an item of "
@@ -130,16 +139,6 @@ class References:
                 )
             out.append(as_input(found))
         return out
-
-    async def _find(
-        self, owner: str, item_id: str, records: dict[str, list[dict[str, Any]]]
-    ) -> dict[str, Any] | None:
-        where = await self.conversations.index.locate(owner, item_id)
-        if where is None:
-            return None
-        if where not in records:
-            records[where] = await self._items(owner, where)
-        return next((i for i in records[where] if i.get("id") == item_id), None)
 
     async def _items(self, owner: str, where: str) -> list[dict[str, Any]]:
         """The items of the record ``where`` (none when it is gone)."""

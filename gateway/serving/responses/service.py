@@ -129,11 +129,13 @@ class ResponsesService:
         messages ``truncation: "auto"`` left out to fit the context."""
         names = replace(RESPONSES_NAMES, image_parts=images)
 
-        async def prepare(kept: list[dict[str, Any]]) -> PreparedChat:
+        async def prepare(kept: list[dict[str, Any]], trial: bool = False) -> PreparedChat:
             # An image's name is its place among the request's images: with messages left
             # out, the kept ones are the last.
             kept_names = replace(names, image_parts=images[len(images) - _images(kept) :])
-            return await self.chat.prepare(chat_request(request, kept, tools), names=kept_names)
+            return await self.chat.prepare(
+                chat_request(request, kept, tools), names=kept_names, read_images=not trial
+            )
 
         if request.truncation != "auto":
             return await prepare(messages), 0

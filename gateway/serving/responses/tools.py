@@ -26,6 +26,9 @@ from gateway.serving.responses.protocol import (
     ResponsesRequest,
 )
 
+#: The most functions one request offers the model, namespaces' counted one each (as chat's
+#: ``tools``).
+MAX_FUNCTIONS = 128
 #: Between a namespace and its function's name in the name the model sees.
 SEPARATOR = "__"
 #: What a client turns off instead of a hosted tool, where its setting is known.
@@ -128,6 +131,12 @@ def chat_tools(request: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, 
             out += _namespace(tool, param, names)
         else:
             out.append(_function(tool, param))
+        if len(out) > MAX_FUNCTIONS:
+            raise InvalidRequestError(
+                f"The tools hold more than {MAX_FUNCTIONS} functions (a namespace's count "
+                "one each), the most one request may offer the model.",
+                param="tools",
+            )
     return out, names
 
 

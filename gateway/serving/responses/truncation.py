@@ -50,32 +50,35 @@ def _too_long(exc: InvalidRequestError) -> bool:
 
 async def fit(
     messages: list[dict[str, Any]],
-    prepare: Callable[[list[dict[str, Any]]], Awaitable[T]],
+    prepare: Callable[[list[dict[str, Any]], bool], Awaitable[T]],
 ) -> tuple[T, list[dict[str, Any]], int]:
     """``prepare`` of the longest tail of ``messages`` that fits the context: what it made,
-    the messages kept, and how many were dropped. ``prepare``'s other errors are raised."""
+    the messages kept, and how many were dropped. ``prepare``'s other errors are raised.
+    ``prepare(messages, trial)``: a trial only checks the messages (their images are not
+    fetched); the tail that fits is prepared once more, whole."""
     try:
-        return await prepare(messages), messages, 0
+        return await prepare(messages, False), messages, 0
     except InvalidRequestError as exc:
         if not _too_long(exc):
             raise
         too_long = exc
     groups = turns(messages)
-    best: tuple[T, list[dict[str, Any]], int] | None = None
+    best: tuple[list[dict[str, Any]], int] | None = None
     low, high = 1, len(groups) - 1  # drop at least one turn; keep the newest
     while low <= high:
         drop = (low + high) // 2
         gone = {index for group in groups[:drop] for index in group}
         kept = [m for index, m in enumerate(messages) if index not in gone]
         try:
-            made = await prepare(kept)
+            await prepare(kept, True)
         except InvalidRequestError as exc:
             if not _too_long(exc):
                 raise
             low = drop + 1
             continue
-        best = (made, kept, len(gone))
+        best = (kept, len(gone))
         high = drop - 1
     if best is None:
         raise too_long
-    return best
+    kept, dropped = best
+    return await prepare(kept, False), kept, dropped
