@@ -53,7 +53,7 @@ from redis.asyncio import Redis
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 from gateway.state.redis import PREFIX, needs_store
-from gateway.state.stored_bytes import Hold, StoredBytes
+from gateway.state.stored_bytes import Hold, StoredBytes, bounded_json
 
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
 DEFAULT_MAX_COUNT: int = Settings.model_fields["max_stored_chat_completions"].default
@@ -143,17 +143,13 @@ class ChatCompletionStore:
     def encode(self, stored: StoredChatCompletion, param: str = "store") -> str:
         """The record as it is stored, or a 400 naming ``param`` when it is larger than
         ``max_stored_kb``."""
-        raw = stored.model_dump_json()
-        size = len(raw.encode())
-        if size > self.max_stored_kb * 1024:
-            raise InvalidRequestError(
-                f"Stored with its messages, this chat completion is {size:,} bytes of JSON; "
-                f"the gateway stores at most {self.max_stored_kb} KB per completion "
-                "(GATEWAY_MAX_STORED_KB). Send fewer or shorter messages, or store: false.",
-                param=param,
-                code="stored_record_too_large",
-            )
-        return raw
+        return bounded_json(
+            stored,
+            self.max_stored_kb,
+            param,
+            "Stored with its messages, this chat completion is",
+            "Send fewer or shorter messages, or store: false.",
+        )
 
     @staticmethod
     def _counted(stored: StoredChatCompletion, raw: str, summary: str) -> int:

@@ -37,7 +37,7 @@ from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.state.item_index import ItemIndex, entry_bytes
 from gateway.state.redis import PREFIX, needs_store
 from gateway.state.responses import new_id
-from gateway.state.stored_bytes import Hold, StoredBytes
+from gateway.state.stored_bytes import Hold, StoredBytes, bounded_json
 
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
 DEFAULT_MAX_ITEMS: int = Settings.model_fields["max_conversation_items"].default
@@ -125,17 +125,13 @@ class ConversationStore:
                 param=param,
                 code="too_many_items",
             )
-        raw = conversation.model_dump_json()
-        size = len(raw.encode())
-        if size > self.max_stored_kb * 1024:
-            raise InvalidRequestError(
-                f"With these items the conversation would be {size:,} bytes of JSON; the "
-                f"gateway stores at most {self.max_stored_kb} KB per conversation "
-                "(GATEWAY_MAX_STORED_KB). Delete items, or start a new conversation.",
-                param=param,
-                code="stored_record_too_large",
-            )
-        return raw
+        return bounded_json(
+            conversation,
+            self.max_stored_kb,
+            param,
+            "With these items the conversation would be",
+            "Delete items, or start a new conversation.",
+        )
 
     def _counted(self, conversation: StoredConversation, raw: str) -> int:
         """What the record counts for in stored bytes: its JSON and its index entries."""

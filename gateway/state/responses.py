@@ -27,10 +27,10 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from gateway.config import Settings
-from gateway.errors import InvalidRequestError, NotFoundError
+from gateway.errors import NotFoundError
 from gateway.state.item_index import ItemIndex, entry_bytes
 from gateway.state.redis import PREFIX, needs_store
-from gateway.state.stored_bytes import Hold, StoredBytes
+from gateway.state.stored_bytes import Hold, StoredBytes, bounded_json
 
 #: The default of ``settings.max_stored_kb``, for a store given no bound.
 DEFAULT_MAX_STORED_KB: int = Settings.model_fields["max_stored_kb"].default
@@ -85,18 +85,13 @@ class ResponseStore:
     def encode(self, stored: StoredResponse) -> str:
         """The record as it is stored, or a 400 naming ``store`` when it is larger than
         ``max_stored_kb``."""
-        raw = stored.model_dump_json()
-        size = len(raw.encode())
-        if size > self.max_stored_kb * 1024:
-            raise InvalidRequestError(
-                f"Stored with its input, the conversation before it and its output, this "
-                f"response is {size:,} bytes of JSON; the gateway stores at most "
-                f"{self.max_stored_kb} KB per response (GATEWAY_MAX_STORED_KB). Send a shorter "
-                "input, or store: false.",
-                param="store",
-                code="stored_record_too_large",
-            )
-        return raw
+        return bounded_json(
+            stored,
+            self.max_stored_kb,
+            "store",
+            "Stored with its input, the conversation before it and its output, this response is",
+            "Send a shorter input, or store: false.",
+        )
 
     async def hold(self, stored: StoredResponse) -> Hold:
         """Holds the room ``stored`` (the record as known before generating) takes in its

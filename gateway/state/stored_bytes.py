@@ -44,11 +44,29 @@ import importlib.resources
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
 from redis.asyncio import Redis
 
-from gateway.errors import PermissionDeniedError
+from gateway.errors import InvalidRequestError, PermissionDeniedError
 from gateway.state.keys import public_record, record_key
 from gateway.state.redis import PREFIX, Headroom, needs_store
+
+
+def bounded_json(record: BaseModel, max_kb: int, param: str, told: str, advice: str) -> str:
+    """``record`` as it is stored (its JSON), or a 400 ``stored_record_too_large`` naming
+    ``param`` when it is larger than ``max_kb`` (``GATEWAY_MAX_STORED_KB``): ``told`` says
+    what it is (``"this response is"``), ``advice`` what to send instead."""
+    raw = record.model_dump_json()
+    size = len(raw.encode())
+    if size > max_kb * 1024:
+        raise InvalidRequestError(
+            f"{told} {size:,} bytes of JSON; the gateway stores at most {max_kb} KB of it "
+            f"(GATEWAY_MAX_STORED_KB). {advice}",
+            param=param,
+            code="stored_record_too_large",
+        )
+    return raw
+
 
 _SCRIPT = importlib.resources.files("gateway.state").joinpath("stored_bytes.lua").read_text()
 

@@ -42,8 +42,12 @@ def _triton(
 
 
 def _served(triton: EmbeddedTriton) -> int:
-    """Requests ``mock_chat`` answered on this server (Triton's own counter)."""
-    text = httpx.get(f"http://127.0.0.1:{triton.metrics_port}/metrics", timeout=5).text
+    """Requests ``mock_chat`` answered on this server (Triton's own counter); 0 while its
+    metrics endpoint is not up yet (it may open after the server reports ready)."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{triton.metrics_port}/metrics", timeout=5).text
+    except httpx.ConnectError:
+        return 0
     found = re.search(r'nv_inference_request_success\{model="mock_chat",version="1"\} (\d+)', text)
     return int(found.group(1)) if found else 0
 
