@@ -29,6 +29,16 @@ def redis_server(directory: Path) -> EmbeddedRedis:
         return EmbeddedRedis(directory, free_port()).start()
 
 
+def start_again(server: EmbeddedRedis) -> EmbeddedRedis:
+    """``server`` started again on its own port (clients point at it), once more if it dies
+    as it starts (see :func:`redis_server`: a clean-clone run of 2026-11-28 saw it abort on a
+    restart too)."""
+    try:
+        return server.start()
+    except EmbeddedRedisError:
+        return server.start()
+
+
 #: A client's retries when polling a server that may not be up yet: none (redis-py's default
 #: retries a refused connection with a back-off of seconds; the poll tries again anyway).
 ONE_TRY = Retry(NoBackoff(), 0)

@@ -26,7 +26,7 @@ from gateway.errors import BackendUnavailableError, StoreUnavailableError
 from gateway.outages import Attempt, Outage
 from gateway.stack.triton_server import free_port
 from gateway.state.redis import connect, ping
-from tests.redis_server import REDIS_SERVER, redis_server, wait_until
+from tests.redis_server import REDIS_SERVER, redis_server, start_again, wait_until
 from tests.unit.conftest import bearer, chat_body, make_settings, serve
 from tests.unit.test_grpc_streams import FakeTriton
 
@@ -214,7 +214,7 @@ async def test_a_command_waits_for_a_redis_coming_back(tmp_path: Path) -> None:
 
         async def restart() -> None:
             await asyncio.sleep(0.8)
-            await asyncio.to_thread(server.start)
+            await asyncio.to_thread(start_again, server)
 
         restarted = asyncio.create_task(restart())
         started = time.monotonic()
@@ -256,7 +256,7 @@ async def test_a_request_through_the_app_waits_for_its_redis_and_settles(tmp_pat
 
             async def restart() -> None:
                 await asyncio.sleep(0.8)
-                await asyncio.to_thread(server.start)
+                await asyncio.to_thread(start_again, server)
 
             restarted = asyncio.create_task(restart())
             answer = await http.post("/v1/chat/completions", json=chat_body(), headers=bearer(key))
