@@ -85,6 +85,7 @@ def _triton(settings: Settings, metrics: Metrics) -> Backend:
             on_error=metrics.triton_error,
             tokenizers=tokenizers,
             outage=outage,
+            on_engine=metrics.engine,
         )
 
     tokenizers = Tokenizers(settings.tokenizers)

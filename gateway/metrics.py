@@ -17,6 +17,10 @@ process imports ``prometheus_client``.
     gateway_audio_input_seconds_total{model}            audio transcribed
     gateway_audio_output_seconds_total{model}           audio synthesized
     gateway_triton_errors_total{model,code}             Triton failures, by gateway error code
+    gateway_engine_kv_cache_hit_ratio{model}            an engine's KV-cache reuse per request
+    gateway_engine_queue_seconds{model}                 engine: arrival to first scheduling
+    gateway_engine_time_to_first_token_seconds{model}   engine: arrival to first token
+                                                        (TensorRT-LLM's LLM API model reports them)
     gateway_rate_limited_total{limit}                   429s: requests | tokens | concurrency
     gateway_redis_up                                    1 if Redis answered its last check, else 0
     gateway_spend_total{project,model}                  money spent (GATEWAY_PRICES' unit)
@@ -179,6 +183,31 @@ class Metrics:
         self.triton_errors = by_model(
             counter(
                 "gateway_triton_errors_total", "Triton failures by error code", ("model", "code")
+            )
+        )
+        # An engine's own measurements of each request (TensorRT-LLM's LLM API model).
+        self.kv_cache_hit = by_model(
+            histogram(
+                "gateway_engine_kv_cache_hit_ratio",
+                "Share of a request's KV-cache blocks the engine reused (prefix caching)",
+                ("model",),
+                (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            )
+        )
+        self.engine_queue = by_model(
+            histogram(
+                "gateway_engine_queue_seconds",
+                "Engine time from a request's arrival to its first scheduling",
+                ("model",),
+                _TOKEN_BUCKETS,
+            )
+        )
+        self.engine_first_token = by_model(
+            histogram(
+                "gateway_engine_time_to_first_token_seconds",
+                "Engine time from a request's arrival to its first token",
+                ("model",),
+                _TOKEN_BUCKETS,
             )
         )
         self.rate_limited = counter(
@@ -354,6 +383,15 @@ class Metrics:
 
     def triton_error(self, model: str, code: str | None) -> None:
         self.triton_errors.labels(model, code or "unknown").inc()
+
+    def engine(self, model: str, stats: dict[str, float]) -> None:
+        """An engine's measurements of one request (TensorRT-LLM's LLM API model)."""
+        if "kv_cache_hit_rate" in stats:
+            self.kv_cache_hit.labels(model).observe(stats["kv_cache_hit_rate"])
+        if "queue_s" in stats:
+            self.engine_queue.labels(model).observe(stats["queue_s"])
+        if "first_token_s" in stats:
+            self.engine_first_token.labels(model).observe(stats["first_token_s"])
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition format and its content type."""

@@ -226,6 +226,16 @@ def annotate(prefix: str, values: Mapping[str, str] | None) -> None:
         current.set_attribute(f"{prefix}.{key}", value)
 
 
+def record(prefix: str, values: Mapping[str, float]) -> None:
+    """Puts measurements on the request's span as ``<prefix>.<name>`` attributes (an
+    engine's KV-cache hit rate, its queue time); nothing when it is not traced."""
+    current = trace.get_current_span()
+    if not current.is_recording():
+        return
+    for key, value in values.items():
+        current.set_attribute(f"{prefix}.{key}", value)
+
+
 def client_span(name: str) -> Span | None:
     """A client span under the current request, not made current (for an async generator,
     whose ``yield`` would leak it to its consumer); None when the request is not traced.

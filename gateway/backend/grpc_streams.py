@@ -80,10 +80,12 @@ def array(name: str, values: npt.NDArray[Any], datatype: str) -> Input:
     return tensor(name, datatype, contiguous.shape, contiguous.tobytes())
 
 
-def request(model: str, inputs: Sequence[Input]) -> Any:
-    """A ``ModelInferRequest`` that ends with a response flagged final."""
+def request(model: str, inputs: Sequence[Input], request_id: str = "") -> Any:
+    """A ``ModelInferRequest`` that ends with a response flagged final (``request_id``: its
+    id, which a model may be told to stop by)."""
     message = service_pb2.ModelInferRequest(
         model_name=model,
+        id=request_id,
         inputs=[description for description, _ in inputs],
         raw_input_contents=[raw for _, raw in inputs],
     )
@@ -141,6 +143,11 @@ class Outputs:
         described, raw = found
         values = np.frombuffer(raw, dtype=triton_to_np_dtype(described.datatype))
         return values.reshape(tuple(described.shape))
+
+    def datatype(self, name: str) -> str | None:
+        """An output's Triton datatype (``BYTES``, ``FP32``, ...); None when absent."""
+        found = self._outputs.get(name)
+        return str(found[0].datatype) if found is not None else None
 
     def first_number(self, name: str) -> float | None:
         """The first element of a numeric output (read on every streamed response, so

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -173,6 +175,11 @@ def _contract(
     return contract_for(config, configs, tokenizer)
 
 
+logger = logging.getLogger(__name__)
+#: Stop requests under way (a task must be referenced until it ends).
+_STOPPING: set[asyncio.Future[None]] = set()
+
+
 class TritonBackend:
     """Talks to one Triton server over ``tritonclient.grpc.aio``."""
 
@@ -184,8 +191,11 @@ class TritonBackend:
         on_error: Callable[[str, str | None], None] | None = None,
         tokenizers: Tokenizers | None = None,
         outage: Outage | None = None,
+        on_engine: Callable[[str, dict[str, float]], None] | None = None,
     ) -> None:
         """``on_error(model, code)`` hears of every failed inference (for metrics);
+        ``on_engine(model, stats)`` of an engine's measurements of a request
+        (:meth:`Contract.engine_stats`);
         ``tokenizers`` are the models' tokenizer files (templates, token counts);
         ``outage`` is what this process knows of Triton's outages (none given: calls never
         wait for a Triton coming back, as in a pool, which routes around it instead)."""
@@ -196,6 +206,7 @@ class TritonBackend:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.on_error = on_error
+        self.on_engine = on_engine
         self.client = triton_grpc.InferenceServerClient(url, channel_args=streams.CHANNEL_OPTIONS)
         self.streams = streams.StreamPool(url)
 
@@ -339,7 +350,11 @@ class TritonBackend:
         return found
 
     async def _stream(
-        self, model: str, inputs: list[streams.Input], decoupled: bool = True
+        self,
+        model: str,
+        inputs: list[streams.Input],
+        decoupled: bool = True,
+        request_id: str = "",
     ) -> AsyncGenerator[streams.Outputs, None]:
         """One request: yields each response's outputs up to the final one. A decoupled
         model's goes on a kept gRPC stream, another's is one plain call. Leaving early
@@ -347,7 +362,7 @@ class TritonBackend:
         its first response is sent again once a Triton coming back is (within the
         request's wait allowance, :mod:`gateway.outages`); after its first response a
         failure is the request's."""
-        message = streams.request(model, inputs)
+        message = streams.request(model, inputs, request_id)
         # Traced (the request is sampled): a span of its own, whose context Triton reads
         # from the call's metadata, so its spans join the trace under this one.
         span, metadata = tracing.client_span("triton.infer"), None
@@ -431,14 +446,58 @@ class TritonBackend:
         contract = await self.contract(model)
         inputs, rules = contract.generate(prompt, options, stream, images)
         reader = contract.reader(prompt, rules)
-        async with aclosing(self._stream(model, inputs, contract.config.decoupled)) as results:
-            async for outputs in results:
-                chunk = reader.read(outputs)
-                if chunk is not None:
-                    yield chunk
-                if reader.done:
-                    break  # a stop string the gateway cut at: leaving cancels the request
+        stop = contract.stop_request()
+        request_id = uuid.uuid4().hex if stop is not None else ""
+        finished = False
+        try:
+            async with aclosing(
+                self._stream(model, inputs, contract.config.decoupled, request_id)
+            ) as results:
+                async for outputs in results:
+                    chunk = reader.read(outputs)
+                    stats = contract.engine_stats(outputs)
+                    if stats:
+                        self._engine(model, stats)
+                    if chunk is not None:
+                        yield chunk
+                    if reader.done:
+                        break  # a stop string the gateway cut at: leaving cancels the request
+                else:
+                    finished = True
+        except Exception:
+            finished = True  # the request failed: there is nothing to stop
+            raise
+        finally:
+            # Left early (a stop string cut at, the client gone): stop the engine too.
+            if stop is not None and not finished:
+                self._stop(model, stop, request_id)
         yield reader.finish()
+
+    def _engine(self, model: str, stats: dict[str, float]) -> None:
+        """An engine's measurements of a request: on the request's trace span, and to
+        ``on_engine`` (the metrics)."""
+        tracing.record("triton.engine", stats)
+        if self.on_engine is not None:
+            self.on_engine(model, stats)
+
+    def _stop(self, model: str, inputs: list[streams.Input], request_id: str) -> None:
+        """Tells a model that is not stopped by its cancelled call to stop the request
+        ``request_id`` (its ``stop`` flag), in a task of its own: the request that left may
+        be being cancelled. Best effort, bounded by the call timeout: the model answers the
+        stop request with an error (what it does), and a failure is only logged."""
+
+        async def send() -> None:
+            message = streams.request(model, inputs, request_id)
+            try:
+                await asyncio.wait_for(self.streams.infer_once(message), self.timeout_s)
+            except (grpc.aio.AioRpcError, streams.ModelError, TimeoutError):
+                pass  # answered (the stop's own CANCELLED reply), or nothing left to stop
+            except Exception:
+                logger.warning("model %s: stopping request %s failed", model, request_id)
+
+        task = asyncio.ensure_future(send())
+        _STOPPING.add(task)
+        task.add_done_callback(_STOPPING.discard)
 
     async def synthesize(
         self, model: str, text: str, voice: str, speed: float, instructions: str | None = None

@@ -44,6 +44,8 @@ TOKENIZED_MODELS = (
     "tensorrt_llm_bls",
     "tensorrt_llm_bls_r24_08",
     "seed_llm",
+    "trtllm_llmapi",
+    "trtllm_llmapi_sync",
 )
 #: A Llama 3-style chat template, as a tokenizer_config.json carries one.
 LLAMA3_STYLE_TEMPLATE = (

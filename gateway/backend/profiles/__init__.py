@@ -11,6 +11,8 @@ Triton adapter calls it and never names one.
   is read from which inputs the config declares.
 - ``trtllm`` (:mod:`.trtllm`): an ensemble with a ``tensorrt_llm`` step, or a model with a
   ``tensorrt_llm_model_name`` parameter (the BLS).
+- ``llmapi`` (:mod:`.llmapi`): TensorRT-LLM's LLM API (PyTorch) model, by its
+  ``text_input`` and ``sampling_param_*`` inputs.
 - ``custom`` (:mod:`.custom`): ``openai_input_*`` / ``openai_output_*`` parameters name the
   tensors; also every model that declares an ``openai_task`` and fits neither of the
   above (the speech, transcription and embedding models of this repository speak its
@@ -21,7 +23,7 @@ A model with its own tensor names needs no new profile: try the custom mapping f
 ``docs/fronting-triton.md``). Adding a profile is adding one module that defines a
 :class:`Contract` subclass and registers it with :func:`register`, and adding the module to
 the import list near the end of this file: profiles are tried in registration order, which
-is that import order: custom (an explicit mapping wins), trtllm, vllm, then the fallback for
+is that import order: custom (an explicit mapping wins), llmapi, trtllm, vllm, then the fallback for
 a declared ``openai_task`` (registered last). Tests: ``tests/unit/test_profiles.py`` and
 ``tests/integration/test_fronting_e2e.py``.
 """
@@ -224,6 +226,17 @@ class Contract:
         if images and self.image_input() is None:
             raise self._unsupported("images")
 
+    def stop_request(self) -> list[streams.Input] | None:
+        """The inputs of a request that stops an abandoned generation of the same request
+        id, for a model that is not stopped by its cancelled call alone (None: the call's
+        cancellation is enough)."""
+        return None
+
+    def engine_stats(self, outputs: streams.Outputs) -> dict[str, float]:
+        """Engine measurements a response carries (KV-cache hit rate, queue and first-token
+        times), for the trace and ``/metrics``; empty for most models."""
+        return {}
+
     def reader(self, prompt: str, rules: TextRules) -> TextReader:
         return TextReader(rules, prompt, self.count)
 
@@ -309,6 +322,6 @@ def contract_for(
 
 # The profiles, in the order they are tried; each module registers itself. Last, the
 # fallback: any other model that declares an ``openai_task`` speaks the default tensors.
-from gateway.backend.profiles import custom, trtllm, vllm  # noqa: E402, F401
+from gateway.backend.profiles import custom, llmapi, trtllm, vllm  # noqa: E402, F401
 
 register(custom.DeclaredTask)

@@ -123,11 +123,18 @@ class TextReader:
             text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)
             text = text.rstrip(_REPLACEMENT)
             text = self._strip_echo_whole(text)
-            if len(text) >= len(self._text):
+            # The text so far grows; but an engine that drops a stop string once it has
+            # matched it whole (TensorRT-LLM's LLM API) may send a shorter text at the end:
+            # what was not sent yet may be taken back.
+            shorter = len(self._sent_text()) <= len(text) < len(self._text)
+            if len(text) >= len(self._text) or (shorter and self._text.startswith(text)):
                 self._text = text
         else:
             self._text += self._strip_echo(self._decoder.decode(raw, final=False))
         self._cut()
+
+    def _sent_text(self) -> str:
+        return self._text[: self._sent]
 
     def _strip_echo_whole(self, text: str) -> str:
         echo = self.rules.echo
