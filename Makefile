@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.faults
 	$(BIN)/python -m tests.bench.hostile
 	$(BIN)/python -m tests.bench.stateless
+	$(BIN)/python -m tests.bench.llmapi
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps

@@ -106,9 +106,15 @@ def _status_error(code: str, message: str, model: str | None = None) -> GatewayE
 
 
 #: How engines refuse a prompt too long for the context: vLLM's OpenAI server (and the models
-#: here, which copy its wording), and vLLM's engine behind Triton's vLLM backend (25.05+).
-#: Errors on a stream carry no status code, so the message is the only sign.
-_CONTEXT_EXCEEDED = ("maximum context length", "longer than the maximum model length")
+#: here, which copy its wording), vLLM's engine behind Triton's vLLM backend (25.05+) and
+#: TensorRT-LLM's LLM API. Errors on a stream carry no status code, and a model that is not
+#: decoupled answers INTERNAL whatever went wrong: the message is the only sign.
+_CONTEXT_EXCEEDED = (
+    "maximum context length",
+    "longer than the maximum model length",
+    # TensorRT-LLM's LLM API: the prompt and max_tokens together past its max_seq_len.
+    "should not exceed max_seq_len",
+)
 #: How Triton refuses load/unload when it was not started with --model-control-mode=explicit
 #: (polling: "... not allowed if polling is enabled"; none: "... not allowed"). Its status
 #: code (UNAVAILABLE) would read as an outage.
@@ -151,7 +157,10 @@ def _check_control(exc: InferenceServerException) -> None:
 
 
 def _from_rpc_error(exc: grpc.aio.AioRpcError, model: str | None = None) -> GatewayError:
-    return _status_error(exc.code().name, exc.details() or "", model)
+    details = exc.details() or ""
+    if model is not None and any(sign in details for sign in _CONTEXT_EXCEEDED):
+        return _model_error(model, details)
+    return _status_error(exc.code().name, details, model)
 
 
 def model_info_from_config(
@@ -176,8 +185,12 @@ def _contract(
 
 
 logger = logging.getLogger(__name__)
-#: Stop requests under way (a task must be referenced until it ends).
+#: Stop requests under way (a task must be referenced until it ends), at most
+#: :data:`MAX_STOPPING` at once (past it, a left request is only cancelled: the model also
+#: polls its call's cancellation), each answered within :data:`STOP_TIMEOUT_S`.
 _STOPPING: set[asyncio.Future[None]] = set()
+MAX_STOPPING = 64
+STOP_TIMEOUT_S = 2.0
 
 
 class TritonBackend:
@@ -449,15 +462,16 @@ class TritonBackend:
         stop = contract.stop_request()
         request_id = uuid.uuid4().hex if stop is not None else ""
         finished = False
+        stats: dict[str, float] = {}
         try:
             async with aclosing(
                 self._stream(model, inputs, contract.config.decoupled, request_id)
             ) as results:
                 async for outputs in results:
                     chunk = reader.read(outputs)
-                    stats = contract.engine_stats(outputs)
-                    if stats:
-                        self._engine(model, stats)
+                    # The engine's measurements, as its last response with them has them
+                    # (a stream repeats them on every response): recorded once a request.
+                    stats = contract.engine_stats(outputs) or stats
                     if chunk is not None:
                         yield chunk
                     if reader.done:
@@ -471,6 +485,8 @@ class TritonBackend:
             # Left early (a stop string cut at, the client gone): stop the engine too.
             if stop is not None and not finished:
                 self._stop(model, stop, request_id)
+            if stats:
+                self._engine(model, stats)
         yield reader.finish()
 
     def _engine(self, model: str, stats: dict[str, float]) -> None:
@@ -489,12 +505,17 @@ class TritonBackend:
         async def send() -> None:
             message = streams.request(model, inputs, request_id)
             try:
-                await asyncio.wait_for(self.streams.infer_once(message), self.timeout_s)
+                await asyncio.wait_for(self.streams.infer_once(message), STOP_TIMEOUT_S)
             except (grpc.aio.AioRpcError, streams.ModelError, TimeoutError):
                 pass  # answered (the stop's own CANCELLED reply), or nothing left to stop
             except Exception:
                 logger.warning("model %s: stopping request %s failed", model, request_id)
 
+        if len(_STOPPING) >= MAX_STOPPING:
+            logger.warning(
+                "model %s: request %s not stopped: too many stops under way", model, request_id
+            )
+            return
         task = asyncio.ensure_future(send())
         _STOPPING.add(task)
         task.add_done_callback(_STOPPING.discard)

@@ -135,11 +135,12 @@ def test_a_client_that_leaves_a_stream_stops_the_decoupled_engine(
     assert stopped_at < 100  # far from the 200 words it was asked for
 
 
-def test_a_request_left_on_the_other_deployment_is_stopped_by_its_stop_flag(
+def test_a_request_left_on_the_other_deployment_stops_the_engine(
     stack: GatewayProcess,
 ) -> None:
-    """A non-decoupled model is one plain call: leaving it, the gateway also sends the
-    ``stop`` flag with the request's id, which aborts the engine's request."""
+    """A non-decoupled model is one plain call: leaving it cancels the call and sends the
+    ``stop`` flag with the request's id (``tests/unit/test_llmapi_profile.py`` checks the
+    flag and the id); the engine stops."""
     words = " ".join(f"w{i}" for i in range(200))
     body = {
         "model": "trtllm_llmapi_sync",
@@ -187,3 +188,22 @@ def test_the_engines_kv_cache_hit_rate_and_times_reach_the_metrics(
         re.M,
     )
     assert above_half and float(above_half.group(1)) < float(count.group(1))
+    # A stream repeats the measurements on every response: one request is one observation.
+    stream = sdk.chat.completions.create(model="trtllm_llmapi", messages=ask(), stream=True)
+    assert len([c for c in stream if c.choices and c.choices[0].delta.content]) > 1
+    again = httpx.get(stack.internal_url + "/metrics", timeout=5).text
+    after = re.search(
+        r'^gateway_engine_kv_cache_hit_ratio_count\{model="trtllm_llmapi"\} (\S+)$', again, re.M
+    )
+    assert after and float(after.group(1)) == float(count.group(1)) + 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_prompt_the_engine_cannot_fit_is_context_length_exceeded(
+    sdk: openai.OpenAI, model: str
+) -> None:
+    # No context_length in upstream's config: the gateway sends its default max_tokens, and
+    # 3,500 words with it pass the engine's max_seq_len of 4,096.
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(model=model, messages=ask("word " * 3500))
+    assert refused.value.code == "context_length_exceeded"

@@ -3,17 +3,22 @@ TensorRT-LLM deployment on Triton (``NVIDIA/TensorRT-LLM``
 ``triton_backend/all_models/llmapi/tensorrt_llm/``: ``config.pbtxt``, ``1/model.py``,
 ``1/helpers.py``, ``1/model.yaml``).
 
-- **Found by its inputs**: a Python model that takes ``text_input`` and
-  ``sampling_param_*`` inputs; no parameter in its config is needed. ``max_batch_size`` and
-  decoupling come from its ``model.yaml`` through Triton's auto-complete (upstream ships
-  ``decoupled: False``), and the gateway reads them from the loaded config as for any model.
+- **Found by its inputs**: a model that takes ``text_input`` and ``sampling_param_*``
+  inputs (upstream's is a Python model); no parameter in its config is needed.
+  ``max_batch_size`` and decoupling come from its ``model.yaml`` through Triton's
+  auto-complete (upstream ships ``decoupled: False``), and the gateway reads them from the
+  loaded config as for any model.
 - **Requests**: ``text_input`` is 1-D (the prompt is its first element); the sampling
   parameters each have an input (``sampling_param_max_tokens`` INT32, ``_temperature``,
-  ``_top_p``, ``_top_k``, ``_frequency_penalty``, ``_presence_penalty``, ``_seed`` UINT64);
-  stop strings go as the list ``sampling_param_stop`` and the engine leaves them out of the
-  text (the gateway cuts at them too, in case). ``sampling_param_exclude_input_from_output``
-  is sent true (upstream's default is false: the prompt comes back first); a config without
-  that input gets the echo cut by the gateway. ``return_finish_reason`` is asked for.
+  ``_top_p``, ``_top_k``, ``_frequency_penalty``, ``_presence_penalty``, ``_seed`` UINT64).
+  **Stop strings are the gateway's**: upstream's ``helpers.py`` hands the
+  ``sampling_param_stop`` tensor to ``SamplingParams(stop=...)`` as it comes, an array of
+  bytes, where the engine's tokenizer takes ``str`` (``tokenizer.encode`` of each). So the
+  gateway never sends it: it cuts the text at the first stop string and ends the request
+  there (the engine is stopped as for a client that left, see below).
+  ``sampling_param_exclude_input_from_output`` is sent true (upstream's default is false:
+  the prompt comes back first); a config without that input gets the echo cut by the
+  gateway. ``return_finish_reason`` is asked for.
 - **Responses**: ``text_output`` is the whole text so far (``CompletionOutput.text``), so
   the gateway sends the new part; ``finish_reason`` is ``"None"`` until the end, then
   ``stop``, ``length``, ``timeout`` or ``cancelled`` (the last two read as ``stop``, as
@@ -32,10 +37,12 @@ TensorRT-LLM deployment on Triton (``NVIDIA/TensorRT-LLM``
 - **LoRA**: ``lora_id``, ``lora_name`` and ``lora_path`` go together (upstream refuses one
   alone). The operator lists adapters as ``name=id:path`` in ``lora_adapters``
   (``sql=7:/loras/sql``), each served as the model id ``<model>:<name>``; an entry without
-  an id and a path is not served (logged).
-- **Images**: ``image_url`` (1-D, one URL a image) for a deployment that says
-  ``vision: true``, as ``data:`` URLs (upstream fetches http(s) URLs itself; the gateway
-  sends what it checked).
+  an id and a path, or with another entry's id (the engine caches adapters by id), is not
+  served (logged). ``lora_ckpt_source`` is not sent: Hugging Face checkpoints (its default).
+- **Images**: ``image_url`` (1-D, one URL an image) for a deployment that says
+  ``vision: true`` in its config (and ``multimodal: true`` in ``model.yaml``'s
+  ``triton_config``, without which the model ignores the input), as ``data:`` URLs
+  (upstream fetches http(s) URLs itself; the gateway sends what it checked).
 - **Engine metrics**: ``sampling_param_return_perf_metrics`` is asked for; the KV-cache hit
   rate and the engine's queue and first-token times of each request go on the request's
   trace span and into ``/metrics`` (:meth:`LlmApiContract.engine_stats`). Upstream encodes
@@ -44,6 +51,7 @@ TensorRT-LLM deployment on Triton (``NVIDIA/TensorRT-LLM``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
@@ -113,6 +121,13 @@ class LlmApiContract(Contract):
             return ()
         loras = self._loras()
         missing = tuple(name for name in entries if name not in loras)
+        ids: dict[int, str] = {}
+        for name, (lora_id, _) in list(loras.items()):
+            if lora_id in ids:
+                self.unusable_adapters((name,), f"its id {lora_id} is {ids[lora_id]}'s too")
+                del loras[name]
+            else:
+                ids[lora_id] = name
         if missing:
             self.unusable_adapters(missing, "no id and path (write name=id:path in lora_adapters)")
         return tuple(loras)
@@ -155,8 +170,6 @@ class LlmApiContract(Contract):
             if field == "top_k":
                 value = max(int(value), 0)  # vLLM's -1 (no cut) is the engine's 0
             inputs.append(config.tensor(name, value, field))
-        if options.stop and self.has("sampling_param_stop"):
-            inputs.append(config.tensor("sampling_param_stop", list(options.stop), "stop"))
         if options.lora_name is not None:
             lora_id, path = self._loras()[options.lora_name]
             inputs.append(config.tensor("lora_id", lora_id, "model"))
@@ -204,9 +217,11 @@ def _number(outputs: streams.Outputs, name: str) -> float | None:
     if kind is None:
         return None
     if kind != "BYTES":
-        return outputs.first_number(name)
+        number = outputs.first_number(name)
+        return number if number is not None and math.isfinite(number) else None
     raw = outputs.first_bytes(name)
     try:
-        return float(raw) if raw else None
+        value = float(raw) if raw else None
     except ValueError:
         return None
+    return value if value is not None and math.isfinite(value) else None

@@ -65,6 +65,12 @@ class TextReader:
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
     )
+    _whole: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+    """Decodes a cumulative model's text (:meth:`_decode_whole`)."""
+    _raw: bytes = b""
+    _decoded: str = ""
     _text: str = ""
     """Everything read so far (echo removed, cut at a stop string)."""
     _sent: int = 0
@@ -118,23 +124,31 @@ class TextReader:
 
     def _add(self, raw: bytes) -> None:
         if self.rules.cumulative:
-            # A fresh decode of the whole text: an incomplete last character (raw bytes, or
-            # U+FFFD from a model that decoded it alone) waits for the next response.
-            text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)
-            text = text.rstrip(_REPLACEMENT)
+            # An incomplete last character (raw bytes, or U+FFFD from a model that decoded
+            # it alone) waits for the next response.
+            text = self._decode_whole(raw).rstrip(_REPLACEMENT)
             text = self._strip_echo_whole(text)
-            # The text so far grows; but an engine that drops a stop string once it has
-            # matched it whole (TensorRT-LLM's LLM API) may send a shorter text at the end:
-            # what was not sent yet may be taken back.
-            shorter = len(self._sent_text()) <= len(text) < len(self._text)
-            if len(text) >= len(self._text) or (shorter and self._text.startswith(text)):
+            if len(text) >= len(self._text):
                 self._text = text
+            elif self._text.startswith(text):
+                # An engine that drops a stop string once it matched it whole (TensorRT-LLM's
+                # LLM API) may end with a shorter text: what was not sent is taken back.
+                self._text = self._text[: max(len(text), self._sent)]
         else:
             self._text += self._strip_echo(self._decoder.decode(raw, final=False))
         self._cut()
 
-    def _sent_text(self) -> str:
-        return self._text[: self._sent]
+    def _decode_whole(self, raw: bytes) -> str:
+        """The whole text of a cumulative response. A text that continues the last one is
+        decoded from where that one ended (a long stream costs its length once, not once
+        a response); any other is decoded afresh."""
+        if self._raw and raw.startswith(self._raw):
+            self._decoded += self._whole.decode(raw[len(self._raw) :], final=False)
+        else:
+            self._whole = codecs.getincrementaldecoder("utf-8")("replace")
+            self._decoded = self._whole.decode(raw, final=False)
+        self._raw = raw
+        return self._decoded
 
     def _strip_echo_whole(self, text: str) -> str:
         echo = self.rules.echo
