@@ -116,16 +116,25 @@ class TritonInstall:
 PORTS = range(20_000, 32_000)
 
 
+#: The ports :func:`free_port` has handed out in this process: never twice, since a caller
+#: picking several (Triton's gRPC, HTTP and metrics ports, the replicas') binds them only
+#: later (a clean-clone test run once got one port for Triton's gRPC and HTTP).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, at random in :data:`PORTS` (the kernel's pick when
-    a hundred tries found none)."""
+    """A port nothing listens on now, at random in :data:`PORTS` and never one this
+    process was given before (the kernel's pick when a hundred tries found none)."""
     for _ in range(100):
         port = random.choice(PORTS)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
