@@ -243,7 +243,13 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(
             (
                 {
                     "type": "session.update",
-                    "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                    "session": {
+                        "audio": {
+                            "input": {
+                                "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}
+                            }
+                        }
+                    },
                 },
                 "unsupported_parameter",
             ),

@@ -737,3 +737,37 @@ def test_every_field_is_honoured_or_refused_by_name(realtime: TestClient) -> Non
         session = until(socket, "session.updated")[-1]["session"]
         assert session["tool_choice"] == "none"
         assert session["tracing"] == {"workflow_name": "Voice agent", "group_id": "g-1"}
+
+
+def test_semantic_vad_ends_a_turn_after_the_silence_its_eagerness_maps_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Agents SDK's RealtimeAgent asks for ``semantic_vad``: no model here judges whether
+    the user has finished, so its ``eagerness`` sets the silence that ends the turn (low:
+    1.2 s, medium and auto: 0.6 s, high: 0.3 s). 400 ms of quiet ends a turn for ``high``
+    and not for ``low``."""
+    from gateway.serving import vad
+
+    monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)
+    with (
+        serve(FakeBackend()) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        until(socket, "session.created")
+        for eagerness, ends in (("low", False), ("high", True)):
+            detection = {"type": "semantic_vad", "eagerness": eagerness}
+            socket.send_json(update(audio={"input": {"turn_detection": detection}}))
+            session = until(socket, "session.updated")[-1]["session"]
+            shown = session["audio"]["input"]["turn_detection"]
+            assert (shown["type"], shown["eagerness"]) == ("semantic_vad", eagerness)
+            socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
+            for _ in range(3):
+                socket.send_json({"type": "input_audio_buffer.append", "audio": silence(0.1)})
+            quiet = {"type": "input_audio_buffer.append", "audio": silence(0.1)}
+            kinds = [event["type"] for event in answer(socket, quiet)]
+            assert ("input_audio_buffer.speech_stopped" in kinds) is ends, (eagerness, kinds)
+            socket.send_json({"type": "input_audio_buffer.clear"})
+            until(socket, "input_audio_buffer.cleared")
+        bad = {"type": "semantic_vad", "eagerness": "eager"}
+        error = refusal(socket, update(audio={"input": {"turn_detection": bad}}))
+        assert error["param"] == "session.audio.input.turn_detection.eagerness"

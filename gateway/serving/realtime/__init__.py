@@ -36,8 +36,9 @@ transcription and, for spoken answers, speech) are checked when it opens and at 
 
 Every field of a client event is honoured or refused by name, as OpenAI refuses them:
 ``unknown_parameter`` for a field the API does not define, ``unsupported_parameter`` for
-one this gateway does not implement (tools, noise reduction, semantic VAD...). What a
-client can make a session hold is bounded (:class:`Bounds`).
+one this gateway does not implement (tools, noise reduction...; ``semantic_vad`` is server
+VAD with the silence its ``eagerness`` maps to). What a client can make a session hold is
+bounded (:class:`Bounds`).
 
 The package, each module importing only those listed before it (``transcription``,
 ``responder`` and ``turns`` name :class:`RealtimeSession`, and ``config``

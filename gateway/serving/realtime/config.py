@@ -57,13 +57,23 @@ class SessionConfig:
     max_output_tokens: int | None = None
     temperature: float | None = None
     tool_choice: str = "auto"
+    eagerness: str | None = None
+    """Set for ``semantic_vad``: its eagerness (the turn detection is server VAD with the
+    silence it maps to, :data:`SEMANTIC_SILENCE_MS`)."""
     tracing: str | dict[str, Any] | None = None
     """OpenAI's trace settings (``auto``, or a workflow name, group id and metadata): accepted
     metadata, echoed; the gateway's own traces cover the session (docs/tracing.md)."""
 
     def to_json(self, session_id: str) -> dict[str, Any]:
         detection: dict[str, Any] | None = None
-        if self.vad is not None:
+        if self.vad is not None and self.eagerness is not None:
+            detection = {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
+        elif self.vad is not None:
             detection = {
                 "type": "server_vad",
                 "threshold": self.vad.threshold,
@@ -198,7 +208,7 @@ class Configurator:
         if "turn_detection" in spec:
             detection = spec["turn_detection"]
             if detection is None:
-                config.vad = None
+                config.vad, config.eagerness = None, None
             else:
                 _configure_vad(config, _object(detection, f"{_INPUT}.turn_detection"))
 
@@ -277,13 +287,42 @@ class Configurator:
         return text
 
 
+#: ``semantic_vad``'s ``eagerness`` as the silence that ends a turn (ms): no model here
+#: judges whether the user has finished, so the approximation is the wait (``low`` lets the
+#: user pause longer, ``high`` answers sooner; ``auto`` is ``medium``, as OpenAI's).
+SEMANTIC_SILENCE_MS = {"low": 1200, "medium": 600, "auto": 600, "high": 300}
+
+
+def _configure_semantic_vad(config: SessionConfig, spec: dict[str, Any], where: str) -> None:
+    _fields(spec, where, {"type", "eagerness", "create_response", "interrupt_response"})
+    eagerness = spec.get("eagerness", "auto")
+    if eagerness not in SEMANTIC_SILENCE_MS:
+        raise ClientEventError(
+            "eagerness must be low, medium, high or auto.", param=f"{where}.eagerness"
+        )
+    for name in ("create_response", "interrupt_response"):
+        if spec.get(name) not in (None, True, False):
+            raise ClientEventError(f"{name} must be a boolean.", param=f"{where}.{name}")
+    config.create_response = spec.get("create_response", config.create_response)
+    config.interrupt_response = spec.get("interrupt_response", config.interrupt_response)
+    defaults = VadSettings()
+    silence = SEMANTIC_SILENCE_MS[eagerness]
+    config.vad = VadSettings(defaults.threshold, defaults.prefix_padding_ms, silence)
+    config.eagerness = eagerness
+
+
 def _configure_vad(config: SessionConfig, spec: dict[str, Any]) -> None:
     where = f"{_INPUT}.turn_detection"
-    if spec.get("type", "server_vad") != "server_vad":
+    kind = spec.get("type", "server_vad")
+    if kind == "semantic_vad":
+        _configure_semantic_vad(config, spec, where)
+        return
+    if kind != "server_vad":
         raise _unsupported(
             f"{where}.type",
-            f"Turn detection '{spec.get('type')}' is not supported; use 'server_vad' or null.",
+            f"Turn detection '{kind}' is not supported; use 'server_vad', 'semantic_vad' or null.",
         )
+    config.eagerness = None
     _fields(
         spec,
         where,
