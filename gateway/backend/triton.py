@@ -10,21 +10,7 @@ cancelling the call cancels that request in Triton, which the model sees through
 ``is_cancelled()``. Admin calls use
 ``tritonclient.grpc.aio``.
 
-Errors: gRPC status codes of the call map to gateway errors by kind (UNAVAILABLE -> 503,
-DEADLINE_EXCEEDED -> 504, ...). An error a model sends inside the stream reaches the gateway
-as text only (Triton 2.51's ``triton_grpc_error`` mode, which would carry the code, crashes
-the server on an error after the first response), so it becomes a 500 ``model_error``,
-unless its text starts with ``Invalid request: `` (:data:`INVALID_PREFIX`, how this
-repository's models mark INVALID_ARG, see ``triton_repo/model_io.py``): then it is a 400
-with the text.
-
-What gRPC, Triton or a model said is kept from inference clients (it names peer addresses,
-``ipv4:127.0.0.1:8001``, and model files, and Python-backend models and TensorRT-LLM's BLS
-send whole tracebacks): it is the error's ``detail``, logged with the request id, and the
-client reads a fixed message. Two kinds of text pass: INVALID_ARGUMENT and a prompt too long
-for the context are the server's verdict on the request's own input, which the client must
-read to fix it; and the admin API's load and unload errors, whose caller is the operator who
-must fix the model.
+Errors: how Triton's failures read as gateway errors is :mod:`gateway.backend.triton_errors`.
 """
 
 from __future__ import annotations
@@ -60,13 +46,18 @@ from gateway.backend.base import (
 )
 from gateway.backend.profiles import Contract, ModelConfig, contract_for
 from gateway.backend.tokenizer import Tokenizers
+from gateway.backend.triton_errors import (
+    SERVER_BUSY,
+    check_control,
+    from_client_error,
+    from_rpc_error,
+    model_error,
+)
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
     BackendUnavailableError,
     GatewayError,
-    InvalidRequestError,
-    ModelControlDisabledError,
     ModelNotFoundError,
 )
 from gateway.outages import Attempt, Outage
@@ -84,83 +75,6 @@ def _end_span(span: Span, responses: int, exc: BaseException | None) -> None:
     else:
         tracing.failed(span, exc)
     span.end()
-
-
-def _status_error(code: str, message: str, model: str | None = None) -> GatewayError:
-    """Maps a gRPC status (name, e.g. ``UNAVAILABLE``) to the gateway error of that kind;
-    the status and its message are the detail (see the module docstring)."""
-    detail = f"{code}: {message}"
-    if code in ("UNAVAILABLE", "CANCELLED"):
-        return BackendUnavailableError(
-            "The model server (Triton) is unavailable; try again shortly.", detail=detail
-        )
-    if code == "DEADLINE_EXCEEDED":
-        return BackendTimeoutError(
-            "The model server (Triton) did not answer in time.", detail=detail
-        )
-    if code == "NOT_FOUND" and model is not None:
-        return ModelNotFoundError(model)
-    if code == "INVALID_ARGUMENT":
-        return InvalidRequestError(message)
-    return BackendError("The model server (Triton) failed to serve the request.", detail=detail)
-
-
-#: How engines refuse a prompt too long for the context: vLLM's OpenAI server (and the models
-#: here, which copy its wording), vLLM's engine behind Triton's vLLM backend (25.05+) and
-#: TensorRT-LLM's LLM API. Errors on a stream carry no status code, and a model that is not
-#: decoupled answers INTERNAL whatever went wrong: the message is the only sign.
-_CONTEXT_EXCEEDED = (
-    "maximum context length",
-    "longer than the maximum model length",
-    # TensorRT-LLM's LLM API: the prompt and max_tokens together past its max_seq_len.
-    "should not exceed max_seq_len",
-)
-#: How Triton refuses load/unload when it was not started with --model-control-mode=explicit
-#: (polling: "... not allowed if polling is enabled"; none: "... not allowed"). Its status
-#: code (UNAVAILABLE) would read as an outage.
-_CONTROL_DISABLED = ("explicit model load / unload is not allowed",)
-
-#: How a running Triton refuses a request with UNAVAILABLE of its own (a model's queue of
-#: its dynamic batcher is full: ``max_queue_size``): that is no outage to wait for, and
-#: trying again at once would only add to its queue.
-_SERVER_BUSY = ("Exceeds maximum queue size",)
-
-
-#: How a model marks an error on a stream as the client's fault (see the module docstring).
-INVALID_PREFIX = "Invalid request: "
-
-
-def _model_error(model: str, message: str) -> GatewayError:
-    """An error response of a model on a stream."""
-    invalid = message.startswith(INVALID_PREFIX)
-    message = message.removeprefix(INVALID_PREFIX)
-    if any(sign in message for sign in _CONTEXT_EXCEEDED):
-        return InvalidRequestError(message, code="context_length_exceeded")
-    if invalid:
-        return InvalidRequestError(message)
-    return BackendError(f"The model '{model}' failed to serve the request.", detail=message)
-
-
-def _from_client_error(exc: InferenceServerException, model: str | None = None) -> GatewayError:
-    status = exc.status() or ""
-    return _status_error(status.removeprefix("StatusCode."), exc.message() or str(exc), model)
-
-
-def _check_control(exc: InferenceServerException) -> None:
-    message = exc.message() or str(exc)
-    if any(sign in message for sign in _CONTROL_DISABLED):
-        raise ModelControlDisabledError(
-            "This Triton server does not let models be loaded or unloaded through its API "
-            "(it was not started with --model-control-mode=explicit). Change its model "
-            f"repository instead. Triton said: {message}"
-        ) from exc
-
-
-def _from_rpc_error(exc: grpc.aio.AioRpcError, model: str | None = None) -> GatewayError:
-    details = exc.details() or ""
-    if model is not None and any(sign in details for sign in _CONTEXT_EXCEEDED):
-        return _model_error(model, details)
-    return _status_error(exc.code().name, details, model)
 
 
 def model_info_from_config(
@@ -247,7 +161,7 @@ class TritonBackend:
         an unreachable Triton's error says in its ``Retry-After`` when to come back."""
         if call is None or not isinstance(error, BackendUnavailableError):
             return False
-        if any(sign in (error.detail or "") for sign in _SERVER_BUSY):
+        if any(sign in (error.detail or "") for sign in SERVER_BUSY):
             call.outage.up()  # it answered: busy, not gone
             return False
         if await call.failed():
@@ -269,7 +183,7 @@ class TritonBackend:
                     as_json=True, client_timeout=self.timeout_s
                 )
             except InferenceServerException as exc:
-                error = _from_client_error(exc)
+                error = from_client_error(exc)
                 if await self._again(error, call):
                     continue
                 raise error from exc
@@ -296,8 +210,8 @@ class TritonBackend:
         try:
             await self.client.load_model(name, client_timeout=self.load_timeout_s)
         except InferenceServerException as exc:
-            _check_control(exc)
-            error = _from_client_error(exc, name)
+            check_control(exc)
+            error = from_client_error(exc, name)
             if not isinstance(error, BackendUnavailableError | BackendTimeoutError):
                 error = BackendError(
                     f"Triton could not load '{name}': {exc.message() or exc}",
@@ -310,8 +224,8 @@ class TritonBackend:
         try:
             await self.client.unload_model(name, client_timeout=self.load_timeout_s)
         except InferenceServerException as exc:
-            _check_control(exc)
-            raise _from_client_error(exc, name) from exc
+            check_control(exc)
+            raise from_client_error(exc, name) from exc
         # Triton answers while the model is still UNLOADING (its requests in flight finish
         # first); wait a little for the end, so the answer shows where it landed.
         deadline = time.monotonic() + self.timeout_s
@@ -414,7 +328,7 @@ class TritonBackend:
                             yield outputs
                     return
                 except grpc.aio.AioRpcError as exc:
-                    error = _from_rpc_error(exc, model)
+                    error = from_rpc_error(exc, model)
                     if answered:
                         if self.outage is not None and isinstance(error, BackendUnavailableError):
                             self.outage.down()
@@ -429,7 +343,7 @@ class TritonBackend:
                         # Unloaded since the catalog last looked (by another replica's
                         # admin call, say): Triton's in-stream error says so only in words.
                         raise ModelNotFoundError(model) from None
-                    raise self._failed(model, _model_error(model, str(exc))) from None
+                    raise self._failed(model, model_error(model, str(exc))) from None
         except BaseException as exc:  # what the span ends with
             failure = exc
             raise

@@ -18,7 +18,7 @@ import redis
 
 from gateway import cli
 from gateway.app import create_app
-from gateway.backend.triton import _model_error, _status_error
+from gateway.backend.triton_errors import model_error, status_error
 from gateway.config import Settings
 from gateway.stack import up as stack_up
 from gateway.stack.credentials import admin_key, redis_password
@@ -84,10 +84,10 @@ TRACEBACK = (
 def test_triton_words_reach_the_client_only_when_they_are_about_its_input() -> None:
     failures = [
         # A Python-backend model's failure, as TensorRT-LLM's BLS sends every one.
-        _model_error("llm", TRACEBACK),
-        _status_error("INTERNAL", TRACEBACK, "llm"),
-        _status_error("UNAVAILABLE", "failed to connect to all addresses; ipv4:10.0.3.7:8001"),
-        _status_error("DEADLINE_EXCEEDED", "Deadline Exceeded at ipv4:10.0.3.7:8001", "llm"),
+        model_error("llm", TRACEBACK),
+        status_error("INTERNAL", TRACEBACK, "llm"),
+        status_error("UNAVAILABLE", "failed to connect to all addresses; ipv4:10.0.3.7:8001"),
+        status_error("DEADLINE_EXCEEDED", "Deadline Exceeded at ipv4:10.0.3.7:8001", "llm"),
     ]
     for failure in failures:
         message = failure.body()["error"]["message"]
@@ -97,10 +97,10 @@ def test_triton_words_reach_the_client_only_when_they_are_about_its_input() -> N
         assert "Traceback" in failure.detail or "10.0.3.7" in failure.detail
     # INVALID_ARGUMENT and a prompt too long are about the client's own input, which the
     # client must read to fix it; they name no internals.
-    refused = _status_error("INVALID_ARGUMENT", "max_tokens must be a single value > 0", "llm")
+    refused = status_error("INVALID_ARGUMENT", "max_tokens must be a single value > 0", "llm")
     assert refused.status_code == 400
     assert "max_tokens must be a single value > 0" in refused.message
-    too_long = _model_error("llm", "This model's maximum context length is 2048 tokens.")
+    too_long = model_error("llm", "This model's maximum context length is 2048 tokens.")
     assert too_long.status_code == 400
     assert "maximum context length is 2048" in too_long.message
 

@@ -9,12 +9,8 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import SamplingOptions
-from gateway.backend.triton import (
-    _check_control,
-    _model_error,
-    _status_error,
-    model_info_from_config,
-)
+from gateway.backend.triton import model_info_from_config
+from gateway.backend.triton_errors import check_control, model_error, status_error
 from gateway.errors import (
     BackendError,
     BackendTimeoutError,
@@ -119,31 +115,31 @@ def test_empty_chat_template_means_none() -> None:
 def test_grpc_status_mapping(
     code: str, model: str | None, error_type: type[GatewayError], status: int
 ) -> None:
-    error = _status_error(code, "details from triton", model)
+    error = status_error(code, "details from triton", model)
     assert type(error) is error_type
     assert error.status_code == status
 
 
 def test_status_errors_keep_the_details_in_the_log_only() -> None:
-    down = _status_error("UNAVAILABLE", "connection refused to ipv4:10.0.0.7:8001")
+    down = status_error("UNAVAILABLE", "connection refused to ipv4:10.0.0.7:8001")
     assert "10.0.0.7" not in down.message and "10.0.0.7" in (down.detail or "")
     # The client's own input is judged: the client needs that text to fix it.
-    assert "bad tensor" in _status_error("INVALID_ARGUMENT", "bad tensor").message
-    error = _status_error("INTERNAL", "boom", "m")
+    assert "bad tensor" in status_error("INVALID_ARGUMENT", "bad tensor").message
+    error = status_error("INTERNAL", "boom", "m")
     assert "boom" not in error.message and error.detail == "INTERNAL: boom"
     assert error.code == "model_error"
-    not_found = _status_error("NOT_FOUND", "unknown model", "llama")
+    not_found = status_error("NOT_FOUND", "unknown model", "llama")
     assert not_found.body()["error"]["code"] == "model_not_found"
     assert "llama" in not_found.message
 
 
 def test_a_model_marks_its_refusals_of_the_clients_input_on_a_stream() -> None:
-    refused = _model_error("m", "Invalid request: cannot enforce this JSON schema")
+    refused = model_error("m", "Invalid request: cannot enforce this JSON schema")
     assert isinstance(refused, InvalidRequestError)
     assert refused.message == "cannot enforce this JSON schema"
-    too_long = _model_error("m", "Invalid request: exceeds the maximum context length")
+    too_long = model_error("m", "Invalid request: exceeds the maximum context length")
     assert too_long.code == "context_length_exceeded"
-    failed = _model_error("m", "Traceback ... /opt/models/m/1/model.py")
+    failed = model_error("m", "Traceback ... /opt/models/m/1/model.py")
     assert failed.status_code == 500 and "model.py" not in failed.message
 
 
@@ -195,8 +191,8 @@ def test_model_control_off_is_a_409_not_an_outage() -> None:
         status="StatusCode.UNAVAILABLE",
     )
     with pytest.raises(ModelControlDisabledError) as raised:
-        _check_control(refused)
+        check_control(refused)
     assert raised.value.status_code == 409
     assert raised.value.code == "model_control_disabled"
     # Any other failure goes on to the usual mapping.
-    _check_control(InferenceServerException("failed to load", status="StatusCode.INTERNAL"))
+    check_control(InferenceServerException("failed to load", status="StatusCode.INTERNAL"))
