@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.stack import GatewayProcess
 
 
 def write_table(path: str | None, lines: list[str]) -> None:
     """Writes a benchmark's table to ``path`` (its ``--out``), if one was given."""
     if path:
         Path(path).write_text("\n".join(lines) + "\n")
+
+
+def options(doc: str | None) -> argparse.Namespace:
+    """A benchmark's options: ``--scale`` (multiplies request counts) and ``--out``."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
+    parser.add_argument("--out", help="also write the table to this file")
+    return parser.parse_args()
+
+
+def rows_on_stack(
+    models: Sequence[str],
+    rows: Callable[[GatewayProcess, float], Coroutine[Any, Any, list[str]]],
+    scale: float,
+) -> list[str]:
+    """The table rows ``rows`` measures on a stack it starts (one replica, no nginx) with
+    ``models``, stopped afterwards."""
+    from tests.stack import GatewayProcess
+
+    stack = GatewayProcess(models=list(models), nginx=False).start()
+    try:
+        stack.wait_ready()
+        return asyncio.run(rows(stack, scale))
+    finally:
+        stack.stop()

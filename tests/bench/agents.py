@@ -20,8 +20,6 @@ alternating rounds:
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -34,7 +32,7 @@ from typing import Any
 import httpx
 
 from gateway.serving.tool_parsers import assemble, get_parser
-from tests.bench import write_table
+from tests.bench import options, rows_on_stack, write_table
 from tests.bench.chat import pct
 from tests.smollm2 import weights_path
 from tests.stack import GatewayProcess
@@ -272,21 +270,13 @@ async def gateway_rows(stack: GatewayProcess, scale: float) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
-    parser.add_argument("--out", help="also write the table to this file")
-    args = parser.parse_args()
+    args = options(__doc__)
     header = [
         "| measure | baseline | with the feature | ratio / cost |",
         "| --- | --- | --- | --- |",
     ]
     print(*header, sep="\n", flush=True)
-    stack = GatewayProcess(models=["mock_chat", "smollm2"], nginx=False).start()
-    try:
-        stack.wait_ready()
-        rows = asyncio.run(gateway_rows(stack, args.scale))
-    finally:
-        stack.stop()
+    rows = rows_on_stack(["mock_chat", "smollm2"], gateway_rows, args.scale)
     rows.append(stock_grammar_row(max(2, round(3 * args.scale))))
     print(rows[-1], flush=True)
     write_table(args.out, header + rows)

@@ -27,7 +27,6 @@ Everything shares one 2-core machine: compare the two columns, not absolute numb
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
@@ -47,7 +46,7 @@ from gateway.backend.base import SamplingOptions
 from gateway.backend.profiles import Contract, contract_for
 from gateway.backend.profiles.config import ModelConfig
 from gateway.metrics import Metrics
-from tests.bench import write_table
+from tests.bench import options, rows_on_stack, write_table
 from tests.bench.chat import pct
 from tests.bench.cpu import cpu_seconds
 from tests.stack import GatewayProcess
@@ -398,21 +397,13 @@ async def run(stack: GatewayProcess, scale: float) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
-    parser.add_argument("--out", help="also write the table to this file")
-    args = parser.parse_args()
+    args = options(__doc__)
     header = [
         "| measure | mock_chat (vLLM tensors) | trtllm_llmapi | ratio |",
         "| --- | --- | --- | --- |",
     ]
     print(*header, sep="\n", flush=True)
-    stack = GatewayProcess(models=list(MODELS), nginx=False).start()
-    try:
-        stack.wait_ready()
-        rows = asyncio.run(run(stack, args.scale))
-    finally:
-        stack.stop()
+    rows = rows_on_stack(list(MODELS), run, args.scale)
     write_table(args.out, header + rows)
 
 

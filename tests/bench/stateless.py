@@ -25,7 +25,6 @@ pair in the same run and in alternating rounds (which of the two goes first alte
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 import timeit
@@ -35,7 +34,7 @@ from typing import Any
 import httpx
 
 from gateway.serving.responses.sealing import ReasoningSeal
-from tests.bench import write_table
+from tests.bench import options, rows_on_stack, write_table
 from tests.bench.chat import pct
 from tests.stack import GatewayProcess
 
@@ -335,21 +334,13 @@ async def gateway_rows(stack: GatewayProcess, scale: float) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
-    parser.add_argument("--out", help="also write the table to this file")
-    args = parser.parse_args()
+    args = options(__doc__)
     header = [
         "| measure | baseline | with the feature | ratio / cost |",
         "| --- | --- | --- | --- |",
     ]
     print(*header, sep="\n", flush=True)
-    stack = GatewayProcess(models=["mock_chat", "mock_qwen3"], nginx=False).start()
-    try:
-        stack.wait_ready()
-        rows = asyncio.run(gateway_rows(stack, args.scale))
-    finally:
-        stack.stop()
+    rows = rows_on_stack(["mock_chat", "mock_qwen3"], gateway_rows, args.scale)
     write_table(args.out, header + rows)
 
 
