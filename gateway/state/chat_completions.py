@@ -124,11 +124,6 @@ class ChatCompletionStore:
         return f"{PREFIX}chatcmpl:{{{owner}}}:rec:{completion_id}"
 
     @staticmethod
-    def _legacy_key(owner: str, completion_id: str) -> str:
-        """Where a record stored before the ``rec:`` prefix is (read until it expires)."""
-        return f"{PREFIX}chatcmpl:{{{owner}}}:{completion_id}"
-
-    @staticmethod
     def _index(owner: str) -> str:
         return f"{PREFIX}chatcmpl:{{{owner}}}:index"
 
@@ -161,11 +156,11 @@ class ChatCompletionStore:
         """The Redis key and the JSON of the caller's stored completion, or a 404."""
         if not _ID.fullmatch(completion_id):
             raise not_found(completion_id)
-        keys = [self._key(owner, completion_id), self._legacy_key(owner, completion_id)]
-        for key, raw in zip(keys, await self.redis.mget(keys), strict=True):
-            if raw is not None:
-                return key, str(raw)
-        raise not_found(completion_id)
+        key = self._key(owner, completion_id)
+        raw = await self.redis.get(key)
+        if raw is None:
+            raise not_found(completion_id)
+        return key, str(raw)
 
     async def _trim(self, owner: str) -> None:
         """Removes from the index the entries whose record's TTL has passed."""
@@ -271,8 +266,7 @@ class ChatCompletionStore:
         the bytes it took."""
         if not _ID.fullmatch(completion_id):
             raise not_found(completion_id)
-        keys = [self._key(owner, completion_id), self._legacy_key(owner, completion_id)]
-        if not await self.redis.delete(*keys):
+        if not await self.redis.delete(self._key(owner, completion_id)):
             raise not_found(completion_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrem(self._index(owner), completion_id)
@@ -328,10 +322,8 @@ class ChatCompletionStore:
             if len(scored) < SCAN_BATCH:
                 break
         page = matched[:limit]
-        keys = [self._key(owner, i) for i in page] + [self._legacy_key(owner, i) for i in page]
-        raws = await self.redis.mget(keys) if page else []
-        found = [new or old for new, old in zip(raws[: len(page)], raws[len(page) :], strict=True)]
-        records = [StoredChatCompletion.model_validate_json(raw) for raw in found if raw]
+        raws = await self.redis.mget([self._key(owner, i) for i in page]) if page else []
+        records = [StoredChatCompletion.model_validate_json(raw) for raw in raws if raw]
         return Page(records, len(matched) > limit)
 
 
@@ -342,7 +334,7 @@ def _pair(key: str, value: str) -> str:
 
 def _summary(completion: dict[str, Any]) -> str:
     """What the list's filters read of a completion: its model and its metadata pairs'
-    digests (a JSON list; a record stored before, a JSON object with its whole metadata)."""
+    digests (a JSON list)."""
     metadata: dict[str, str] = completion.get("metadata") or {}
     return json.dumps([completion["model"], sorted(_pair(k, v) for k, v in metadata.items())])
 
@@ -356,12 +348,6 @@ class _Filter:
     metadata: dict[str, str]
 
     def matches(self, summary: str) -> bool:
-        if not summary.startswith("["):  # stored before the digests
-            legacy = json.loads(summary)
-            pairs = legacy["metadata"]
-            if self.model is not None and legacy["model"] != self.model:
-                return False
-            return all(pairs.get(k) == v for k, v in self.metadata.items())
         digests = [_pair(k, v) for k, v in self.metadata.items()]
         if not all(digest in summary for digest in digests):
             return False

@@ -399,27 +399,3 @@ async def test_only_the_gateways_ids_name_a_stored_completion(
         made
     ]
     assert (await client.chat.completions.retrieve(made)).metadata == {"tag": "a"}
-
-
-async def test_a_record_stored_under_the_earlier_key_is_still_served(
-    redis_server: EmbeddedRedis,
-) -> None:
-    client = redis.asyncio.Redis.from_url(redis_server.url, decode_responses=True)
-    try:
-        store = ChatCompletionStore(client, ttl_s=60)
-        completion = {"id": "chatcmpl-old", "model": "m", "metadata": {"tag": "a"}}
-        await store.save(StoredChatCompletion(owner="o", completion=completion, messages=[]))
-        # As it was stored before: no "rec:" in its key, its whole metadata as its summary.
-        await client.rename(store._key("o", "chatcmpl-old"), "gw:chatcmpl:{o}:chatcmpl-old")
-        legacy = json.dumps({"model": "m", "metadata": {"tag": "a"}})
-        await client.hset(store._summaries("o"), "chatcmpl-old", legacy)
-        assert (await store.get("o", "chatcmpl-old")).completion["metadata"] == {"tag": "a"}
-        assert [r.id for r in (await store.list("o", metadata={"tag": "a"})).records] == [
-            "chatcmpl-old"
-        ]
-        await store.update("o", "chatcmpl-old", {"tag": "b"})
-        assert [r.id for r in (await store.list("o", model="m", metadata={"tag": "b"})).records]
-        await store.delete("o", "chatcmpl-old")
-        assert await client.keys("gw:chatcmpl:{o}:*") == []
-    finally:
-        await client.aclose()
