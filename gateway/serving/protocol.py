@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -240,14 +240,26 @@ class SamplingRequest(Strict):
         """The first requested feature the gateway cannot honour, as (param, message)."""
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported by this gateway."
-        if self.stream_options is not None and not self.stream:
-            return "stream_options", "stream_options is only allowed when stream is true."
-        if self.stream_options is not None and self.stream_options.include_obfuscation:
-            return (
-                "stream_options.include_obfuscation",
-                "Stream obfuscation is not supported by this gateway; set it to false.",
-            )
-        return None
+        return stream_options_problem(self.stream, self.stream_options)
+
+
+class _StreamOptions(Protocol):
+    include_obfuscation: bool | None
+
+
+def stream_options_problem(
+    stream: bool | None, options: _StreamOptions | None
+) -> tuple[str, str] | None:
+    """Why a request's ``stream_options`` (chat's or Responses') cannot be taken, if it
+    cannot: they need ``stream``, and nothing here pads events (``include_obfuscation``)."""
+    if options is not None and not stream:
+        return "stream_options", "stream_options is only allowed when stream is true."
+    if options is not None and options.include_obfuscation:
+        return (
+            "stream_options.include_obfuscation",
+            "Stream obfuscation is not supported by this gateway; set it to false.",
+        )
+    return None
 
 
 class AudioOutput(Strict):

@@ -23,6 +23,7 @@ from gateway.serving.protocol import (
     ResponsesServiceTier,
     SafetyIdentifier,
     Strict,
+    stream_options_problem,
 )
 from gateway.state.conversations import ConversationTurn
 from gateway.state.stored_bytes import Hold
@@ -310,13 +311,9 @@ class ResponsesRequest(Strict):
                     f"include '{value}' is not supported: it names the output of a hosted "
                     f"tool this gateway does not run (it fills {', '.join(INCLUDABLE)})."
                 )
-        if self.stream_options is not None and not self.stream:
-            return "stream_options", "stream_options is only allowed when stream is true."
-        if self.stream_options is not None and self.stream_options.include_obfuscation:
-            return (
-                "stream_options.include_obfuscation",
-                "Stream obfuscation is not supported by this gateway; set it to false.",
-            )
+        problem = stream_options_problem(self.stream, self.stream_options)
+        if problem is not None:
+            return problem
         if self.text is not None and self.text.verbosity is not None:
             return "text.verbosity", (
                 "text.verbosity is not supported by this gateway: no model here adjusts its "
