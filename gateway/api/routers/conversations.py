@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from gateway.api.auth import CallerDep
 from gateway.api.dependencies import ServicesDep
@@ -13,13 +13,17 @@ from gateway.serving.conversations import ConversationCreate, ConversationUpdate
 
 router = APIRouter(prefix="/v1/conversations", tags=["conversations"])
 
-# The SDKs send a list as ``include[]=...`` (repeated); ``include=...`` is taken too.
-IncludeDep = Annotated[list[str] | None, Query(alias="include[]")]
-PlainIncludeDep = Annotated[list[str] | None, Query(alias="include")]
 
-
-def _include(brackets: list[str] | None, plain: list[str] | None) -> list[str] | None:
+def _include(
+    brackets: Annotated[list[str] | None, Query(alias="include[]")] = None,
+    plain: Annotated[list[str] | None, Query(alias="include")] = None,
+) -> list[str] | None:
+    """``include``: the SDKs send a list as ``include[]=...`` (repeated); ``include=...`` is
+    taken too."""
     return [*(brackets or []), *(plain or [])] or None
+
+
+IncludeDep = Annotated[list[str] | None, Depends(_include)]
 
 
 @router.post("")
@@ -55,17 +59,15 @@ async def list_items(
     conversation_id: str,
     caller: CallerDep,
     services: ServicesDep,
-    include: IncludeDep = None,
-    include_plain: PlainIncludeDep = None,
+    include: IncludeDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
     """The items, newest first by default, paginated as OpenAI lists are (``after`` an
     item id)."""
-    wanted = _include(include, include_plain)
     return await services.conversations.list_items(
-        caller.id, conversation_id, limit, order, after, wanted
+        caller.id, conversation_id, limit, order, after, include
     )
 
 
@@ -75,11 +77,9 @@ async def create_items(
     body: ItemsCreate,
     caller: CallerDep,
     services: ServicesDep,
-    include: IncludeDep = None,
-    include_plain: PlainIncludeDep = None,
+    include: IncludeDep,
 ) -> dict[str, Any]:
-    wanted = _include(include, include_plain)
-    return await services.conversations.add_items(caller.id, conversation_id, body, wanted)
+    return await services.conversations.add_items(caller.id, conversation_id, body, include)
 
 
 @router.get("/{conversation_id}/items/{item_id}")
@@ -88,11 +88,9 @@ async def get_item(
     item_id: str,
     caller: CallerDep,
     services: ServicesDep,
-    include: IncludeDep = None,
-    include_plain: PlainIncludeDep = None,
+    include: IncludeDep,
 ) -> dict[str, Any]:
-    wanted = _include(include, include_plain)
-    return await services.conversations.get_item(caller.id, conversation_id, item_id, wanted)
+    return await services.conversations.get_item(caller.id, conversation_id, item_id, include)
 
 
 @router.delete("/{conversation_id}/items/{item_id}")
