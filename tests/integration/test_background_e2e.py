@@ -39,6 +39,16 @@ def until_status(
     raise AssertionError(f"{response_id} is still {response.status}, not {statuses}")
 
 
+def first_words(client: openai.OpenAI, response_id: str) -> None:
+    """Follows the response until its first text delta: it has said something (a fixed
+    sleep was not enough on a busy machine, where Triton may not have answered yet)."""
+    with client.responses.retrieve(response_id, stream=True) as events:
+        for event in events:
+            if event.type == "response.output_text.delta" and event.delta:
+                return
+    raise AssertionError(f"{response_id} ended without saying anything")
+
+
 def test_one_replica_runs_it_the_other_follows_it_from_a_sequence_number(
     stack: GatewayProcess,
 ) -> None:
@@ -67,7 +77,7 @@ def test_cancel_on_the_other_replica_stops_triton(stack: GatewayProcess) -> None
     created = first.responses.create(model="mock_chat", input=LONG, background=True)
     running = until_status(second, created.id, "in_progress")
     assert running.background is True
-    time.sleep(0.3)  # some output first
+    first_words(second, created.id)  # some output first
     cancelled = second.responses.cancel(created.id)
     assert cancelled.status == "cancelled"
     generation_stops(stack, "mock_chat")  # the Triton request was cancelled for real
@@ -116,7 +126,7 @@ def test_a_delete_on_the_other_replica_stops_it_for_good(stack: GatewayProcess) 
     first, second = (replica(stack, a, key) for a in stack.replica_addresses())
     created = first.responses.create(model="mock_chat", input=LONG, background=True)
     until_status(second, created.id, "in_progress")
-    time.sleep(0.3)  # some output first: the run stores it as it goes
+    first_words(second, created.id)  # some output first: the run stores it as it goes
     second.responses.delete(created.id)
     generation_stops(stack, "mock_chat")  # the run on the first replica stopped
     # Well past its replica's next renewal: nothing brought it back.
