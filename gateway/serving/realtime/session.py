@@ -97,11 +97,13 @@ class RealtimeServices:
                     raise
         return await self.models.pick(task)
 
-    async def open(
-        self, requested_model: str | None, key: ApiKey, admit: Admit, send: Send
-    ) -> RealtimeSession:
-        """A session of ``key`` (403 unless it may use the models the session will), whose
-        requests ``admit`` lets in."""
+    async def configure(
+        self, requested_model: str | None, key: ApiKey, session: dict[str, Any] | None = None
+    ) -> SessionConfig:
+        """The settings a session of ``key`` starts with: the defaults for
+        ``requested_model``, then ``session`` (a ``session.update``'s session, as a client
+        secret holds it) applied. A refused field raises (a 400 naming it), and a model the
+        key may not use a 403."""
         model = await self.model_for("chat", requested_model, "model")
         info = await self.models.info("speech")
         config = SessionConfig(
@@ -111,7 +113,23 @@ class RealtimeServices:
             instructions=self.settings.realtime_instructions,
             temperature=self.settings.realtime_temperature,
         )
+        if session is not None:
+            config = await Configurator(self, info.name)._configured(config, session)
         _require(key, _uses(config, info.name))
+        return config
+
+    async def open(
+        self,
+        requested_model: str | None,
+        key: ApiKey,
+        admit: Admit,
+        send: Send,
+        session: dict[str, Any] | None = None,
+    ) -> RealtimeSession:
+        """A session of ``key`` (403 unless it may use the models the session will), whose
+        requests ``admit`` lets in, configured as :meth:`configure` says."""
+        config = await self.configure(requested_model, key, session)
+        info = await self.models.info("speech")
         return RealtimeSession(self, config, info.name, key, admit, send)
 
     async def settle(self, admission: Admission) -> None:
