@@ -635,8 +635,19 @@ def test_a_response_can_be_cancelled_by_its_id() -> None:
 
 REFUSED: list[tuple[dict[str, Any], str, str]] = [
     (update(foo=1), "unknown_parameter", "session.foo"),
-    (update(tools=[{"type": "function", "name": "f"}]), "unsupported_parameter", "session.tools"),
-    (update(tool_choice="required"), "unsupported_parameter", "session.tool_choice"),
+    (
+        update(tools=[{"type": "mcp", "server_label": "x"}]),
+        "unsupported_tool",
+        "session.tools[0].type",
+    ),
+    (update(tool_choice="required"), "invalid_value", "session.tool_choice"),
+    (
+        update(
+            tools=[{"type": "function", "name": "f"}], tool_choice={"type": "function", "name": "g"}
+        ),
+        "invalid_value",
+        "session.tool_choice",
+    ),
     (
         update(tracing={"workflow_name": "x", "sampling": 1}),
         "unknown_parameter",
@@ -675,9 +686,9 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
         "session.audio.output.pitch",
     ),
     (
-        {"type": "response.create", "response": {"tools": [{"type": "function", "name": "f"}]}},
-        "unsupported_parameter",
-        "response.tools",
+        {"type": "response.create", "response": {"tools": [{"type": "function", "name": "f g"}]}},
+        "invalid_value",
+        "response.tools[0].name",
     ),
     (
         {"type": "response.create", "response": {"reasoning": {"effort": "low"}}},

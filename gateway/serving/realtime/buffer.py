@@ -1,6 +1,6 @@
-"""The input audio buffer and the audio a client sends: base64 pcm16 decoded, resampled
-to what the VAD and the transcription model take (16 kHz), kept until a turn is
-committed, and bounded."""
+"""The input audio buffer and the audio a client sends: base64 pcm16 (24 kHz) or G.711
+(8 kHz ``audio/pcmu``, ``audio/pcma``) decoded, resampled to what the VAD and the
+transcription model take (16 kHz), kept until a turn is committed, and bounded."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.serving.audio import PCM_RATE, STT_RATE
-from gateway.serving.realtime.events import Bounds, ClientEventError
+from gateway.serving.g711 import G711Reader, Law
+from gateway.serving.realtime.items import Bounds
+from gateway.serving.realtime.protocol import ClientEventError
 
 Audio = npt.NDArray[np.float32]
 
@@ -25,6 +27,25 @@ _PCM_BYTES_PER_KEPT = _PCM_BYTES_PER_S // STT_RATE
 
 #: Base64 characters decoded in one call (a multiple of 4: whole groups of 3 bytes).
 _B64_PIECE = 64 * 1024
+
+
+#: The session's input formats as G.711 laws (``audio/pcm`` is none).
+LAWS: dict[str, Law] = {"audio/pcmu": "pcmu", "audio/pcma": "pcma"}
+
+
+class ClientAudio:
+    """The audio a client sends in one format, as the 24 kHz pcm16 the rest takes: G.711
+    is decoded and resampled by one stateful reader, so that appends join smoothly."""
+
+    def __init__(self, input_format: str) -> None:
+        law = LAWS.get(input_format)
+        self.format = input_format
+        self._reader = G711Reader(law) if law is not None else None
+
+    def pcm16(self, value: object, param: str) -> bytes:
+        """An append's base64 as 24 kHz pcm16 (CPU work: run it in a thread)."""
+        data = decode_b64(value, param, whole_samples=self._reader is None)
+        return self._reader.read(data) if self._reader is not None else data
 
 
 class InputAudio:
@@ -103,9 +124,10 @@ class InputAudio:
             drop -= head.size
 
 
-def _b64(value: object, param: str) -> bytes:
-    """Base64 pcm16, decoded a piece at a time: one call on megabytes holds the GIL for
-    tens of milliseconds, which would stall the event loop even from a worker thread."""
+def decode_b64(value: object, param: str, whole_samples: bool = True) -> bytes:
+    """Base64 audio (pcm16 when ``whole_samples``: an even number of bytes), decoded a
+    piece at a time: one call on megabytes holds the GIL for tens of milliseconds, which
+    would stall the event loop even from a worker thread."""
     text = str(value)
     last = len(text) - _B64_PIECE
     try:
@@ -120,7 +142,7 @@ def _b64(value: object, param: str) -> bytes:
             f"{param} is not valid base64.", param=param, code="invalid_audio"
         ) from exc
     data = b"".join(pieces)
-    if len(data) % 2:
+    if whole_samples and len(data) % 2:
         raise ClientEventError(
             f"{param} must hold whole 16-bit samples (an even number of bytes).",
             param=param,
@@ -129,7 +151,7 @@ def _b64(value: object, param: str) -> bytes:
     return data
 
 
-def _check_seconds(pcm_bytes: int, bounds: Bounds, param: str) -> None:
+def check_seconds(pcm_bytes: int, bounds: Bounds, param: str) -> None:
     """Refuses a turn of more than :attr:`Bounds.audio_seconds` of pcm16."""
     seconds = pcm_bytes / _PCM_BYTES_PER_S
     if seconds > bounds.audio_seconds:
@@ -141,7 +163,7 @@ def _check_seconds(pcm_bytes: int, bounds: Bounds, param: str) -> None:
         )
 
 
-def _pcm_to_stt(pcm: bytes) -> Audio:
+def pcm_to_stt(pcm: bytes) -> Audio:
     buffer = InputAudio()
     buffer.append(pcm)
     return buffer.take()

@@ -1,36 +1,30 @@
-"""A session's conversation: its items in order; the messages a client sends (an item to
-add, a response's ``input``) checked and their audio decoded; the events that read and
-change the items (delete, retrieve, truncate); and their bounds, past which the oldest
-items are dropped as OpenAI truncates a full conversation. Adding an item that starts a
-transcription is the session's (:meth:`RealtimeSession._item_create`), as it queues
-work."""
+"""A session's conversation: its items in order; the items a client sends (an item to
+add, a response's ``input``) made from their parsed form, their audio decoded; what reads
+and changes the items (delete, retrieve, truncate); and their bounds, past which the
+oldest items are dropped as OpenAI truncates a full conversation."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Any, Protocol
 
-from gateway.serving.realtime.buffer import Audio, _b64, _check_seconds, _pcm_to_stt
-from gateway.serving.realtime.events import (
-    _PART_FIELDS,
-    _ROLE_PARTS,
-    MAX_ITEM_ID_CHARS,
-    Bounds,
-    ClientEventError,
-    Item,
-    _fields,
-    _id,
-    _object,
-    _string,
-    _unsupported,
+from gateway.serving.realtime.buffer import Audio, ClientAudio, check_seconds, pcm_to_stt
+from gateway.serving.realtime.context import Emit
+from gateway.serving.realtime.items import Bounds, Item
+from gateway.serving.realtime.protocol import ClientEventError, new_id, unsupported
+from gateway.serving.realtime.specs import (
+    AudioPart,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ItemReference,
+    MessageItem,
 )
 
-
-class Emit(Protocol):
-    """Sends a server event of type ``kind`` with ``fields`` (the session's ``emit``)."""
-
-    def __call__(self, kind: str, **fields: Any) -> Awaitable[None]: ...
+_ROLE_PARTS = {
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "output_audio"),
+}
+ClientItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
 
 
 class Conversation:
@@ -41,49 +35,32 @@ class Conversation:
         self.emit = emit
         self.items: list[Item] = []
 
-    async def _parse_item(self, spec: dict[str, Any], param: str) -> tuple[Item, Audio | None]:
-        """A message a client sent (an item to add, or one of a response's ``input``) and
-        the audio of its ``input_audio`` part, decoded (in a worker thread)."""
-        kind = spec.get("type", "message")
-        if kind != "message":
-            raise _unsupported(
-                f"{param}.type", f"Items of type '{kind}' are not supported; send messages."
-            )
-        _fields(spec, param, {"type", "id", "object", "role", "status", "content"})
-        item_id = spec.get("id") or _id("item")
-        if not isinstance(item_id, str) or len(item_id) > MAX_ITEM_ID_CHARS:
-            raise ClientEventError(
-                f"id must be a string of at most {MAX_ITEM_ID_CHARS} characters.",
-                param=f"{param}.id",
-            )
-        role = spec.get("role")
-        if role not in _ROLE_PARTS:
-            raise ClientEventError(
-                "role must be 'user', 'assistant' or 'system'.", param=f"{param}.role"
-            )
-        content = spec.get("content")
-        if not isinstance(content, list) or not content:
-            raise ClientEventError("content must be a non-empty list.", param=f"{param}.content")
-        parts: list[dict[str, Any]] = []
+    async def item(
+        self, spec: ClientItem, param: str, input_format: str
+    ) -> tuple[Item, Audio | None]:
+        """A client's item (to add, or one of a response's ``input``) and the audio of its
+        ``input_audio`` part, in ``input_format``, decoded (in a worker thread)."""
+        item_id = spec.id or new_id("item")
+        if isinstance(spec, FunctionCallItem):
+            item = Item.call(item_id, spec.call_id, spec.name, spec.arguments, "completed")
+            return self._bounded(item, param), None
+        if isinstance(spec, FunctionCallOutputItem):
+            return self._bounded(Item.call_output(item_id, spec.call_id, spec.output), param), None
+        parts: list[dict[str, str | None]] = []
         audio: Audio | None = None
-        allowed = _ROLE_PARTS[role]
-        for index, part in enumerate(content):
+        allowed = _ROLE_PARTS[spec.role]
+        for index, part in enumerate(spec.content):
             where = f"{param}.content[{index}]"
-            part = _object(part, where)
-            kind = part.get("type")
-            if kind not in allowed:
+            if part.type not in allowed:
                 raise ClientEventError(
-                    f"A {role} message takes parts of type {' or '.join(allowed)}.",
+                    f"A {spec.role} message takes parts of type {' or '.join(allowed)}.",
                     param=f"{where}.type",
                 )
-            _fields(part, where, _PART_FIELDS[kind])
-            if kind in ("input_text", "output_text"):
-                text = _string(part.get("text"), f"{where}.text", empty=True)
-                parts.append({"type": kind, "text": text})
-                continue
-            if part.get("audio") is not None:
-                if kind == "output_audio":
-                    raise _unsupported(
+            if not isinstance(part, AudioPart):
+                parts.append({"type": part.type, "text": part.text or ""})
+            elif part.audio is not None:
+                if part.type == "output_audio":
+                    raise unsupported(
                         f"{where}.audio",
                         "An assistant message's audio cannot be added (as in OpenAI's API); "
                         "send its transcript.",
@@ -92,29 +69,32 @@ class Conversation:
                     raise ClientEventError(
                         "A message takes one input_audio part.", param=f"{param}.content"
                     )
-                audio = await asyncio.to_thread(self._decode, part["audio"], f"{where}.audio")
-                parts.append({"type": kind, "transcript": None})
-                continue
-            transcript = _string(part.get("transcript"), f"{where}.transcript", empty=True)
-            parts.append({"type": kind, "transcript": transcript})
-        item = Item(item_id, role, parts)
+                audio = await asyncio.to_thread(
+                    self._decode, part.audio, f"{where}.audio", input_format
+                )
+                parts.append({"type": part.type, "transcript": None})
+            else:
+                parts.append({"type": part.type, "transcript": part.transcript or ""})
+        return self._bounded(Item(item_id, spec.role, parts), param), audio
+
+    def _bounded(self, item: Item, param: str) -> Item:
         limit = self.bounds.text_bytes
         if item.size > limit:
             raise ClientEventError(
                 f"The item holds {item.size:,} bytes of text; at most {limit:,} are allowed "
                 "(GATEWAY_MAX_STORED_KB).",
-                param=f"{param}.content",
+                param=f"{param}.content" if item.type == "message" else param,
                 code="string_above_max_length",
             )
-        return item, audio
+        return item
 
-    def _decode(self, data: object, param: str) -> Audio:
+    def _decode(self, data: str, param: str, input_format: str) -> Audio:
         """An ``input_audio`` part's audio, as 16 kHz samples (CPU work: run in a thread)."""
-        pcm = _b64(data, param)
-        _check_seconds(len(pcm), self.bounds, param)
-        return _pcm_to_stt(pcm)
+        pcm = ClientAudio(input_format).pcm16(data, param)
+        check_seconds(len(pcm), self.bounds, param)
+        return pcm_to_stt(pcm)
 
-    def _index(self, item_id: object, param: str) -> int:
+    def index(self, item_id: str, param: str) -> int:
         for index, item in enumerate(self.items):
             if item.id == item_id:
                 return index
@@ -122,7 +102,19 @@ class Conversation:
             f"Item with item_id '{item_id}' not found.", param=param, code="item_not_found"
         )
 
-    async def _keep_bounded(self) -> None:
+    def get(self, item_id: str, param: str) -> Item:
+        return self.items[self.index(item_id, param)]
+
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    async def append(self, item: Item) -> None:
+        """Adds an item the session made (a turn's, an answer's) at the end, and says so."""
+        previous = self.last_id()
+        self.items.append(item)
+        await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=previous)
+
+    async def keep_bounded(self) -> None:
         """Drops the oldest items past :attr:`Bounds.items` items or
         :attr:`Bounds.text_bytes` of text, as OpenAI truncates a full conversation."""
         bounds = self.bounds
@@ -132,29 +124,22 @@ class Conversation:
             item = self.items.pop(0)
             await self.emit("conversation.item.deleted", item_id=item.id)
 
-    async def _item_delete(self, event: dict[str, Any]) -> None:
-        index = self._index(event.get("item_id"), "item_id")
-        item = self.items.pop(index)
+    async def delete(self, item_id: str) -> None:
+        item = self.items.pop(self.index(item_id, "item_id"))
         await self.emit("conversation.item.deleted", item_id=item.id)
 
-    async def _item_retrieve(self, event: dict[str, Any]) -> None:
-        item = self.items[self._index(event.get("item_id"), "item_id")]
-        await self.emit("conversation.item.retrieved", item=item.to_json())
+    async def retrieve(self, item_id: str) -> None:
+        await self.emit("conversation.item.retrieved", item=self.get(item_id, "item_id").to_json())
 
-    async def _item_truncate(self, event: dict[str, Any]) -> None:
-        item = self.items[self._index(event.get("item_id"), "item_id")]
-        end_ms = event.get("audio_end_ms")
+    async def truncate(self, item_id: str, content_index: int, end_ms: int) -> None:
+        item = self.get(item_id, "item_id")
         if item.role != "assistant" or not item.spoken:
             raise ClientEventError(
                 "Only an assistant message with audio can be truncated.", param="item_id"
             )
-        if event.get("content_index", 0) != 0:
+        if content_index != 0:
             raise ClientEventError(
                 "content_index must be 0: an answer has one audio part.", param="content_index"
-            )
-        if not isinstance(end_ms, int) or end_ms < 0:
-            raise ClientEventError(
-                "audio_end_ms must be a non-negative integer.", param="audio_end_ms"
             )
         heard = [sentence for start, sentence in item.spoken if start < end_ms]
         item.spoken = item.spoken[: len(heard)]
@@ -163,24 +148,22 @@ class Conversation:
             "conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end_ms
         )
 
-    async def _inputs(self, value: object) -> list[tuple[Item, Audio | None]]:
-        """A response's ``input``: messages, and references to items of the conversation."""
-        if not isinstance(value, list):
-            raise ClientEventError("input must be a list of items.", param="response.input")
+    async def inputs(
+        self, specs: list[ClientItem | ItemReference], input_format: str
+    ) -> list[tuple[Item, Audio | None]]:
+        """A response's ``input``: items, and references to items of the conversation."""
         limit = self.bounds.items
-        if len(value) > limit:
+        if len(specs) > limit:
             raise ClientEventError(
-                f"input has {len(value)} items; at most {limit} are allowed "
+                f"input has {len(specs)} items; at most {limit} are allowed "
                 "(GATEWAY_REALTIME_MAX_ITEMS).",
                 param="response.input",
             )
         inputs: list[tuple[Item, Audio | None]] = []
-        for index, entry in enumerate(value):
+        for index, spec in enumerate(specs):
             param = f"response.input[{index}]"
-            spec = _object(entry, param)
-            if spec.get("type") == "item_reference":
-                _fields(spec, param, {"type", "id"})
-                inputs.append((self.items[self._index(spec.get("id"), f"{param}.id")], None))
+            if isinstance(spec, ItemReference):
+                inputs.append((self.get(spec.id, f"{param}.id"), None))
             else:
-                inputs.append(await self._parse_item(spec, param))
+                inputs.append(await self.item(spec, param, input_format))
         return inputs

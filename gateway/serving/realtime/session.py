@@ -1,14 +1,10 @@
-"""A Realtime session: the state machine that acts on each client event in order, through
-the parts that do each job (:class:`Configurator`, :class:`Conversation`, :class:`Turns`,
-the responses), and runs the work on one worker task; and :class:`RealtimeServices`, what
-every session shares and the factory that opens one."""
+"""A Realtime session: each client event parsed once (:func:`~.protocol.parse_event`) and
+handed to the handler registered for its type, and :class:`RealtimeServices`, what every
+session shares and the factory that opens one."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 from gateway.backend import Backend
@@ -17,34 +13,25 @@ from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
-from gateway.serving.realtime.buffer import Audio
-from gateway.serving.realtime.config import Configurator, SessionConfig, _require, _uses
+from gateway.serving.realtime.audio_events import AudioEvents
+from gateway.serving.realtime.config import Configurator, SessionConfig
+from gateway.serving.realtime.context import Jobs, Services, SessionContext
 from gateway.serving.realtime.conversation import Conversation
-from gateway.serving.realtime.events import (
-    Bounds,
+from gateway.serving.realtime.item_events import ItemEvents
+from gateway.serving.realtime.items import Bounds, Use, require
+from gateway.serving.realtime.protocol import (
     ClientEventError,
-    Item,
-    _fields,
-    _id,
-    _object,
-    _parse,
-    _Use,
+    SessionUpdate,
+    new_id,
+    parse_event,
+    session_spec,
 )
-from gateway.serving.realtime.responder import Response, _response_cancel, _response_create
-from gateway.serving.realtime.speculation import Speculation
-from gateway.serving.realtime.transcription import _transcribe_item, _Transcription
-from gateway.serving.realtime.turns import Turns
+from gateway.serving.realtime.response_events import Responses
+from gateway.serving.realtime.transcriber import Transcriber
 from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
 
-logger = logging.getLogger("gateway.realtime")
-
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-#: Transcriptions and responses a session may have waiting: a conversation has two at
-#: most (a turn's transcription, then its answer); past it, an event that would add one is
-#: refused, so a client cannot queue work (and the audio it holds) without end.
-MAX_QUEUED_JOBS = 16
 
 #: Model names of OpenAI's own that mean "the gateway's default" (``gpt-realtime``,
 #: ``whisper-1``, ``gpt-4o-transcribe``...).
@@ -57,6 +44,8 @@ _OPENAI_MODEL_PREFIXES = ("gpt-", "whisper-")
 Admit = Callable[[], Awaitable[Admission]]
 #: Settles an admission once its request has ended: its tokens and usage (never raises).
 Settle = Callable[[Admission, bool], Awaitable[None]]
+#: A client event's handler.
+Handler = Callable[[Any], Awaitable[None]]
 
 
 class RealtimeServices:
@@ -74,12 +63,20 @@ class RealtimeServices:
     ) -> None:
         self.settings = settings
         self.bounds = Bounds.of(settings)
-        self.backend = backend
         self.catalog = catalog
-        self.chat = chat
         self.models = models
         self.finish = finish
         self.metrics = metrics
+        self.services = Services(
+            backend=backend,
+            chat=chat,
+            catalog=catalog,
+            bounds=self.bounds,
+            metrics=metrics,
+            settle=self.settle,
+            release=self.release,
+            refuse=self.refuse,
+        )
 
     async def model_for(self, task: str, requested: str | None, param: str) -> str:
         """The model of ``task`` a session asked for: one of ours by name, or the default
@@ -98,24 +95,38 @@ class RealtimeServices:
         return await self.models.pick(task)
 
     async def configure(
-        self, requested_model: str | None, key: ApiKey, session: dict[str, Any] | None = None
+        self,
+        requested_model: str | None,
+        key: ApiKey,
+        session: dict[str, Any] | None = None,
+        intent: str | None = None,
     ) -> SessionConfig:
         """The settings a session of ``key`` starts with: the defaults for
-        ``requested_model``, then ``session`` (a ``session.update``'s session, as a client
-        secret holds it) applied. A refused field raises (a 400 naming it), and a model the
-        key may not use a 403."""
-        model = await self.model_for("chat", requested_model, "model")
+        ``requested_model`` (a transcription session's for ``intent=transcription``), then
+        ``session`` (a ``session.update``'s session, as a client secret holds it) applied.
+        A refused field raises (a 400 naming it), and a model the key may not use a 403."""
+        spec = session_spec(session) if session is not None else None
+        transcribing = intent == "transcription" or (
+            spec is not None and spec.type == "transcription"
+        )
+        model = (
+            requested_model or ""
+            if transcribing
+            else await self.model_for("chat", requested_model, "model")
+        )
         info = await self.models.info("speech")
         config = SessionConfig(
             model=model,
             voice=info.voices[0] if info.voices else "alloy",
             transcription_model=await self.models.pick("transcription"),
+            kind="transcription" if transcribing else "realtime",
             instructions=self.settings.realtime_instructions,
             temperature=self.settings.realtime_temperature,
         )
-        if session is not None:
-            config = await Configurator(self, info.name)._configured(config, session)
-        _require(key, _uses(config, info.name))
+        if spec is not None:
+            configurator = Configurator(self.catalog, self.bounds, info.name, self.model_for)
+            config = await configurator.configured(config, spec)
+        require(key, config.uses(info.name))
         return config
 
     async def open(
@@ -125,10 +136,11 @@ class RealtimeServices:
         admit: Admit,
         send: Send,
         session: dict[str, Any] | None = None,
+        intent: str | None = None,
     ) -> RealtimeSession:
         """A session of ``key`` (403 unless it may use the models the session will), whose
         requests ``admit`` lets in, configured as :meth:`configure` says."""
-        config = await self.configure(requested_model, key, session)
+        config = await self.configure(requested_model, key, session, intent)
         info = await self.models.info("speech")
         return RealtimeSession(self, config, info.name, key, admit, send)
 
@@ -143,11 +155,13 @@ class RealtimeServices:
         the key's limits count what it used, its usage does not (never raises)."""
         await self.finish(admission, False)
 
-
-_Handler = Callable[[dict[str, Any]], Awaitable[None]]
+    async def refuse(self, admission: Admission) -> None:
+        await self.finish(admission, True)
 
 
 class RealtimeSession:
+    """One connection's session: its handlers, by the event type each takes."""
+
     def __init__(
         self,
         services: RealtimeServices,
@@ -158,58 +172,50 @@ class RealtimeSession:
         send: Send,
     ) -> None:
         self.services = services
-        self.config = config
-        self.speech_model = speech_model
         self.key = key
         """The key the session was opened with: ``session.update`` checks models against
         it. Each request is admitted with the key as it is then (:meth:`_admit`)."""
         self._admit_request = admit
         self._send = send
-        self.id = _id("sess")
-        self.configurator = Configurator(services, speech_model)
-        self.conversation = Conversation(services.bounds, self.emit)
-        self.turns = Turns(self)
-        self._transcriptions: set[_Transcription] = set()
-        """Transcription requests not yet recorded (recorded at the latest on close)."""
-        self._jobs: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue(MAX_QUEUED_JOBS)
-        self._worker: asyncio.Task[None] | None = None
-        self.response: Response | None = None
-        """The conversation's response, queued or running (one at a time)."""
-        self.responses: dict[str, Response] = {}
-        """Every response queued or running, out-of-band ones included."""
+        self.id = new_id("sess")
         self.closed = False
-        self.speculations: set[Speculation] = set()
-        """Answers made ahead not yet dropped (see speculation.py): at most one is held by
-        the session's turn or its response; the set makes sure none outlives the session."""
-        self._handlers: dict[str, tuple[_Handler, frozenset[str]]] = {
-            "session.update": (self._session_update, frozenset({"session"})),
-            "input_audio_buffer.append": (self.turns._append, frozenset({"audio"})),
-            "input_audio_buffer.commit": (self.turns._commit_event, frozenset()),
-            "input_audio_buffer.clear": (self.turns._clear, frozenset()),
-            "conversation.item.create": (
-                self._item_create,
-                frozenset({"item", "previous_item_id"}),
-            ),
-            "conversation.item.delete": (self.conversation._item_delete, frozenset({"item_id"})),
-            "conversation.item.retrieve": (
-                self.conversation._item_retrieve,
-                frozenset({"item_id"}),
-            ),
-            "conversation.item.truncate": (
-                self.conversation._item_truncate,
-                frozenset({"item_id", "content_index", "audio_end_ms"}),
-            ),
-            "response.create": (partial(_response_create, self), frozenset({"response"})),
-            "response.cancel": (partial(_response_cancel, self), frozenset({"response_id"})),
+        self.ctx = SessionContext(
+            id=self.id,
+            config=config,
+            speech_model=speech_model,
+            services=services.services,
+            emit=self.emit,
+            error=self.error,
+            jobs=Jobs(self.error),
+            admit=self._admit,
+        )
+        self.configurator = Configurator(
+            services.catalog, services.bounds, speech_model, services.model_for
+        )
+        self.conversation = Conversation(services.bounds, self.emit)
+        self.transcriber = Transcriber(
+            services.services, self._admit, lambda: self.ctx.config, self.emit, self.error
+        )
+        self.responses = Responses(self.ctx, self.conversation, self.transcriber, self.configurator)
+        self.items = ItemEvents(self.ctx, self.conversation, self.transcriber)
+        self.audio = AudioEvents(self.ctx, self.items, self.responses, self.transcriber)
+        self.handlers: dict[type[Any], Handler] = {
+            SessionUpdate: self._session_update,
+            **self.audio.handlers(),
+            **self.items.handlers(),
+            **self.responses.handlers(),
         }
-        """Each client event's handler and its fields (besides ``type`` and ``event_id``)."""
+
+    @property
+    def config(self) -> SessionConfig:
+        return self.ctx.config
 
     # --- sending ------------------------------------------------------------------------
 
     async def emit(self, kind: str, **fields: Any) -> None:
         if self.closed:
             return
-        await self._send({"type": kind, "event_id": _id("event"), **fields})
+        await self._send({"type": kind, "event_id": new_id("event"), **fields})
 
     async def error(self, exc: GatewayError, client_event: str | None = None) -> None:
         body = exc.body()["error"]
@@ -219,7 +225,7 @@ class RealtimeSession:
 
     async def start(self) -> None:
         """The connection is open: the session starts (and counts in the metrics)."""
-        self._worker = asyncio.create_task(self._work())
+        self.ctx.jobs.start()
         if self.services.metrics is not None:
             self.services.metrics.realtime_sessions.inc()
         await self.emit("session.created", session=self.config.to_json(self.id))
@@ -229,58 +235,26 @@ class RealtimeSession:
         and records the transcription requests not yet recorded."""
         if self.closed:
             return
-        if self._worker is not None and self.services.metrics is not None:
+        if self.ctx.jobs.started and self.services.metrics is not None:
             self.services.metrics.realtime_sessions.dec()
-        self.closed = True
-        for response in self.responses.values():
-            if response.task is not None:
-                response.task.cancel()
-        self.turns._drop_early_transcription()
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
-        for response in list(self.responses.values()):
-            if response.speculation is not None:  # queued, never started
-                response.speculation.drop()
-        for speculation in list(self.speculations):
-            await speculation.dropped()
-        for request in list(self._transcriptions):
-            await request.finish()
+        self.closed = self.ctx.closed = True
+        await self.responses.close()
+        await self.audio.close()
+        await self.ctx.jobs.stop()
+        await self.responses.drop_ahead()
+        await self.transcriber.close()
 
-    async def _work(self) -> None:
-        while True:
-            job = await self._jobs.get()
-            try:
-                await job()
-            except asyncio.CancelledError:
-                if self.closed:
-                    raise
-            except GatewayError as exc:
-                await self.error(exc)
-            except Exception:
-                logger.exception("realtime job failed")
-                await self.error(GatewayError("The server had an error in this session."))
-
-    def _check_room(self) -> None:
-        if self._jobs.full():
-            raise ClientEventError(
-                f"The session already has {MAX_QUEUED_JOBS} transcriptions and responses "
-                "waiting; wait for them to finish.",
-                code="too_many_pending_jobs",
-            )
-
-    async def _admit(self, uses: list[_Use], record_refusal: bool = True) -> Admission:
+    async def _admit(self, uses: list[Use], record_refusal: bool = True) -> Admission:
         """A request of this session (a response, a transcription) admitted under the key's
         limits like any request, without a concurrency slot of its own (the connection
         holds one), its models checked against the key; the first one names it in usage
         and metrics. A 429 or 403 raises here (``record_refusal`` false: a 403 is not
         recorded in usage, for a request no client made)."""
-        services = self.services
         admission = await self._admit_request()
         try:
-            _require(admission.key, uses)
+            require(admission.key, uses)
         except GatewayError:
-            await services.finish(admission, record_refusal)
+            await self.services.finish(admission, record_refusal)
             raise
         admission.model = uses[0][0]
         return admission
@@ -299,77 +273,17 @@ class RealtimeSession:
                     "(GATEWAY_REALTIME_MAX_MESSAGE_MB).",
                     code="message_too_large",
                 )
-            event = await _parse(raw, self.services.bounds.json_limits)
-            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-                raise ClientEventError(
-                    "An event must be a JSON object with a 'type'.", param="type"
-                )
-            event_id = event.get("event_id")
-            found = self._handlers.get(event["type"])
-            if found is None:
-                raise ClientEventError(
-                    f"Unknown event type '{event['type']}'.", param="type", code="invalid_event"
-                )
-            handler, fields = found
-            _fields(event, "", {"type", "event_id", *fields})
-            await handler(event)
+            event = await parse_event(raw, self.services.bounds.json_limits)
+            event_id = event.event_id
+            await self.handlers[type(event)](event)
+        except ClientEventError as exc:
+            await self.error(exc, event_id or exc.event_id)
         except GatewayError as exc:
-            await self.error(exc, event_id if isinstance(event_id, str) else None)
+            await self.error(exc, event_id)
 
-    async def _session_update(self, event: dict[str, Any]) -> None:
-        spec = _object(event.get("session"), "session")
-        config = await self.configurator._configured(self.config, spec)
-        _require(self.key, _uses(config, self.speech_model))
-        await self._apply(config)
+    async def _session_update(self, event: SessionUpdate) -> None:
+        config = await self.configurator.configured(self.config, event.session)
+        require(self.key, config.uses(self.ctx.speech_model))
+        await self.audio.reconfigure(config)
+        self.ctx.config = config
         await self.emit("session.updated", session=config.to_json(self.id))
-
-    async def _apply(self, config: SessionConfig) -> None:
-        """Makes ``config`` the session's; new VAD settings start a new detector where the
-        audio is now (the speech in progress, if any, is forgotten)."""
-        if config.vad != self.config.vad:
-            await self.turns._restart(config.vad)
-        self.config = config
-
-    async def _item_create(self, event: dict[str, Any]) -> None:
-        conversation = self.conversation
-        item, audio = await conversation._parse_item(_object(event.get("item"), "item"), "item")
-        if any(existing.id == item.id for existing in conversation.items):
-            raise ClientEventError(f"Item '{item.id}' already exists.", param="item.id")
-        previous = event.get("previous_item_id")
-        position = len(conversation.items)
-        if previous == "root":
-            position = 0
-        elif previous:
-            position = conversation._index(previous, "previous_item_id") + 1
-        if audio is not None:
-            self._check_room()
-        prior = conversation.items[position - 1].id if position else None
-        conversation.items.insert(position, item)
-        await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=prior)
-        if audio is None:
-            await self.emit("conversation.item.done", item=item.to_json())
-        else:
-            self._jobs.put_nowait(lambda: _transcribe_item(self, item, audio, None, None))
-        await conversation._keep_bounded()
-
-    async def _commit(
-        self,
-        item_id: str,
-        audio: Audio,
-        early: asyncio.Task[str | None] | None,
-        turn: _Transcription | None,
-    ) -> None:
-        if self._jobs.full():
-            if early is not None:
-                early.cancel()
-            if turn is not None:
-                await turn.finish()
-            self._check_room()
-        items = self.conversation.items
-        previous = items[-1].id if items else None
-        item = Item(item_id, "user", [{"type": "input_audio", "transcript": None}], "completed")
-        items.append(item)
-        await self.emit("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
-        await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=previous)
-        self._jobs.put_nowait(lambda: _transcribe_item(self, item, audio, early, turn))
-        await self.conversation._keep_bounded()

@@ -22,33 +22,27 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.serving import generation
 from gateway.serving.protocol import ChatCompletionRequest
+from gateway.serving.realtime.context import AdmitUses, Services
+from gateway.serving.realtime.items import Use
 from gateway.serving.voice import AHEAD, Handoff, Voice, spoken
 from gateway.state.admission import Admission
-
-if TYPE_CHECKING:
-    from gateway.serving.realtime.events import _Use
-    from gateway.serving.realtime.session import RealtimeSession
 
 logger = logging.getLogger(__name__)
 
 #: What a response asks of the models, compared to tell whether a speculation is its answer.
-Ask = tuple[str, str, tuple[str, ...], float]
+Ask = tuple[str, str, float]
 
 
-def ask_of(
-    session: RealtimeSession, request: ChatCompletionRequest, voice: str, audio: bool
-) -> Ask:
-    return (
-        request.model_dump_json(exclude_none=True),
-        voice if audio else "",
-        (session.speech_model,) if audio else (),
-        session.config.speed if audio else 0.0,
-    )
+def ask_of(request: ChatCompletionRequest, voice: Voice | None) -> Ask:
+    """What answering ``request`` asks (spoken by ``voice``, or written when None)."""
+    if voice is None:
+        return (request.model_dump_json(exclude_none=True), "", 0.0)
+    return (request.model_dump_json(exclude_none=True), f"{voice.model}/{voice.voice}", voice.speed)
 
 
 class Speculation:
@@ -56,14 +50,18 @@ class Speculation:
 
     def __init__(
         self,
-        session: RealtimeSession,
+        services: Services,
+        admit: AdmitUses,
         request: ChatCompletionRequest,
-        voice: str,
-        audio: bool,
-        uses: list[_Use],
+        voice: Voice | None,
+        uses: list[Use],
+        alive: set[Speculation],
     ) -> None:
-        self.session = session
-        self.ask = ask_of(session, request, voice, audio)
+        self.services = services
+        self.admit = admit
+        self.alive = alive
+        """The session's speculations not yet dropped: none outlives its session."""
+        self.ask = ask_of(request, voice)
         self.admission: Admission | None = None
         self.run: generation.GenerationRun | None = None
         """Its generation, once reserved (None if it never got that far)."""
@@ -73,21 +71,20 @@ class Speculation:
         """Set once it is admitted and reserved, or has failed before."""
         self._made: Handoff[Any] = Handoff(AHEAD)
         self._released: asyncio.Task[None] | None = None
-        self._task = asyncio.create_task(self._make(request, voice, audio, uses))
-        session.speculations.add(self)
+        self._task = asyncio.create_task(self._make(request, voice, uses))
+        alive.add(self)
         # Also when it is cancelled before its first step (its body then never runs).
         self._task.add_done_callback(self._task_done)
 
     async def _make(
-        self, request: ChatCompletionRequest, voice: str, audio: bool, uses: list[_Use]
+        self, request: ChatCompletionRequest, voice: Voice | None, uses: list[Use]
     ) -> None:
-        session = self.session
-        services = session.services
+        services = self.services
         reserving: asyncio.Future[generation.GenerationRun] | None = None
         if services.metrics is not None:
             services.metrics.realtime_speculating.inc()
         try:
-            self.admission = await session._admit(uses, record_refusal=False)
+            self.admission = await self.admit(uses, False)
             chat = await services.chat.prepare(request)
             # Shielded: a reservation made must be in the meter when it is released.
             reserving = asyncio.ensure_future(services.chat.reserve_run(chat, self.admission.meter))
@@ -95,9 +92,8 @@ class Speculation:
             self._ready.set()
             texts = generation.texts(await self.run.stream(), self.run, chat.reasoning())
             made: AsyncGenerator[Any, None] = texts
-            if audio:
-                speaker = Voice(session.speech_model, voice, session.config.speed)
-                made = spoken(services.backend, speaker, texts, "pcm", self.admission.meter)
+            if voice is not None:
+                made = spoken(services.backend, voice, texts, "pcm", self.admission.meter)
             async with aclosing(made):
                 async for piece in made:
                     await self._made.put(piece)
@@ -118,13 +114,13 @@ class Speculation:
 
     def _task_done(self, _: asyncio.Task[None]) -> None:
         if self._released is None:  # else kept until released (see drop)
-            self.session.speculations.discard(self)
+            self.alive.discard(self)
 
     async def _release(self) -> None:
         """A dropped one's admission ends: the limits count it, its usage does not."""
         admission, self.admission = self.admission, None
         if admission is not None:
-            await self.session.services.release(admission)
+            await self.services.release(admission)
 
     async def take(self, ask: Ask) -> Admission | None:
         """The admission of this answer for the response asking ``ask``, which takes it;
@@ -148,7 +144,7 @@ class Speculation:
         if self._outcome is not None:
             return False
         self._outcome = outcome
-        metrics = self.session.services.metrics
+        metrics = self.services.metrics
         if metrics is not None:
             metrics.realtime_speculations.labels(outcome).inc()
         return True
@@ -171,8 +167,8 @@ class Speculation:
             # It had ended by itself: its task released nothing. Kept in the session's
             # set until released (a closing session waits for it).
             self._released = asyncio.get_running_loop().create_task(self._release())
-            self.session.speculations.add(self)
-            self._released.add_done_callback(lambda _: self.session.speculations.discard(self))
+            self.alive.add(self)
+            self._released.add_done_callback(lambda _: self.alive.discard(self))
 
     async def dropped(self) -> None:
         """Drops it and waits until it has stopped and been released."""

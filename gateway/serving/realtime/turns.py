@@ -1,248 +1,286 @@
-"""A session's spoken turns: the input audio buffer and the VAD over it, the events that
-feed and empty them (``input_audio_buffer.append``, ``commit``, ``clear``), the
-transcription guessed while the user falls silent, barge-in, and the end of a turn: a
-user item committed (its audio transcribed) and, with ``server_vad``, answered."""
+"""The spoken turns of a session as a pure state machine: :func:`step` takes the turn's
+state and what just happened (the VAD heard speech start or stop, an append was listened
+to, a guess at the transcript came in, the client committed or cleared the buffer) and
+returns the new state and what to do (:data:`Effect`): events to send, guesses to start or
+drop, a turn to commit, a response to interrupt, an answer to start ahead. Nothing here
+touches a socket, a model or the clock, so the rules are tested as plain functions
+(``tests/unit/test_realtime_turns.py``); :mod:`~gateway.serving.realtime.audio_events`
+carries the effects out.
+
+The rules:
+
+- **Barge-in**: speech that starts while a response plays interrupts it (with
+  ``interrupt_response``).
+- **A guess while the user is quiet**: once the user has been silent
+  :data:`GUESS_AFTER_MS` (or half the turn-ending silence, if less), the turn so far is
+  transcribed, from its start. If the user goes on, the guess is dropped; if the turn ends
+  on the audio it heard, it is the turn's transcript, and its answer may already be
+  under way (:class:`Answer`). A pause is guessed at only while the audio the turn's
+  guesses sent stays within :data:`EARLY_WORK_FACTOR` times the turn's length, so that a
+  speaker who pauses often makes the work grow with the turn, not its square.
+- **The turn ends** when the VAD hears the silence out (committed, answered with
+  ``create_response``) or the client commits; the guesses share one transcription request
+  with the turn's own transcription, recorded once.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from typing import TYPE_CHECKING, Any
-
-from gateway.serving.audio import STT_RATE
-from gateway.serving.realtime.buffer import (
-    MIN_COMMIT_MS,
-    Audio,
-    InputAudio,
-    _b64,
-    _check_seconds,
-)
-from gateway.serving.realtime.events import ClientEventError, Item, _id
-from gateway.serving.realtime.responder import (
-    _cancel,
-    _new_response,
-    _queue_response,
-    chat_request,
-    response_uses,
-)
-from gateway.serving.realtime.speculation import Speculation
-from gateway.serving.realtime.transcription import (
-    EARLY_WORK_FACTOR,
-    _early_transcript,
-    _EarlyTranscription,
-    _new_transcription,
-    _Transcription,
-)
-from gateway.serving.vad import SpeechStarted, SpeechStopped, TurnDetector, VadEvent, VadSettings
-
-if TYPE_CHECKING:
-    from gateway.serving.realtime.session import RealtimeSession
-
-logger = logging.getLogger(__name__)
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 #: How long the user must have been quiet before the turn so far is transcribed (and then
 #: answered, ahead: see speculation.py); half of ``silence_duration_ms`` when that is less.
-#: A pause is not guessed at where the turn's guesses would send the model more than
-#: ``EARLY_WORK_FACTOR`` times the turn's audio (see transcription.py).
 GUESS_AFTER_MS = 200
+#: A turn's guesses send the model at most this many times the turn's audio: with the
+#: transcription at its end (when no guess covers it), a turn costs at most one more.
+EARLY_WORK_FACTOR = 3
 
 
-class Turns:
-    """The turns of one session: its input audio and where the user's speech is in it."""
+@dataclass(frozen=True)
+class Guess:
+    number: int
+    from_ms: int
+    voiced_windows: int
+    """The VAD's count of voiced windows when it was made: more since means the user went on."""
 
-    def __init__(self, session: RealtimeSession) -> None:
-        self.session = session
-        config = session.config
-        self.buffer = InputAudio()
-        self.detector: TurnDetector | None = (
-            TurnDetector(config.vad) if config.vad is not None else None
-        )
-        self._speech_item: str | None = None  # the item id of the speech in progress
-        self._speech_start_ms = 0
-        self._early_transcription: _EarlyTranscription | None = None
-        self._turn: _Transcription | None = None
-        """The transcription request of the speech in progress (made by its first guess)."""
 
-    async def _restart(self, vad: VadSettings | None) -> None:
-        """New VAD settings: a new detector where the audio is now (the speech in progress,
-        if any, is forgotten)."""
-        self._drop_early_transcription()
-        await self._end_turn()
-        self._speech_item = None
-        self.detector = TurnDetector(vad, self.buffer.end) if vad else None
+@dataclass(frozen=True)
+class TurnState:
+    speech_item: str | None = None
+    """The item id of the speech in progress (None between turns)."""
+    speech_start_ms: int = 0
+    guess: Guess | None = None
+    guesses: int = 0
+    """Guesses made in the session (their numbers)."""
+    sent_s: float = 0.0
+    """Seconds of audio the speech in progress's guesses sent the model."""
+    has_request: bool = False
+    """The speech in progress has a transcription request (its first guess made it)."""
 
-    async def _append(self, event: dict[str, Any]) -> None:
-        data = event.get("audio")
-        if not isinstance(data, str):
-            raise ClientEventError("audio must be base64-encoded pcm16.", param="audio")
-        for found in await asyncio.to_thread(self._ingest, data):
-            if isinstance(found, SpeechStarted):
-                await self._speech_started(found.at_ms)
-            elif isinstance(found, SpeechStopped):
-                await self._speech_stopped(found.at_ms)
-        detector = self.detector
-        if detector is None:
-            return
-        if not detector.speaking:
-            self.buffer.drop_before(detector.position_ms - detector.settings.prefix_padding_ms)
-            return
-        early = self._early_transcription
-        if early is not None and early.voiced_windows != detector.voiced_windows:
-            # The user went on after a pause: the guess, and the answer to it, are stale.
-            self._drop_early_transcription()
-        if self._early_transcription is None:
-            await self._maybe_transcribe_early()
 
-    def _ingest(self, data: str) -> list[VadEvent]:
-        """Decodes an append's audio, keeps it and runs the VAD over it: CPU work, run in a
-        worker thread. Nothing else touches the buffer or the detector meanwhile, as the
-        session handles one event at a time (so appends also stay in order). Past the
-        buffer's bounds nothing is kept."""
-        pcm = _b64(data, "audio")
-        if not pcm:
-            return []
-        bounds = self.session.services.bounds
-        size = self.buffer.pcm_bytes + len(pcm)
-        if size > bounds.buffer_bytes:
-            raise ClientEventError(
-                f"The input audio buffer would hold {size:,} bytes of audio; at most "
-                f"{bounds.buffer_bytes:,} are allowed (GATEWAY_REALTIME_MAX_BUFFER_MB). "
-                "Commit or clear the buffer first.",
-                param="audio",
-                code="input_audio_buffer_full",
+# --- what happens -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    at_ms: int
+    item_id: str
+    """The id the speech's item will have (made by the caller: this module makes none)."""
+    responding: bool
+    """A response of the conversation is queued or playing."""
+    interrupt: bool
+    """``interrupt_response``."""
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    at_ms: int
+    voiced_windows: int
+    buffer_start_ms: int
+    respond: bool
+    """``create_response``: the turn is answered."""
+    item_id: str
+    """The item's id if no speech start gave one."""
+
+
+@dataclass(frozen=True)
+class Listened:
+    """An append went through the VAD: where it stands now."""
+
+    speaking: bool
+    silent_ms: int
+    """How long the user has been quiet within the speech (0: speaking now)."""
+    voiced_windows: int
+    position_ms: int
+    padding_ms: int
+    silence_ms: int
+    """The silence that ends a turn (``silence_duration_ms``)."""
+    buffer_start_ms: int
+    buffer_end_ms: int
+
+
+@dataclass(frozen=True)
+class GuessHeard:
+    number: int
+    text: str | None
+    can_answer: bool
+    """The turn, if it ends now, will be answered by itself (``create_response``, no
+    response in the way)."""
+
+
+@dataclass(frozen=True)
+class CommitAsked:
+    """``input_audio_buffer.commit`` (the buffer holds enough: the caller checked)."""
+
+    item_id: str
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """``input_audio_buffer.clear``."""
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """New VAD settings: the speech in progress, if any, is forgotten."""
+
+
+Happening = (
+    SpeechStarted | SpeechStopped | Listened | GuessHeard | CommitAsked | Cleared | Restarted
+)
+
+
+# --- what to do -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Emit:
+    kind: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartGuess:
+    number: int
+    from_ms: int
+    new_request: bool
+    """The first guess of the speech: it makes the turn's transcription request."""
+
+
+@dataclass(frozen=True)
+class DropGuess:
+    number: int
+
+
+@dataclass(frozen=True)
+class EndRequest:
+    """The speech will not be committed: its transcription request is recorded with what
+    its guesses transcribed."""
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Barge-in: the conversation's response is cancelled (``turn_detected``)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    item_id: str
+    from_ms: int | None
+    """Where the turn's audio starts in the buffer (None: all of it)."""
+    guess: int | None
+    """The guess that is its transcript (and whose answer it takes), if one heard it all."""
+    respond: bool
+    with_request: bool
+    """The turn's transcription is made under the request its guesses made."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Start the answer to a guess ahead (see speculation.py)."""
+
+    number: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Trim:
+    """Forget the buffer's audio before ``before_ms``: silence no turn will include."""
+
+    before_ms: int
+
+
+Effect = Emit | StartGuess | DropGuess | EndRequest | Interrupt | Commit | Answer | Trim
+
+
+def step(state: TurnState, happened: Happening) -> tuple[TurnState, list[Effect]]:
+    """The turn's new state after ``happened``, and what to do, in order."""
+    if isinstance(happened, Listened):
+        return _listened(state, happened)
+    if isinstance(happened, GuessHeard):
+        guess = state.guess
+        if happened.text and happened.can_answer and guess and guess.number == happened.number:
+            return state, [Answer(guess.number, happened.text)]
+        return state, []
+    if isinstance(happened, SpeechStarted):
+        effects = _forget(state)
+        effects.append(
+            Emit(
+                "input_audio_buffer.speech_started",
+                {"audio_start_ms": happened.at_ms, "item_id": happened.item_id},
             )
-        _check_seconds(size, bounds, "audio")
-        audio = self.buffer.append(pcm)
-        return self.detector.feed(audio) if self.detector is not None else []
-
-    async def _maybe_transcribe_early(self) -> None:
-        """When the user has gone quiet, transcribe the turn so far while the VAD waits."""
-        detector = self.detector
-        if detector is None or not detector.silent_ms or self._speech_item is None:
-            return
-        if detector.silent_ms < min(GUESS_AFTER_MS, detector.settings.silence_duration_ms // 2):
-            return
-        from_ms = max(self._speech_start_ms, self.buffer.start_ms)
-        skip = max(0, from_ms * STT_RATE // 1000 - self.buffer.start)
-        seconds = (self.buffer.size - skip) / STT_RATE
-        sent = self._turn.sent_s if self._turn is not None else 0.0
-        if sent + seconds > EARLY_WORK_FACTOR * seconds:
-            return  # this pause goes unguessed (the turn is transcribed at its end if it ends)
-        audio = await asyncio.to_thread(self.buffer.audio, from_ms)
-        if self._turn is None:
-            self._turn = _new_transcription(self.session)
-        task = asyncio.create_task(self._guess(self._turn, audio))
-        self._early_transcription = _EarlyTranscription(from_ms, detector.voiced_windows, task)
-
-    async def _guess(self, turn: _Transcription, audio: Audio) -> str | None:
-        """The early transcript, and the answer to it started at once (see
-        :mod:`~gateway.serving.realtime.speculation`) when the turn, if it ends here, will
-        be answered by itself."""
-        text = await _early_transcript(turn, audio)
-        early = self._early_transcription
-        session = self.session
-        if (
-            text
-            and early is not None
-            and early.task is asyncio.current_task()
-            and session.config.create_response
-            and session.response is None
-            and not session.closed
-        ):
-            try:
-                response = await _new_response(session, {})
-                items = [*session.conversation.items, _guessed_item(text)]
-                request = chat_request(session, response, items)
-                audio_out = response.modalities == ["audio"]
-                uses = response_uses(session, response)
-                early.speculation = Speculation(session, request, response.voice, audio_out, uses)
-            except Exception:  # the guess is still the turn's transcript
-                logger.exception("could not start the answer to a guessed turn")
-        return text
-
-    def _drop_early_transcription(self) -> None:
-        if self._early_transcription is not None:
-            self._early_transcription.drop()
-            self._early_transcription = None
-
-    async def _end_turn(self) -> None:
-        """The speech in progress will not be committed: its request, if a guess made one,
-        is recorded with what its guesses transcribed."""
-        turn, self._turn = self._turn, None
-        if turn is not None:
-            await turn.finish()
-
-    async def _speech_started(self, at_ms: int) -> None:
-        self._drop_early_transcription()
-        await self._end_turn()
-        self._speech_item = _id("item")
-        self._speech_start_ms = at_ms
-        await self.session.emit(
-            "input_audio_buffer.speech_started", audio_start_ms=at_ms, item_id=self._speech_item
         )
-        if self.session.config.interrupt_response and self.session.response is not None:
-            _cancel(self.session, self.session.response, "turn_detected")
-
-    async def _speech_stopped(self, at_ms: int) -> None:
-        item_id = self._speech_item or _id("item")
-        await self.session.emit(
-            "input_audio_buffer.speech_stopped", audio_end_ms=at_ms, item_id=item_id
-        )
-        early = self._early_transcription
-        self._early_transcription = None
-        from_ms = max(self._speech_start_ms, self.buffer.start_ms)
-        voiced = self.detector.voiced_windows if self.detector is not None else -1
-        if early is not None and (early.from_ms != from_ms or early.voiced_windows != voiced):
-            early.drop()
-            early = None
-        speculation = early.speculation if early is not None else None
-        audio = await asyncio.to_thread(self.buffer.take, from_ms)
-        turn, self._turn = self._turn, None
-        self._speech_item = None
-        session = self.session
-        response = None
-        try:
-            await session._commit(item_id, audio, early.task if early else None, turn)
-            if session.config.create_response:
-                response = await _new_response(session, {})
-        finally:
-            if speculation is not None and response is None:
-                speculation.drop()
-        if response is not None:
-            # The turn's response takes the answer made ahead, or drops it if it asks
-            # otherwise (or never starts).
-            response.speculation = speculation
-            _queue_response(session, response, time.monotonic())
-
-    async def _commit_event(self, event: dict[str, Any]) -> None:
-        if self.buffer.end_ms - self.buffer.start_ms < MIN_COMMIT_MS:
-            raise ClientEventError(
-                f"Error committing input audio buffer: buffer too small. Expected at least "
-                f"{MIN_COMMIT_MS}ms of audio, but buffer only has "
-                f"{self.buffer.end_ms - self.buffer.start_ms}ms of audio.",
-                code="input_audio_buffer_commit_empty",
-            )
-        self._drop_early_transcription()
-        item_id = self._speech_item or _id("item")
-        self._speech_item = None
-        turn, self._turn = self._turn, None
-        if self.detector is not None:
-            self.detector.reset()
-        await self.session._commit(item_id, await asyncio.to_thread(self.buffer.take), None, turn)
-
-    async def _clear(self, event: dict[str, Any]) -> None:
-        self._drop_early_transcription()
-        await self._end_turn()
-        self.buffer.clear()
-        self._speech_item = None
-        if self.detector is not None:
-            self.detector.reset()
-        await self.session.emit("input_audio_buffer.cleared")
+        if happened.interrupt and happened.responding:
+            effects.append(Interrupt())
+        speaking = TurnState(happened.item_id, happened.at_ms, guesses=state.guesses)
+        return speaking, effects
+    if isinstance(happened, SpeechStopped):
+        return _stopped(state, happened)
+    if isinstance(happened, CommitAsked):
+        effects = [] if state.guess is None else [DropGuess(state.guess.number)]
+        item_id = state.speech_item or happened.item_id
+        effects.append(Commit(item_id, None, None, False, state.has_request))
+        return TurnState(guesses=state.guesses), effects
+    if isinstance(happened, Cleared):
+        effects = [*_forget(state), Emit("input_audio_buffer.cleared")]
+        return TurnState(guesses=state.guesses), effects
+    return TurnState(guesses=state.guesses), _forget(state)  # Restarted
 
 
-def _guessed_item(transcript: str) -> Item:
-    """The user item a turn ending now would add, with its guessed transcript."""
-    return Item(
-        _id("item"), "user", [{"type": "input_audio", "transcript": transcript}], "completed"
+def _forget(state: TurnState) -> list[Effect]:
+    """The speech in progress is forgotten: its guess dropped, its request recorded."""
+    effects: list[Effect] = []
+    if state.guess is not None:
+        effects.append(DropGuess(state.guess.number))
+    if state.has_request:
+        effects.append(EndRequest())
+    return effects
+
+
+def _listened(state: TurnState, heard: Listened) -> tuple[TurnState, list[Effect]]:
+    if not heard.speaking:
+        return state, [Trim(heard.position_ms - heard.padding_ms)]
+    effects: list[Effect] = []
+    guess = state.guess
+    if guess is not None and guess.voiced_windows != heard.voiced_windows:
+        # The user went on after a pause: the guess, and the answer to it, are stale.
+        effects.append(DropGuess(guess.number))
+        state = replace(state, guess=None)
+    if state.guess is not None or state.speech_item is None or not heard.silent_ms:
+        return state, effects
+    if heard.silent_ms < min(GUESS_AFTER_MS, heard.silence_ms // 2):
+        return state, effects
+    from_ms = max(state.speech_start_ms, heard.buffer_start_ms)
+    seconds = max(0, heard.buffer_end_ms - from_ms) / 1000
+    if state.sent_s + seconds > EARLY_WORK_FACTOR * seconds:
+        return state, effects  # unguessed (the turn is transcribed at its end if it ends)
+    number = state.guesses + 1
+    effects.append(StartGuess(number, from_ms, not state.has_request))
+    guessing = replace(
+        state,
+        guess=Guess(number, from_ms, heard.voiced_windows),
+        guesses=number,
+        sent_s=state.sent_s + seconds,
+        has_request=True,
     )
+    return guessing, effects
+
+
+def _stopped(state: TurnState, stopped: SpeechStopped) -> tuple[TurnState, list[Effect]]:
+    item_id = state.speech_item or stopped.item_id
+    effects: list[Effect] = [
+        Emit(
+            "input_audio_buffer.speech_stopped",
+            {"audio_end_ms": stopped.at_ms, "item_id": item_id},
+        )
+    ]
+    from_ms = max(state.speech_start_ms, stopped.buffer_start_ms)
+    guess = state.guess
+    if guess is not None and (
+        guess.from_ms != from_ms or guess.voiced_windows != stopped.voiced_windows
+    ):
+        effects.append(DropGuess(guess.number))
+        guess = None
+    number = guess.number if guess is not None else None
+    effects.append(Commit(item_id, from_ms, number, stopped.respond, state.has_request))
+    return TurnState(guesses=state.guesses), effects
