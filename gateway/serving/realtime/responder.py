@@ -284,20 +284,27 @@ class Responder:
     async def _without_calls(
         self, chat: PreparedChat, texts: AsyncGenerator[str, None]
     ) -> AsyncGenerator[str, None]:
-        """The content of ``texts``; the calls in them become function call items."""
+        """The content of ``texts``; the calls in them become function call items. (The
+        message's item is started here, with its first text, so that the output items are
+        in the order the model wrote them, although a spoken text reaches :meth:`_speak`
+        later than the calls after it.)"""
         assert chat.tools is not None
         parser = chat.tools.new_parser()
         async with aclosing(texts):
             async for text in texts:
                 told = parser.feed(text)
+                if told.content.strip() and self.message is None:
+                    await self._start_message()
                 await self._call_pieces(told.calls)
-                if told.content:
+                if told.content and self.message is not None:  # (blank text around calls: none)
                     yield told.content
                 if parser.closed:  # parallel_tool_calls false: one call, the rest dropped
                     break
         told = parser.finish()
+        if told.content.strip() and self.message is None:
+            await self._start_message()
         await self._call_pieces(told.calls)
-        if told.content:
+        if told.content and self.message is not None:
             yield told.content
         await self._end_call()
 
