@@ -28,6 +28,7 @@ from gateway.api.routers import (
     models,
     playground,
     realtime,
+    realtime_secrets,
     responses,
     sessions,
 )
@@ -197,7 +198,7 @@ def _routes() -> list[BaseRoute]:
     # probes, the playground and FastAPI's /docs, /redoc and /openapi.json are open.
     v1 = APIRouter(dependencies=[Depends(admit)])
     groups = (chat, completions, responses, conversations, embeddings, audio, realtime, models)
-    for group in (*groups, sessions):
+    for group in (*groups, realtime_secrets, sessions):
         v1.include_router(group.router)
     routes.include_router(v1)
     routes.include_router(admin.router, dependencies=[Depends(require_admin)])

@@ -28,6 +28,7 @@ from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.json_shape import JsonLimits
 from gateway.serving.realtime import RealtimeServices
+from gateway.serving.realtime_secrets import RealtimeSecrets
 from gateway.serving.request_bounds import RequestBounds
 from gateway.serving.responses import ResponsesService
 from gateway.serving.responses.background import BackgroundResponses
@@ -40,6 +41,7 @@ from gateway.state.admission import Admission, Gatekeeper
 from gateway.state.audit import AuditLog
 from gateway.state.budgets import Budgets, Prices
 from gateway.state.chat_completions import ChatCompletionStore
+from gateway.state.client_secrets import ClientSecretStore
 from gateway.state.conversations import ConversationStore
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
@@ -77,6 +79,7 @@ class Services:
     transcription: TranscriptionService
     audio_chat: AudioChat
     realtime: RealtimeServices
+    realtime_secrets: RealtimeSecrets
     admin: AdminService
     redis_health: RedisHealth
     audit: AuditLog
@@ -138,6 +141,9 @@ def build_services(
     responses = ResponsesService(
         chat, references.responses, ReasoningSeal.from_settings(settings), references
     )
+    realtime = RealtimeServices(
+        backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
+    )
     return Services(
         settings=settings,
         metrics=metrics,
@@ -190,8 +196,9 @@ def build_services(
             decoder,
             settings.max_audio_seconds,
         ),
-        realtime=RealtimeServices(
-            backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
+        realtime=realtime,
+        realtime_secrets=RealtimeSecrets(
+            realtime, ClientSecretStore(redis, stored_bytes, settings.max_stored_kb)
         ),
         admin=AdminService(backend, catalog, keys, limits, budgets),
         redis_health=RedisHealth(

@@ -9,7 +9,10 @@ FastAPI's docs) are open.
   request admitted under the key's rate limits, in one Redis round trip (401 without a
   valid key, 429 over a limit): every request counts against ``rpm`` and concurrency, as
   OpenAI counts them. A WebSocket is admitted once, before the upgrade, and holds its
-  concurrency slot while it is open.
+  concurrency slot while it is open. A WebSocket may present a Realtime client secret
+  (``ek_...``) instead: it is admitted as the key that created the secret, which it uses
+  up (:func:`_admit_client_secret`); :data:`ClientSecretDep` hands it to the route. A
+  client secret anywhere else is a 401.
 - :data:`AdmissionDep`: that admission, for a route that uses a model: it names it with
   :meth:`~gateway.state.admission.Admission.use_model` (403 if the key may not use it) and
   hands the returned meter to its service. :data:`CallerDep`: the admitted key's metadata.
@@ -39,6 +42,7 @@ from gateway.backend import scheduling
 from gateway.errors import PermissionDeniedError
 from gateway.serving.realtime import Admit
 from gateway.state.admission import Admission
+from gateway.state.client_secrets import ClientSecret, is_client_secret
 from gateway.state.keys import ApiKey
 from gateway.tracing import span
 
@@ -75,7 +79,10 @@ async def admit(
     """The key check and the admission in one Redis round trip; the middleware settles the
     admission when the response has been sent (a WebSocket's when it closes)."""
     with span("redis.admission", _ADMISSION_ATTRIBUTES) as traced:
-        admission = await services.gatekeeper.admit(presented)
+        if connection.scope["type"] == "websocket" and is_client_secret(presented):
+            admission = await _admit_client_secret(connection, presented, services)
+        else:
+            admission = await services.gatekeeper.admit(presented)
         if traced is not None:
             traced.set_attribute("gateway.key.id", admission.key.id)
             traced.set_attribute("gateway.outcome", "admitted")
@@ -87,6 +94,26 @@ async def admit(
     return admission
 
 
+#: Where :func:`admit` leaves the client secret a WebSocket was opened with.
+CLIENT_SECRET = "client_secret"
+
+
+async def _admit_client_secret(
+    connection: HTTPConnection, presented: str, services: ServicesDep
+) -> Admission:
+    """A client secret's connection, admitted as the key that created the secret (as that
+    key is now: revoked since, a 401) and then using the secret up, so that a refusal
+    (429 over a limit) leaves it usable; of two connections presenting it, one gets past
+    :meth:`~gateway.state.client_secrets.ClientSecretStore.consume`, the other a 401."""
+    store = services.realtime_secrets.store
+    secret = await store.find(presented)
+    admission = await services.gatekeeper.admit_as(secret.owner, secret.key_hash)
+    setattr(connection.state, ADMISSION, admission)  # settled even if the secret is gone
+    await store.consume(presented)
+    setattr(connection.state, CLIENT_SECRET, secret)
+    return admission
+
+
 #: The admission's span (traces on): one Lua script in Redis (none for the bootstrap key).
 _ADMISSION_ATTRIBUTES = {"db.system.name": "redis", "db.operation.name": "EVALSHA"}
 
@@ -94,7 +121,25 @@ _ADMISSION_ATTRIBUTES = {"db.system.name": "redis", "db.operation.name": "EVALSH
 AdmissionDep = Annotated[Admission, Depends(admit)]
 
 
-async def _readmit(presented: PresentedKey, services: ServicesDep) -> Admit:
+async def _client_secret(
+    connection: HTTPConnection, admission: AdmissionDep
+) -> ClientSecret | None:
+    """The client secret the WebSocket was admitted with, if it was (``admission``: read
+    once :func:`admit` has run)."""
+    secret = getattr(connection.state, CLIENT_SECRET, None)
+    return secret if isinstance(secret, ClientSecret) else None
+
+
+ClientSecretDep = Annotated[ClientSecret | None, Depends(_client_secret)]
+
+
+async def _readmit(
+    presented: PresentedKey, secret: ClientSecretDep, services: ServicesDep
+) -> Admit:
+    if secret is not None:  # the session's requests are the creating key's
+        return partial(
+            services.gatekeeper.admit_as, secret.owner, secret.key_hash, hold_lease=False
+        )
     return partial(services.gatekeeper.admit, presented, hold_lease=False)
 
 

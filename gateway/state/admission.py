@@ -13,6 +13,9 @@ the key's limits, in one place.
   under ``rpm``, refused while the key's token window is full, and a concurrency lease
   taken; 429 with ``Retry-After`` over a limit. It returns the :class:`Admission`, which
   :meth:`Gatekeeper.finish` settles once the response has been sent.
+- :meth:`Gatekeeper.admit_as` admits the same way as the key whose id and hash a Realtime
+  client secret holds (:mod:`gateway.state.client_secrets`); a client secret presented
+  as a key anywhere else is a 401 saying that it only opens a Realtime session.
 - The leases this process holds are renewed by one task (:data:`_RENEW`), so a request
   keeps its slot however long it runs, and a gateway that dies frees them when they expire.
 
@@ -39,6 +42,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import AuthenticationError, RateLimitError
 from gateway.state.budgets import Budgets
+from gateway.state.client_secrets import ONLY_REALTIME, is_client_secret
 from gateway.state.keys import KEY_PREFIX, ApiKey, hash_key, public_record, record_key
 from gateway.state.limits import Limits, Meter, duration, limit_keys, refusal
 from gateway.state.redis import is_cluster, needs_store
@@ -129,6 +133,15 @@ def key_id_of(key: str) -> str | None:
     key_id, _, secret = key.removeprefix(KEY_PREFIX).partition("-")
     if len(key_id) != 12 or not secret or any(c not in "0123456789abcdef" for c in key_id):
         return None
+    return key_id
+
+
+def _key_id(presented: str) -> str:
+    """The id of the presented key; 401 when it is not shaped as a key (a client secret
+    gets its own message: it is good for ``/v1/realtime`` alone)."""
+    key_id = key_id_of(presented)
+    if key_id is None:
+        raise AuthenticationError(ONLY_REALTIME if is_client_secret(presented) else INCORRECT)
     return key_id
 
 
@@ -223,7 +236,7 @@ class Gatekeeper:
         admin = self._bootstrap(presented)
         if admin is not None:
             return admin
-        key, _ = await self._run(presented, "check")
+        key, _ = await self._run(_key_id(presented), hash_key(presented), "check")
         return key
 
     async def admit(self, presented: str | None, hold_lease: bool = True) -> Admission:
@@ -236,8 +249,16 @@ class Gatekeeper:
         admin = self._bootstrap(presented)
         if admin is not None:
             return Admission(key=admin, headers={})
+        return await self.admit_as(_key_id(presented), hash_key(presented), hold_lease)
+
+    async def admit_as(self, key_id: str, key_hash: str, hold_lease: bool = True) -> Admission:
+        """:meth:`admit` for the key of id ``key_id`` whose hash is ``key_hash``, as a
+        client secret holds them (:mod:`gateway.state.client_secrets`): the key as it is
+        now, 401 when it has been revoked, has expired or is no longer that key."""
+        if self._admin_hash is not None and hmac.compare_digest(key_hash, self._admin_hash):
+            return Admission(key=BOOTSTRAP_ADMIN, headers={})
         lease = f"{self._lease_prefix}{next(self._lease_numbers)}" if hold_lease else ""
-        key, counts = await self._run(presented, "admit", lease)
+        key, counts = await self._run(key_id, key_hash, "admit", lease)
         if not counts:
             return self._budgeted(Admission(key=key, headers={}))  # nothing counted yet
         headers = _headers(key, counts)
@@ -260,15 +281,14 @@ class Gatekeeper:
         return admission
 
     @needs_store
-    async def _run(self, presented: str, mode: str, lease: str = "") -> tuple[ApiKey, list[str]]:
+    async def _run(
+        self, key_id: str, key_hash: str, mode: str, lease: str = ""
+    ) -> tuple[ApiKey, list[str]]:
         """One run of :data:`_ADMIT`: the key's metadata and the script's counts (none when
         it only checked the key, or the key has no limits); 401 for a refused key."""
-        key_id = key_id_of(presented)
-        if key_id is None:
-            raise AuthenticationError(INCORRECT)
         result = await self._admit(
             keys=[record_key(key_id), *limit_keys(key_id)],
-            args=[hash_key(presented), mode, lease, self.lease_s],
+            args=[key_hash, mode, lease, self.lease_s],
         )
         if result[1]:
             raise AuthenticationError(_KEY_REFUSALS[result[1]])

@@ -7,7 +7,8 @@ What counts: every record a key keeps for long, as the bytes of what is stored (
 text) plus :data:`RECORD_OVERHEAD` for what Redis keeps beside it: stored ``/v1/responses``
 responses (with their conversation, the index entries of their items:
 :mod:`gateway.state.item_index`, and a background response's event log), conversations,
-stored chat completions, chat sessions, and spoken answers' transcripts.
+stored chat completions, chat sessions, spoken answers' transcripts, and Realtime client
+secrets not yet used.
 
 **Accounting** (``stored_bytes.lua``, one script run per scope, so a check and its
 increment cannot interleave between replicas). Each scope keeps a sorted set of its entries

@@ -198,10 +198,26 @@ def test_voice_tab_hears_the_microphone_and_speaks_the_answer(
     stack: GatewayProcess, microphone_browser: Browser
 ) -> None:
     with playground(microphone_browser, stack.base_url, stack.admin_key) as (page, _):
+        # What Chromium itself sends in the WebSocket handshake (the DevTools protocol).
+        handshakes: list[dict[str, str]] = []
+        devtools = page.context.new_cdp_session(page)
+        devtools.send("Network.enable")
+        devtools.on(
+            "Network.webSocketWillSendHandshakeRequest",
+            lambda event: handshakes.append(
+                {k.lower(): v for k, v in event["request"]["headers"].items()}
+            ),
+        )
         page.get_by_test_id("tab-voice").click()
         page.get_by_test_id("voice-start").click()
         log = page.get_by_test_id("voice-log")
         expect(log.locator(".user")).to_contain_text("capital of France", timeout=30_000)
+        # The page connected with a client secret it asked for: the key is not in the
+        # handshake.
+        assert len(handshakes) == 1
+        offered = handshakes[0]["sec-websocket-protocol"]
+        assert "openai-insecure-api-key.ek_" in offered and stack.admin_key not in offered
+        assert "authorization" not in handshakes[0]
         answer = log.locator(".assistant").first
         expect(answer).to_have_attribute("data-status", "completed", timeout=60_000)
         assert answer.locator(".text").inner_text().strip()

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import websockets
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
@@ -481,3 +482,40 @@ async def test_an_answer_started_when_the_user_paused_is_dropped_and_not_billed(
     assert types(events).count("input_audio_buffer.committed") == 1
     # Nothing of the dropped answer in the key's usage.
     await assert_billed_once(stack, created["id"], events)
+
+
+async def test_a_client_secret_opens_one_configured_session_and_nothing_else(
+    stack: GatewayProcess,
+) -> None:
+    # A server holds the key and creates the secret; the client holds only the secret.
+    created = stack.create_key("app-server", models=["mock_chat", "whisper_stt"])
+    instructions = "[mock:say=Ahoy%20from%20the%20secret.]"  # mock_chat says it if it gets it
+    secret = await stack.async_client(created["key"]).realtime.client_secrets.create(
+        expires_after={"anchor": "created_at", "seconds": 60},
+        session={
+            "type": "realtime",
+            "model": "mock_chat",
+            "instructions": instructions,
+            "output_modalities": ["text"],
+            "audio": {"input": {"turn_detection": None}},
+        },
+    )
+    assert secret.value.startswith("ek_") and secret.session.model == "mock_chat"
+    assert 50 <= secret.expires_at - time.time() <= 60
+    client = stack.async_client(secret.value)
+    with pytest.raises(openai.AuthenticationError) as on_rest:
+        await client.models.list()
+    assert "only opens a Realtime session" in on_rest.value.message
+    async with client.realtime.connect(model="mock_chat") as connection:
+        opened = await events_until(connection, "session.created")
+        assert opened[-1].session.instructions == instructions
+        await ask(connection, "Hello?", max_tokens=16)
+        events = await events_until(connection, "response.done")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text.strip() == "Ahoy from the secret."
+    assert events[-1].response.status == "completed"
+    # One session per secret, on whichever replica the next connection reaches.
+    with pytest.raises(websockets.exceptions.InvalidStatus) as used:
+        async with client.realtime.connect(model="mock_chat") as connection:
+            await connection.recv()
+    assert used.value.response.status_code == 401

@@ -41,6 +41,7 @@ from pydantic import BaseModel
 from gateway.api.routers.audio import TranscriptionForm, TranslationForm
 from gateway.serving.embeddings import EmbeddingRequest
 from gateway.serving.protocol import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from gateway.serving.realtime_secrets import ClientSecretRequest
 from gateway.serving.responses.protocol import FunctionTool, ReasoningConfig, ResponsesRequest
 from tests.unit.conftest import USER_HI, assert_openai_error
 
@@ -216,6 +217,12 @@ SDK_TABLES = {
         _fields(realtime.RealtimeResponseCreateParamsParam),
         realtime.RealtimeResponseCreateParamsParam,
     ),
+    "realtime.client_secrets": Table(
+        "Realtime client secrets: `POST /v1/realtime/client_secrets`",
+        _fields(realtime.ClientSecretCreateParams),
+        realtime.ClientSecretCreateParams,
+        ClientSecretRequest,
+    ),
 }
 
 #: The gateway's extensions, by the SDK table of the same endpoint.
@@ -354,8 +361,6 @@ SAMPLES: dict[tuple[str, str], list[Any]] = {
     ("realtime.session", "include"): [["item.input_audio_transcription.logprobs"]],
     ("realtime.session", "prompt"): [{"id": "pmpt_123"}],
     ("realtime.session", "reasoning"): [{"effort": "low"}],
-    ("realtime.session", "tool_choice"): ["required"],
-    ("realtime.session", "tools"): [[FUNCTION_TOOL]],
     ("realtime.session", "tracing"): [{"workflow_name": "voice"}],
     ("realtime.session", "truncation"): ["auto"],
     ("realtime.session.audio.input", "noise_reduction"): [{"type": "near_field"}],
@@ -365,8 +370,6 @@ SAMPLES: dict[tuple[str, str], list[Any]] = {
     ("realtime.response", "metadata"): [{"topic": "demo"}],
     ("realtime.response", "prompt"): [{"id": "pmpt_123"}],
     ("realtime.response", "reasoning"): [{"effort": "low"}],
-    ("realtime.response", "tool_choice"): ["required"],
-    ("realtime.response", "tools"): [[FUNCTION_TOOL]],
 }
 
 NAMESPACE_TOOL = {

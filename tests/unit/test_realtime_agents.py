@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 import numpy as np
-from starlette.testclient import TestClient
 
 from gateway.backend.fake import FakeBackend
 from gateway.serving.g711 import decode, encode

@@ -7,7 +7,8 @@ WebSocket, the subprotocol ``openai-insecure-api-key.<key>``), and holds its con
 slot while it is open; the middleware settles it when it closes. A refused key, or a
 model the key may not use (the chat model, or the transcription or speech model the
 session would use), gets the OpenAI error body with its HTTP status instead of the
-upgrade.
+upgrade. A Realtime client secret (``ek_...``, :mod:`gateway.api.routers.realtime_secrets`)
+stands for the key that created it and opens the session configured as it says.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketState
 
-from gateway.api.auth import AdmissionDep, ReadmitDep
+from gateway.api.auth import AdmissionDep, ClientSecretDep, ReadmitDep
 from gateway.api.dependencies import ServicesDep
 from gateway.serving.realtime import RealtimeSession
 
@@ -32,11 +33,17 @@ async def realtime(
     admission: AdmissionDep,
     readmit: ReadmitDep,
     services: ServicesDep,
+    secret: ClientSecretDep,
     model: str | None = None,
 ) -> None:
     """A Realtime session (``client.realtime.connect(model=...)``)."""
     connection = _Connection(websocket)
-    session = await services.realtime.open(model, admission.key, readmit, connection.send)
+    spec = None
+    if secret is not None:  # opened with a client secret: the session it was created for
+        model, spec = await services.realtime_secrets.session_of(secret, model)
+    session = await services.realtime.open(
+        model, admission.key, readmit, connection.send, session=spec
+    )
     admission.model = session.config.model
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)

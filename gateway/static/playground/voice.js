@@ -1,8 +1,10 @@
-// Voice tab: a Realtime API conversation over /v1/realtime. The key goes in the browser's
-// subprotocol form (a browser WebSocket cannot send headers); the microphone streams as
+// Voice tab: a Realtime API conversation over /v1/realtime. The page asks for a client secret
+// (POST /v1/realtime/client_secrets, with the key, as a server of yours would) and opens the
+// WebSocket with that secret in the browser's subprotocol form (a browser WebSocket cannot
+// send headers): the key itself never goes into the handshake. The microphone streams as
 // pcm16 at 24 kHz; the gateway's server VAD ends each turn; answers play as they arrive.
 
-import { apiKey } from "./api.js";
+import { callJson } from "./api.js";
 import { $, clearError, fromBase64, message, showError, toBase64 } from "./ui.js";
 
 const RATE = 24000;
@@ -66,9 +68,14 @@ class Session {
     this.context = new AudioContext();
     await this.context.audioWorklet.addModule("/playground/assets/pcm-capture.js");
     this.player = new Player(this.context);
+    // One session's secret, good for a minute: the model rides in it, not in the URL.
+    const secret = await callJson("/v1/realtime/client_secrets", {
+      method: "POST",
+      json: { expires_after: { anchor: "created_at", seconds: 60 }, session: { type: "realtime", model: this.model } },
+    });
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const url = `${scheme}//${location.host}/v1/realtime?model=${encodeURIComponent(this.model)}`;
-    this.socket = new WebSocket(url, ["realtime", `openai-insecure-api-key.${apiKey()}`]);
+    const url = `${scheme}//${location.host}/v1/realtime`;
+    this.socket = new WebSocket(url, ["realtime", `openai-insecure-api-key.${secret.value}`]);
     this.socket.addEventListener("message", (message) => this.onEvent(JSON.parse(message.data)));
     this.socket.addEventListener("close", (event) => this.onClose(event));
     await new Promise((resolve, reject) => {
