@@ -255,8 +255,12 @@ def test_the_transcription_model_of_the_session_is_used() -> None:
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(0.5)})
         socket.send_json({"type": "input_audio_buffer.commit"})
         until(socket, "conversation.item.done")
-        # An OpenAI name means the gateway's default.
+        # An OpenAI name keeps the session's model (the Agents SDK sends one in every
+        # update); one of ours changes it.
         socket.send_json(update(audio={"input": {"transcription": {"model": "whisper-1"}}}))
+        session = until(socket, "session.updated")[-1]["session"]
+        assert session["audio"]["input"]["transcription"]["model"] == "fake-stt-2"
+        socket.send_json(update(audio={"input": {"transcription": {"model": "fake-stt"}}}))
         session = until(socket, "session.updated")[-1]["session"]
         assert session["audio"]["input"]["transcription"]["model"] == "fake-stt"
     assert fake.transcribe_calls[0][0] == "fake-stt-2"

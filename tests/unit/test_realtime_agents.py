@@ -9,11 +9,23 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
+from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.serving.g711 import decode, encode
-from tests.unit.conftest import ADMIN_KEY
-from tests.unit.test_realtime import message, serve, until, update
+from tests.unit.conftest import ADMIN_KEY, make_settings
+from tests.unit.test_realtime import (
+    LoudnessVAD,
+    bearer,
+    message,
+    new_key,
+    refusal,
+    serve,
+    until,
+    update,
+)
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 WEATHER = {
@@ -181,3 +193,90 @@ def test_g711_audio_goes_in_and_comes_out_at_8_khz() -> None:
         spectrum = np.abs(np.fft.rfft(samples[:4000]))
         assert abs(np.argmax(spectrum) * 8000 / 4000 - 440) < 5
         assert events[-1]["response"]["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+
+
+def test_a_transcription_session_transcribes_turns_and_never_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gateway.serving import vad
+
+    monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)  # a tone is speech
+    fake = FakeBackend()
+    with serve(fake) as client:
+        # A key for the transcription model alone: enough for this session, not a conversation.
+        key = new_key(client, models=["fake-stt"])["key"]
+        with (
+            pytest.raises(WebSocketDenialResponse) as refused,
+            client.websocket_connect("/v1/realtime", headers=bearer(key)),
+        ):
+            pass
+        assert refused.value.status_code == 403
+        url = "/v1/realtime?intent=transcription"
+        with client.websocket_connect(url, headers=bearer(key)) as ws:
+            session = until(ws, "session.created")[-1]["session"]
+            assert (session["type"], session["object"]) == (
+                "transcription",
+                "realtime.transcription_session",
+            )
+            assert "model" not in session and "output_modalities" not in session
+            detection = {"type": "server_vad", "silence_duration_ms": 200}
+            spec = {"type": "transcription", "audio": {"input": {"turn_detection": detection}}}
+            ws.send_json({"type": "session.update", "session": spec})
+            until(ws, "session.updated")
+            pcm = (np.sin(np.arange(24_000 * 2) / 10) * 3000).astype("<i2").tobytes()
+            pcm += bytes(24_000 * 2)  # a second of silence: the VAD ends the turn
+            for offset in range(0, len(pcm), 4800):
+                piece = base64.b64encode(pcm[offset : offset + 4800]).decode()
+                ws.send_json({"type": "input_audio_buffer.append", "audio": piece})
+            events = until(ws, "conversation.item.input_audio_transcription.completed")
+            kinds = [event["type"] for event in events]
+            assert "input_audio_buffer.speech_stopped" in kinds
+            assert "conversation.item.input_audio_transcription.delta" in kinds
+            assert "says hello" in events[-1]["transcript"]
+            error = refusal(ws, {"type": "response.create"})
+            assert (error["code"], error["param"]) == ("invalid_event", "type")
+            error = refusal(ws, update(instructions="Talk."))
+            assert error["param"] == "session.type"
+            assert not fake.calls  # the chat model never ran
+
+
+def test_a_beta_client_is_refused_at_the_upgrade() -> None:
+    with serve() as client:
+        for headers, protocols in (
+            ({**AUTH, "OpenAI-Beta": "realtime=v1"}, None),
+            (dict(AUTH), ["realtime", "openai-beta.realtime-v1"]),  # (Starlette adds to it)
+        ):
+            with (
+                pytest.raises(WebSocketDenialResponse) as refused,
+                client.websocket_connect("/v1/realtime", headers=headers, subprotocols=protocols),
+            ):
+                pass
+            assert refused.value.status_code == 400
+            error = refused.value.json()["error"]
+            assert error["code"] == "unsupported_interface" and "GA" in error["message"]
+        with (
+            pytest.raises(WebSocketDenialResponse) as refused,
+            client.websocket_connect("/v1/realtime?intent=translation", headers=dict(AUTH)),
+        ):
+            pass
+        assert refused.value.json()["error"]["param"] == "intent"
+
+
+def test_an_openai_model_name_in_an_update_keeps_the_session_s_model() -> None:
+    """The Agents SDK names ``gpt-realtime-2.1`` (and ``gpt-4o-mini-transcribe``) in every
+    ``session.update``: the model the session was opened with stays."""
+    settings = make_settings(models=["fake-chat", "fake-plain", "fake-tts", "fake-stt"])
+    with (
+        TestClient(create_app(settings, backend=FakeBackend())) as client,
+        client.websocket_connect("/v1/realtime?model=fake-plain", headers=AUTH) as ws,
+    ):
+        assert until(ws, "session.created")[-1]["session"]["model"] == "fake-plain"
+        transcription = {"model": "gpt-4o-mini-transcribe"}
+        ws.send_json(
+            update(model="gpt-realtime-2.1", audio={"input": {"transcription": transcription}})
+        )
+        session = until(ws, "session.updated")[-1]["session"]
+        assert session["model"] == "fake-plain"
+        assert session["audio"]["input"]["transcription"]["model"] == "fake-stt"
+        ws.send_json(update(model="fake-chat"))
+        assert until(ws, "session.updated")[-1]["session"]["model"] == "fake-chat"

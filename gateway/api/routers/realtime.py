@@ -22,6 +22,7 @@ from starlette.websockets import WebSocketState
 
 from gateway.api.auth import AdmissionDep, ClientSecretDep, ReadmitDep
 from gateway.api.dependencies import ServicesDep
+from gateway.errors import InvalidRequestError
 from gateway.serving.realtime import RealtimeSession
 
 router = APIRouter(tags=["realtime"])
@@ -35,19 +36,49 @@ async def realtime(
     services: ServicesDep,
     secret: ClientSecretDep,
     model: str | None = None,
+    intent: str | None = None,
 ) -> None:
-    """A Realtime session (``client.realtime.connect(model=...)``)."""
+    """A Realtime session (``client.realtime.connect(model=...)``), or a transcription
+    session (``?intent=transcription``)."""
+    offered = websocket.scope.get("subprotocols", [])
+    _refuse_beta(websocket, offered)
+    if intent not in (None, "transcription"):
+        raise InvalidRequestError(
+            f"Unknown intent '{intent}': leave it out for a conversation, or use "
+            "'transcription' for a transcription session.",
+            param="intent",
+        )
     connection = _Connection(websocket)
     spec = None
     if secret is not None:  # opened with a client secret: the session it was created for
         model, spec = await services.realtime_secrets.session_of(secret, model)
     session = await services.realtime.open(
-        model, admission.key, readmit, connection.send, session=spec
+        model, admission.key, readmit, connection.send, session=spec, intent=intent
     )
-    admission.model = session.config.model
-    offered = websocket.scope.get("subprotocols", [])
+    config = session.config
+    admission.model = config.model if config.answers else config.transcription_model
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     await connection.serve(session)
+
+
+#: What a client of the beta Realtime interface sends (openai-python before its GA
+#: ``client.realtime``, and older browser code): its events have other names and shapes.
+_BETA_PROTOCOL = "openai-beta.realtime-v1"
+
+
+def _refuse_beta(websocket: WebSocket, offered: list[str]) -> None:
+    """A client of the beta interface is refused before the upgrade, rather than given a
+    session whose events (and audio) it cannot read."""
+    beta = websocket.headers.get("openai-beta", "")
+    if _BETA_PROTOCOL in offered or "realtime=v1" in beta.replace(" ", ""):
+        raise InvalidRequestError(
+            "This gateway serves the GA Realtime interface only; the beta interface "
+            "('OpenAI-Beta: realtime=v1', the 'openai-beta.realtime-v1' subprotocol) is "
+            "not served. Drop that header or subprotocol and use the GA event names "
+            "(openai-python's client.realtime, openai-node's OpenAIRealtimeWebSocket).",
+            param="OpenAI-Beta",
+            code="unsupported_interface",
+        )
 
 
 class _Connection:

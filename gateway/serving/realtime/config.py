@@ -32,9 +32,10 @@ from gateway.serving.vad import VadSettings
 if TYPE_CHECKING:
     from gateway.serving.catalog import ModelCatalog
 
-#: Picks the model of a task a session asked for, by the parameter that asked (see
+#: Picks the model of a task a session asked for, by the parameter that asked, an OpenAI
+#: name keeping the session's current one (see
 #: :meth:`~gateway.serving.realtime.session.RealtimeServices.model_for`).
-ModelFor = Callable[[str, str | None, str], Awaitable[str]]
+ModelFor = Callable[[str, str | None, str, str | None], Awaitable[str]]
 
 INPUT = "session.audio.input"
 OUTPUT = "session.audio.output"
@@ -228,7 +229,9 @@ class Configurator:
                 tracing.model_dump(exclude_unset=True) if isinstance(tracing, Tracing) else tracing
             )
         if spec.model is not None:
-            config.model = await self.model_for("chat", spec.model, "session.model")
+            config.model = await self.model_for(
+                "chat", spec.model, "session.model", config.model
+            )
         if "instructions" in given:
             config.instructions = self.kept(spec.instructions, "session.instructions")
         if spec.output_modalities is not None:
@@ -275,7 +278,7 @@ class Configurator:
         where = f"{INPUT}.transcription"
         if spec.model is not None:
             config.transcription_model = await self.model_for(
-                "transcription", spec.model, f"{where}.model"
+                "transcription", spec.model, f"{where}.model", config.transcription_model
             )
         info = await self.catalog.get(config.transcription_model, "transcription")
         language = self.kept(spec.language, f"{where}.language")

@@ -78,10 +78,15 @@ class RealtimeServices:
             refuse=self.refuse,
         )
 
-    async def model_for(self, task: str, requested: str | None, param: str) -> str:
-        """The model of ``task`` a session asked for: one of ours by name, or the default
-        for one of OpenAI's names (``gpt-realtime``, ``whisper-1``...) or none; a 404 (or a
-        400 for a model of another task) naming ``param`` for anything else."""
+    async def model_for(
+        self, task: str, requested: str | None, param: str, current: str | None = None
+    ) -> str:
+        """The model of ``task`` a session asked for: one of ours by name; for one of
+        OpenAI's names (``gpt-realtime``, ``whisper-1``...) or none, the session's
+        ``current`` one (a ``session.update``: the Agents SDK names ``gpt-realtime-2.1``
+        in every update, which must not undo the ``?model=`` the session was opened
+        with), else the default; a 404 (or a 400 for a model of another task) naming
+        ``param`` for anything else."""
         if requested:
             found = await self.catalog.find(requested)
             if found is not None and found.task == task:
@@ -92,7 +97,7 @@ class RealtimeServices:
                 except GatewayError as exc:
                     exc.param = param
                     raise
-        return await self.models.pick(task)
+        return current or await self.models.pick(task)
 
     async def configure(
         self,
