@@ -58,7 +58,9 @@ async def test_voice_pipeline_hears_the_question_and_speaks_the_answer(
         model=OpenAIResponsesModel(model="mock_chat", openai_client=client),
     )
     heard = Heard()
-    provider = OpenAIVoiceModelProvider(api_key=stack.admin_key, base_url=stack.base_url + "/v1")
+    # A client of this test's own: the SDK's default shares one HTTP client between event
+    # loops, so a second test's request ran on a connection of the first's closed loop.
+    provider = OpenAIVoiceModelProvider(openai_client=stack.async_client())
     pipeline = VoicePipeline(
         workflow=SingleAgentVoiceWorkflow(agent, callbacks=heard),
         stt_model="whisper_stt",

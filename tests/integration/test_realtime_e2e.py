@@ -519,3 +519,36 @@ async def test_a_client_secret_opens_one_configured_session_and_nothing_else(
         async with client.realtime.connect(model="mock_chat") as connection:
             await connection.recv()
     assert used.value.response.status_code == 401
+
+
+async def test_a_phone_call_in_mu_law_is_heard_and_answered_in_mu_law(
+    stack: GatewayProcess, question: bytes
+) -> None:
+    """G.711 as a telephony bridge carries it: the question in 8 kHz mu-law, the answer
+    back in 8 kHz mu-law, both read with the standard's own decoder."""
+    import audioop  # the standard library's G.711 (deprecated, present in 3.11): an oracle
+
+    narrow, _ = audioop.ratecv(question, 2, 1, PCM_RATE, 8000, None)
+    call = audioop.lin2ulaw(silence(0.5)[:8000] + narrow + bytes(2 * 8000 * 6 // 5), 2)
+    async with connect(stack) as connection:
+        mu_law = {"type": "audio/pcmu"}
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "max_output_tokens": 30,
+                "audio": {"input": {"format": mu_law}, "output": {"format": mu_law}},
+            }
+        )
+        for start in range(0, len(call), 800):  # 100 ms of 8 kHz mu-law
+            piece = base64.b64encode(call[start : start + 800]).decode()
+            await connection.input_audio_buffer.append(audio=piece)
+        events = await events_until(connection, "response.done")
+    heard = events[first(events, "conversation.item.input_audio_transcription.completed")]
+    assert "capital" in heard.transcript.lower() and "france" in heard.transcript.lower()
+    answer = b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
+    assert len(answer) > 8000 * 0.3  # one byte a sample at 8 kHz: some speech
+    samples = audioop.ulaw2lin(answer, 2)
+    assert audioop.rms(samples, 2) > 300  # speech, not silence
+    assert events[-1].response.audio.output.format.type == "audio/pcmu"

@@ -7,7 +7,7 @@ call children, and Triton's own spans under the gateway's Triton call; a client'
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -43,7 +43,7 @@ def _trace(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:
     return [s for s in spans if s.trace_id == trace_id]
 
 
-def _complete(trace_id: str) -> object:
+def _complete(trace_id: str) -> Callable[[list[ReceivedSpan]], bool]:
     """Whether the trace has all its spans: the gateway's request and Triton call, Triton's
     request and model spans (each side exports in batches of its own, in any order)."""
 
@@ -121,15 +121,15 @@ def test_a_new_trace_without_traceparent_and_none_in_triton_for_an_unsampled_one
         model="mock_chat", messages=[{"role": "user", "content": "[mock:words=3] hi"}]
     )
 
-    def new_trace(spans: list[ReceivedSpan]) -> bool:
-        return any(
-            (s.service, s.name) == ("triton", "mock_chat") and s.trace_id not in before
-            for s in spans
-        )
+    def complete_new_traces(spans: list[ReceivedSpan]) -> list[str]:
+        # (Any new trace whose spans have all come: a span of another, earlier request
+        # that arrives late must not be taken for this request's.)
+        new = {s.trace_id for s in spans} - before
+        return [trace for trace in sorted(new) if _complete(trace)(spans)]
 
-    spans = receiver.wait_for(new_trace)
-    trace_id = next(s.trace_id for s in spans if s.name == "mock_chat" and s.trace_id not in before)
-    spans = _trace(receiver.wait_for(_complete(trace_id)), trace_id)
+    spans = receiver.wait_for(lambda spans: bool(complete_new_traces(spans)))
+    trace_id = complete_new_traces(spans)[0]
+    spans = _trace(spans, trace_id)
     request = _one(spans, "triton-gateway", "POST /v1/chat/completions")
     assert request.parent_id == ""  # the gateway started the trace
     call = _one(spans, "triton-gateway", "triton.infer")

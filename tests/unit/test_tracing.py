@@ -210,6 +210,10 @@ def test_a_realtime_session_has_its_span_and_one_per_response(receiver: OtlpRece
         client.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket,
     ):
         until(socket, "session.created")
+        # The Agents SDK's trace settings name the session's span.
+        tracing = {"workflow_name": "Voice agent", "group_id": "call-7", "metadata": {"a": 1}}
+        socket.send_json({"type": "session.update", "session": {"tracing": tracing}})
+        until(socket, "session.updated")
         say_hi(socket)
         until(socket, "conversation.item.done")
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
@@ -222,6 +226,13 @@ def test_a_realtime_session_has_its_span_and_one_per_response(receiver: OtlpRece
     session = _one(spans, "WEBSOCKET /v1/realtime")
     assert session.attributes["http.response.status_code"] == 101
     assert session.attributes["gateway.outcome"] == "ok"
+    named = {k: v for k, v in session.attributes.items() if k.startswith("gateway.realtime.")}
+    assert named == {
+        "gateway.realtime.tracing.mode": "named",
+        "gateway.realtime.tracing.workflow_name": "Voice agent",
+        "gateway.realtime.tracing.group_id": "call-7",
+        "gateway.realtime.tracing.metadata.a": "1",
+    }
     response = _one(spans, "realtime.response")
     assert response.parent_id == session.span_id
     assert response.attributes == {

@@ -229,9 +229,7 @@ class Configurator:
                 tracing.model_dump(exclude_unset=True) if isinstance(tracing, Tracing) else tracing
             )
         if spec.model is not None:
-            config.model = await self.model_for(
-                "chat", spec.model, "session.model", config.model
-            )
+            config.model = await self.model_for("chat", spec.model, "session.model", config.model)
         if "instructions" in given:
             config.instructions = self.kept(spec.instructions, "session.instructions")
         if spec.output_modalities is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway import tracing
 from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.errors import GatewayError
@@ -291,4 +292,22 @@ class RealtimeSession:
         require(self.key, config.uses(self.ctx.speech_model))
         await self.audio.reconfigure(config)
         self.ctx.config = config
+        if "tracing" in event.session.model_fields_set:
+            _trace_as(config.tracing)
         await self.emit("session.updated", session=config.to_json(self.id))
+
+
+def _trace_as(setting: str | dict[str, Any] | None) -> None:
+    """OpenAI's ``tracing`` names the session's trace (its workflow, group, metadata): here
+    they go on the session's span (the WebSocket's), when tracing is on, as
+    ``gateway.realtime.tracing.*`` attributes."""
+    if setting is None:
+        return
+    values = {"mode": "auto"} if setting == "auto" else {"mode": "named"}
+    if isinstance(setting, dict):
+        for name in ("workflow_name", "group_id"):
+            if setting.get(name):
+                values[name] = str(setting[name])
+        for key, value in (setting.get("metadata") or {}).items():
+            values[f"metadata.{key}"] = str(value)
+    tracing.annotate("gateway.realtime.tracing", values)
