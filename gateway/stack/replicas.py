@@ -13,9 +13,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -78,11 +80,21 @@ class Replica:
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def wait_live(self, timeout_s: float) -> None:
+    def wait_live(self, timeout_s: float, retry_port: Callable[[], int] | None = None) -> None:
+        """Waits until the replica answers. ``retry_port``: when it exited because another
+        process took its port between the pick and its bind, it starts again (twice at
+        most) on a new port from it."""
         deadline = time.monotonic() + timeout_s
+        retries = 2 if retry_port is not None else 0
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 code = self.exited()
+                if code is not None and retries and retry_port is not None and _taken(self.port):
+                    retries -= 1
+                    self.forget()
+                    self.port = retry_port()
+                    self.start()
+                    continue
                 if code is not None:
                     raise ReplicaError(f"the gateway replica on port {self.port} exited ({code})")
                 try:
@@ -99,6 +111,16 @@ class Replica:
             multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
                 self.process.pid, str(self.metrics)
             )
+
+
+def _taken(port: int) -> bool:
+    """Whether another process listens on ``port`` (a replica that exited found it taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def stop_all(replicas: list[Replica], timeout_s: float) -> None:

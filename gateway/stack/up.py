@@ -241,7 +241,7 @@ def _up(settings: Settings, parts: _Parts) -> int:
     for replica in parts.replicas:
         replica.start()
     for replica in parts.replicas:
-        replica.wait_live(60)
+        replica.wait_live(60, retry_port=free_port)
     parts.nginx = EmbeddedNginx(
         [r.address for r in parts.replicas],
         settings.host,
