@@ -10,9 +10,9 @@ FastAPI's docs) are open.
   valid key, 429 over a limit): every request counts against ``rpm`` and concurrency, as
   OpenAI counts them. A WebSocket is admitted once, before the upgrade, and holds its
   concurrency slot while it is open. A WebSocket may present a Realtime client secret
-  (``ek_...``) instead: it is admitted as the key that created the secret, which it uses
-  up (:func:`_admit_client_secret`); :data:`ClientSecretDep` hands it to the route. A
-  client secret anywhere else is a 401.
+  (``ek_...``) instead: it is admitted as the key that created the secret
+  (:func:`_admit_client_secret`); :data:`ClientSecretDep` hands it to the route, which
+  uses it up once the session is open. A client secret anywhere else is a 401.
 - :data:`AdmissionDep`: that admission, for a route that uses a model: it names it with
   :meth:`~gateway.state.admission.Admission.use_model` (403 if the key may not use it) and
   hands the returned meter to its service. :data:`CallerDep`: the admitted key's metadata.
@@ -102,14 +102,13 @@ async def _admit_client_secret(
     connection: HTTPConnection, presented: str, services: ServicesDep
 ) -> Admission:
     """A client secret's connection, admitted as the key that created the secret (as that
-    key is now: revoked since, a 401) and then using the secret up, so that a refusal
-    (429 over a limit) leaves it usable; of two connections presenting it, one gets past
-    :meth:`~gateway.state.client_secrets.ClientSecretStore.consume`, the other a 401."""
-    store = services.realtime_secrets.store
-    secret = await store.find(presented)
+    key is now: revoked since, a 401). The secret is only read here: the route uses it up
+    (:meth:`~gateway.state.client_secrets.ClientSecretStore.consume`) once the session is
+    open, so that a refusal before (429 over a limit, a bad parameter) leaves it usable;
+    of two connections presenting it, one gets past ``consume``, the other a 401."""
+    secret = await services.realtime_secrets.store.find(presented)
     admission = await services.gatekeeper.admit_as(secret.owner, secret.key_hash)
-    setattr(connection.state, ADMISSION, admission)  # settled even if the secret is gone
-    await store.consume(presented)
+    setattr(connection.state, ADMISSION, admission)  # settled even if the route refuses
     setattr(connection.state, CLIENT_SECRET, secret)
     return admission
 

@@ -69,12 +69,14 @@ class RealtimeSecrets:
 
     async def session_of(
         self, secret: ClientSecret, requested_model: str | None
-    ) -> tuple[str, dict[str, Any] | None]:
+    ) -> tuple[str | None, dict[str, Any] | None]:
         """The model and session configuration of the session ``secret`` opens; a 400
         naming ``model`` when the connection's ``?model=`` means another model (an OpenAI
-        name such as ``gpt-realtime`` means the default model, as without a secret)."""
-        if requested_model is not None:
-            requested = await self.realtime.model_for("chat", requested_model, "model")
+        name such as ``gpt-realtime`` means the secret's)."""
+        if requested_model is not None and secret.model:  # (a transcription session: none)
+            requested = await self.realtime.model_for(
+                "chat", requested_model, "model", secret.model
+            )
             if requested != secret.model:
                 raise InvalidRequestError(
                     f"This client secret opens a session of the model '{secret.model}', not "
@@ -82,4 +84,4 @@ class RealtimeSecrets:
                     param="model",
                     code="invalid_value",
                 )
-        return secret.model, secret.session
+        return secret.model or None, secret.session

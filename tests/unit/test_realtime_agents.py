@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -280,3 +281,91 @@ def test_an_openai_model_name_in_an_update_keeps_the_session_s_model() -> None:
         assert session["audio"]["input"]["transcription"]["model"] == "fake-stt"
         ws.send_json(update(model="fake-chat"))
         assert until(ws, "session.updated")[-1]["session"]["model"] == "fake-chat"
+
+
+def test_every_client_event_type_has_its_handler() -> None:
+    """A new event model without a handler would be parsed, then fail the connection."""
+    from gateway.serving.realtime.protocol import EVENTS
+    from gateway.serving.realtime.session import RealtimeSession
+    from gateway.state.admission import BOOTSTRAP_ADMIN
+
+    async def nothing(*_: Any) -> Any:
+        return None
+
+    with serve() as client:
+        realtime = client.app.state.services.realtime  # type: ignore[attr-defined]
+        assert client.portal is not None
+        config = client.portal.call(realtime.configure, "fake-chat", BOOTSTRAP_ADMIN)
+        session = RealtimeSession(realtime, config, "fake-tts", BOOTSTRAP_ADMIN, nothing, nothing)
+        assert set(session.handlers) == set(EVENTS)
+
+
+def test_hostile_events_are_refused_before_they_cost() -> None:
+    """What a hostile client sends is refused by its size, before it is decoded or read
+    entry by entry: G.711 audio (each byte 6 of pcm16), a million-entry list, tools past
+    GATEWAY_MAX_TOOLS_KB, an unknown field's name of megabytes (echoed cut short)."""
+    with serve() as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        until(ws, "session.created")
+        ws.send_json(
+            update(audio={"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}})
+        )
+        until(ws, "session.updated")
+        # 3 MB of mu-law is 18 MB of pcm16: past the 15 MB buffer, refused undecoded.
+        mu_law = base64.b64encode(bytes(3 * 1024 * 1024)).decode()
+        error = refusal(ws, {"type": "input_audio_buffer.append", "audio": mu_law})
+        assert (error["code"], error["param"]) == ("input_audio_buffer_full", "audio")
+        part = {"type": "input_audio", "audio": mu_law}
+        item = {"type": "message", "role": "user", "content": [part]}
+        error = refusal(ws, {"type": "conversation.item.create", "item": item})
+        assert (error["code"], error["param"]) == ("audio_too_long", "item.content[0].audio")
+        started = time.monotonic()
+        error = refusal(ws, update(include=[1] * 1_000_000))
+        assert time.monotonic() - started < 2  # (a million errors took seconds to list)
+        assert (error["code"], error["param"]) == ("invalid_value", "session.include")
+        big = {**WEATHER, "description": "x" * 600_000}
+        error = refusal(ws, update(tools=[big]))
+        assert (error["code"], error["param"]) == ("tools_too_large", "session.tools")
+        error = refusal(ws, update(**{"k" * 100_000: 1}))
+        assert error["code"] == "unknown_parameter"
+        assert len(error["param"]) < 100 and len(error["message"]) < 200
+
+
+def test_a_transcription_session_never_answers_a_pause_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its guesses at a pause are transcripts only: no answer is made ahead (the chat model
+    the URL names is not its model: ?model= names a transcription model)."""
+    from gateway.serving import vad
+
+    monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)
+    fake = FakeBackend()
+    with serve(fake) as client:
+        url = "/v1/realtime?intent=transcription&model=fake-stt"
+        with client.websocket_connect(url, headers=AUTH) as ws:
+            until(ws, "session.created")
+            detection = {"type": "server_vad", "silence_duration_ms": 1000}
+            spec = {"type": "transcription", "audio": {"input": {"turn_detection": detection}}}
+            ws.send_json({"type": "session.update", "session": spec})
+            until(ws, "session.updated")
+            pcm = (np.sin(np.arange(24_000) / 10) * 3000).astype("<i2").tobytes()
+            for chunk in (pcm, bytes(24_000 * 2 * 3 // 10)):  # speech, then a 300 ms pause
+                ws.send_json(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+                )
+            time.sleep(0.3)  # the guess at the pause is in
+            ws.send_json(
+                {
+                    "type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(bytes(24_000 * 2)).decode(),
+                }
+            )
+            until(ws, "conversation.item.input_audio_transcription.completed")
+        assert fake.transcribe_calls and not fake.calls and not fake.speech_calls
+        with (
+            pytest.raises(WebSocketDenialResponse) as refused,
+            client.websocket_connect(
+                "/v1/realtime?intent=transcription&model=fake-chat", headers=dict(AUTH)
+            ),
+        ):
+            pass
+        assert refused.value.json()["error"]["param"] == "model"

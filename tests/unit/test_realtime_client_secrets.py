@@ -111,13 +111,25 @@ def test_the_authorization_header_opens_it_too_and_model_must_match(gateway: Tes
         "model",
         "invalid_value",
     )
-    # ... and that connection used it up: once a connection is admitted under the key's
-    # limits it has taken its secret, whether its session then opens or not.
-    used = refused(gateway, "/v1/realtime?model=fake-chat", headers=bearer(value))
-    assert used.status_code == 401
-    value = mint(gateway, session={"type": "realtime", "model": "fake-chat"}).json()["value"]
+    # ... and so is the beta interface; neither used the secret up: it is taken once the
+    # session is open, every check passed.
+    beta = refused(gateway, headers={**bearer(value), "OpenAI-Beta": "realtime=v1"})
+    assert beta.json()["error"]["code"] == "unsupported_interface"
     with gateway.websocket_connect("/v1/realtime?model=fake-chat", headers=bearer(value)) as socket:
         assert until(socket, "session.created")[-1]["session"]["model"] == "fake-chat"
+    assert refused(gateway, headers=bearer(value)).status_code == 401
+
+
+def test_a_transcription_session_has_its_secret(gateway: TestClient, fake: FakeBackend) -> None:
+    spec = {"type": "transcription", "audio": {"input": {"transcription": {"model": "fake-stt"}}}}
+    created = mint(gateway, session=spec)
+    assert created.status_code == 200, created.text
+    assert created.json()["session"]["type"] == "transcription"
+    with gateway.websocket_connect("/v1/realtime", headers=bearer(created.json()["value"])) as ws:
+        session = until(ws, "session.created")[-1]["session"]
+        assert session["object"] == "realtime.transcription_session"
+        ws.send_json({"type": "response.create"})
+        assert until(ws, "error")[-1]["error"]["code"] == "invalid_event"
 
 
 def test_an_expired_secret_is_refused(gateway: TestClient) -> None:

@@ -16,13 +16,13 @@ from gateway.serving.realtime.turns import (
     CommitAsked,
     DropGuess,
     Effect,
-    Emit,
     EndRequest,
     GuessHeard,
     Happening,
     Interrupt,
     Listened,
     Restarted,
+    ServerEvent,
     SpeechStarted,
     SpeechStopped,
     StartGuess,
@@ -100,7 +100,7 @@ def guessing(
 def test_speech_start_is_announced_with_the_items_id() -> None:
     state, effects = run(started(1200))
     assert effects == [
-        Emit("input_audio_buffer.speech_started", {"audio_start_ms": 1200, "item_id": ITEM})
+        ServerEvent("input_audio_buffer.speech_started", {"audio_start_ms": 1200, "item_id": ITEM})
     ]
     assert (state.speech_item, state.speech_start_ms) == (ITEM, 1200)
 
@@ -114,7 +114,7 @@ def test_speech_interrupts_a_playing_response_only_with_interrupt_response(
 ) -> None:
     _, effects = run(started(0, responding=responding, interrupt=interrupt))
     assert (Interrupt() in effects) is interrupts
-    assert isinstance(effects[0], Emit)  # speech_started comes first, then the cancel
+    assert isinstance(effects[0], ServerEvent)  # speech_started comes first, then the cancel
 
 
 # --- the guess at a pause ---------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_a_turn_that_ends_on_the_guessed_audio_is_committed_with_the_guess() -> 
     state, _ = guessing(start_ms=500, voiced=40)
     state, effects = run(stopped(2500, voiced=40), state=state)
     assert effects == [
-        Emit("input_audio_buffer.speech_stopped", {"audio_end_ms": 2500, "item_id": ITEM}),
+        ServerEvent("input_audio_buffer.speech_stopped", {"audio_end_ms": 2500, "item_id": ITEM}),
         Commit(ITEM, 500, guess=1, respond=True, with_request=True),
     ]
     assert state == TurnState(guesses=1)
@@ -245,7 +245,7 @@ def test_a_turn_that_ends_after_more_speech_is_committed_without_the_guess() -> 
     state, _ = guessing(start_ms=500, voiced=40)
     _, effects = run(stopped(3500, voiced=52), state=state)
     assert effects == [
-        Emit("input_audio_buffer.speech_stopped", {"audio_end_ms": 3500, "item_id": ITEM}),
+        ServerEvent("input_audio_buffer.speech_stopped", {"audio_end_ms": 3500, "item_id": ITEM}),
         DropGuess(1),
         Commit(ITEM, 500, guess=None, respond=True, with_request=True),
     ]
@@ -260,7 +260,9 @@ def test_a_turn_without_a_guess_is_transcribed_on_its_own() -> None:
 def test_a_stop_with_no_start_heard_uses_the_id_it_brings() -> None:
     _, effects = run(stopped(900, voiced=10, buffer_start_ms=200))
     assert effects == [
-        Emit("input_audio_buffer.speech_stopped", {"audio_end_ms": 900, "item_id": "item_unused"}),
+        ServerEvent(
+            "input_audio_buffer.speech_stopped", {"audio_end_ms": 900, "item_id": "item_unused"}
+        ),
         Commit("item_unused", 200, guess=None, respond=True, with_request=False),
     ]
 
@@ -345,15 +347,18 @@ def test_the_clients_commit_between_turns() -> None:
 def test_clear_drops_the_guess_and_ends_its_request() -> None:
     state, _ = guessing()
     state, effects = run(Cleared(), state=state)
-    assert effects == [DropGuess(1), EndRequest(), Emit("input_audio_buffer.cleared")]
+    assert effects == [DropGuess(1), EndRequest(), ServerEvent("input_audio_buffer.cleared")]
     assert state == TurnState(guesses=1)
-    assert run(Cleared())[1] == [Emit("input_audio_buffer.cleared")]
+    assert run(Cleared())[1] == [ServerEvent("input_audio_buffer.cleared")]
 
 
 def test_clear_after_the_user_went_on_still_ends_the_request() -> None:
     state, _ = guessing(voiced=40)
     state, _ = run(heard(2400, voiced=45), state=state)
-    assert run(Cleared(), state=state)[1] == [EndRequest(), Emit("input_audio_buffer.cleared")]
+    assert run(Cleared(), state=state)[1] == [
+        EndRequest(),
+        ServerEvent("input_audio_buffer.cleared"),
+    ]
 
 
 def test_new_vad_settings_forget_the_speech_without_a_word_to_the_client() -> None:

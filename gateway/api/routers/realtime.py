@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketState
 
-from gateway.api.auth import AdmissionDep, ClientSecretDep, ReadmitDep
+from gateway.api.auth import AdmissionDep, ClientSecretDep, PresentedKey, ReadmitDep
 from gateway.api.dependencies import ServicesDep
 from gateway.errors import InvalidRequestError
 from gateway.serving.realtime import RealtimeSession
@@ -35,6 +35,7 @@ async def realtime(
     readmit: ReadmitDep,
     services: ServicesDep,
     secret: ClientSecretDep,
+    presented: PresentedKey,
     model: str | None = None,
     intent: str | None = None,
 ) -> None:
@@ -55,6 +56,8 @@ async def realtime(
     session = await services.realtime.open(
         model, admission.key, readmit, connection.send, session=spec, intent=intent
     )
+    if secret is not None:  # every check passed: the secret is used up (one session)
+        await services.realtime_secrets.store.consume(presented or "")
     config = session.config
     admission.model = config.model if config.answers else config.transcription_model
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.serving import vad
 from gateway.serving.realtime import turns
 from gateway.serving.realtime.buffer import (
     MIN_COMMIT_MS,
@@ -30,10 +31,10 @@ from gateway.serving.realtime.protocol import (
     ClientEventError,
     new_id,
 )
-from gateway.serving.realtime.response_events import Responses
+from gateway.serving.realtime.response_events import ResponseEvents
 from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcriber import Transcriber, TranscriptionRequest
-from gateway.serving.vad import SpeechStarted, SpeechStopped, TurnDetector, VadEvent
+from gateway.serving.vad import TurnDetector, VadEvent
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +58,12 @@ class AudioEvents:
     def __init__(
         self,
         ctx: SessionContext,
-        items: ItemEvents,
-        responses: Responses,
+        item_events: ItemEvents,
+        responses: ResponseEvents,
         transcriber: Transcriber,
     ) -> None:
         self.ctx = ctx
-        self.items = items
+        self.item_events = item_events
         self.responses = responses
         self.transcriber = transcriber
         config = ctx.config
@@ -91,7 +92,7 @@ class AudioEvents:
 
     async def append(self, event: BufferAppend) -> None:
         for found in await asyncio.to_thread(self._ingest, event.audio):
-            if isinstance(found, SpeechStarted):
+            if isinstance(found, vad.SpeechStarted):
                 await self._feed(
                     turns.SpeechStarted(
                         found.at_ms,
@@ -100,7 +101,7 @@ class AudioEvents:
                         interrupt=self.ctx.config.interrupt_response,
                     )
                 )
-            elif isinstance(found, SpeechStopped):
+            elif isinstance(found, vad.SpeechStopped):
                 await self._feed(
                     turns.SpeechStopped(
                         found.at_ms,
@@ -130,11 +131,9 @@ class AudioEvents:
         worker thread. Nothing else touches the buffer or the detector meanwhile, as the
         session handles one event at a time (so appends also stay in order). Past the
         buffer's bounds nothing is kept."""
-        pcm = self.client_audio.pcm16(data, "audio")
-        if not pcm:
-            return []
         bounds = self.ctx.services.bounds
-        size = self.buffer.pcm_bytes + len(pcm)
+        # Checked before decoding, against what the append will become (G.711: 6 times it).
+        size = self.buffer.pcm_bytes + self.client_audio.pcm16_bytes(len(data))
         if size > bounds.buffer_bytes:
             raise ClientEventError(
                 f"The input audio buffer would hold {size:,} bytes of audio; at most "
@@ -144,6 +143,9 @@ class AudioEvents:
                 code="input_audio_buffer_full",
             )
         check_seconds(size, bounds, "audio")
+        pcm = self.client_audio.pcm16(data, "audio", bounds.buffer_bytes)
+        if not pcm:
+            return []
         audio = self.buffer.append(pcm)
         return self.detector.feed(audio) if self.detector is not None else []
 
@@ -171,7 +173,7 @@ class AudioEvents:
             await self._do(effect)
 
     async def _do(self, effect: turns.Effect) -> None:
-        if isinstance(effect, turns.Emit):
+        if isinstance(effect, turns.ServerEvent):
             await self.ctx.emit(effect.kind, **effect.fields)
         elif isinstance(effect, turns.Trim):
             self.buffer.drop_before(effect.before_ms)
@@ -219,7 +221,7 @@ class AudioEvents:
         speculation = guessing.speculation if guessing is not None else None
         try:
             early = guessing.task if guessing is not None else None
-            await self.items.commit_turn(commit.item_id, audio, early, request)
+            await self.item_events.commit_turn(commit.item_id, audio, early, request)
         except BaseException:
             if speculation is not None:
                 speculation.drop()

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.serving.audio import PCM_RATE, STT_RATE
-from gateway.serving.g711 import G711Reader, Law
+from gateway.serving.g711 import G711_RATE, G711Reader, Law
 from gateway.serving.realtime.items import Bounds
 from gateway.serving.realtime.protocol import ClientEventError
 
@@ -42,10 +42,31 @@ class ClientAudio:
         self.format = input_format
         self._reader = G711Reader(law) if law is not None else None
 
-    def pcm16(self, value: object, param: str) -> bytes:
-        """An append's base64 as 24 kHz pcm16 (CPU work: run it in a thread)."""
+    def pcm16_bytes(self, base64_chars: int) -> int:
+        """How many bytes of 24 kHz pcm16 an append of ``base64_chars`` becomes (at most):
+        what the bounds are checked against before anything is decoded, since a G.711
+        byte becomes 6 (3 samples of 2 bytes)."""
+        sent = base64_chars * 3 // 4
+        return sent * _PCM_BYTES_PER_S // G711_RATE if self._reader is not None else sent
+
+    def pcm16(self, value: str, param: str, most: int) -> bytes:
+        """An append's base64 as 24 kHz pcm16 (CPU work: run it in a thread); refused
+        (``audio_too_long``) before it is decoded when it would be more than ``most`` bytes."""
+        size = self.pcm16_bytes(len(value))
+        if size > most:
+            raise ClientEventError(
+                f"{param} would be {size:,} bytes of 24 kHz pcm16; at most {most:,} are "
+                "taken (GATEWAY_REALTIME_MAX_BUFFER_MB).",
+                param=param,
+                code="audio_too_long",
+            )
         data = decode_b64(value, param, whole_samples=self._reader is None)
-        return self._reader.read(data) if self._reader is not None else data
+        if self._reader is None:
+            return data
+        return b"".join(  # a second of G.711 at a time: bounded intermediates
+            self._reader.read(data[start : start + G711_RATE])
+            for start in range(0, len(data), G711_RATE)
+        )
 
 
 class InputAudio:

@@ -5,6 +5,7 @@ them, checked against what the deployment has: models, voices, languages, bounds
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -82,8 +83,9 @@ class SessionConfig:
     """Set for ``semantic_vad``: its eagerness (the turn detection is server VAD with the
     silence it maps to, :data:`SEMANTIC_SILENCE_MS`)."""
     tracing: str | dict[str, Any] | None = None
-    """OpenAI's trace settings (``auto``, or a workflow name, group id and metadata): accepted
-    metadata, echoed; the gateway's own traces cover the session (docs/tracing.md)."""
+    """OpenAI's trace settings (``auto``, or a workflow name, group id and metadata): echoed,
+    and set on the session's span (``gateway.realtime.tracing.*``) when tracing is on; the
+    gateway's own traces cover the session (docs/tracing.md)."""
 
     @property
     def answers(self) -> bool:
@@ -242,7 +244,7 @@ class Configurator:
             config.tool_choice = choice(spec.tool_choice)
         if spec.parallel_tool_calls is not None:
             config.parallel_tool_calls = spec.parallel_tool_calls
-        check_tools(config.tools, config.tool_choice, "session")
+        check_tools(config.tools, config.tool_choice, "session", self.bounds)
 
     async def _input(
         self, config: SessionConfig, spec: AudioInput | TranscriptionAudioInput
@@ -348,8 +350,19 @@ def choice(value: str | FunctionChoice) -> str | dict[str, Any]:
     return value
 
 
-def check_tools(tools: list[dict[str, Any]], tool_choice: str | dict[str, Any], param: str) -> None:
-    """A named or required choice needs tools (and a named one, that tool)."""
+def check_tools(
+    tools: list[dict[str, Any]], tool_choice: str | dict[str, Any], param: str, bounds: Bounds
+) -> None:
+    """Tools within :attr:`Bounds.tools_bytes` (checked when they are set, not at each
+    response); a named or required choice needs tools (and a named one, that tool)."""
+    size = len(json.dumps(tools))
+    if size > bounds.tools_bytes:
+        raise ClientEventError(
+            f"The tools are {size // 1024:,} KB of JSON; at most {bounds.tools_bytes // 1024:,} "
+            "KB are allowed (GATEWAY_MAX_TOOLS_KB).",
+            param=f"{param}.tools",
+            code="tools_too_large",
+        )
     names = {tool["function"]["name"] for tool in tools}
     if tool_choice == "required" and not tools:
         raise ClientEventError("tool_choice 'required' needs tools.", param=f"{param}.tool_choice")

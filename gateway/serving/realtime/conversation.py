@@ -24,7 +24,8 @@ _ROLE_PARTS = {
     "system": ("input_text",),
     "assistant": ("output_text", "output_audio"),
 }
-ClientItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+#: An item a client sends, parsed (a message, a function call, a function call's output).
+ItemSpec = MessageItem | FunctionCallItem | FunctionCallOutputItem
 
 
 class Conversation:
@@ -36,7 +37,7 @@ class Conversation:
         self.items: list[Item] = []
 
     async def item(
-        self, spec: ClientItem, param: str, input_format: str
+        self, spec: ItemSpec, param: str, input_format: str
     ) -> tuple[Item, Audio | None]:
         """A client's item (to add, or one of a response's ``input``) and the audio of its
         ``input_audio`` part, in ``input_format``, decoded (in a worker thread)."""
@@ -90,8 +91,9 @@ class Conversation:
 
     def _decode(self, data: str, param: str, input_format: str) -> Audio:
         """An ``input_audio`` part's audio, as 16 kHz samples (CPU work: run in a thread)."""
-        pcm = ClientAudio(input_format).pcm16(data, param)
-        check_seconds(len(pcm), self.bounds, param)
+        client = ClientAudio(input_format)
+        check_seconds(client.pcm16_bytes(len(data)), self.bounds, param)
+        pcm = client.pcm16(data, param, self.bounds.buffer_bytes)
         return pcm_to_stt(pcm)
 
     def index(self, item_id: str, param: str) -> int:
@@ -110,8 +112,12 @@ class Conversation:
 
     async def append(self, item: Item) -> None:
         """Adds an item the session made (a turn's, an answer's) at the end, and says so."""
-        previous = self.last_id()
-        self.items.append(item)
+        await self.insert(item, len(self.items))
+
+    async def insert(self, item: Item, position: int) -> None:
+        """Adds ``item`` at ``position`` and says so (``conversation.item.added``)."""
+        previous = self.items[position - 1].id if position else None
+        self.items.insert(position, item)
         await self.emit("conversation.item.added", item=item.to_json(), previous_item_id=previous)
 
     async def keep_bounded(self) -> None:
@@ -149,7 +155,7 @@ class Conversation:
         )
 
     async def inputs(
-        self, specs: list[ClientItem | ItemReference], input_format: str
+        self, specs: list[ItemSpec | ItemReference], input_format: str
     ) -> list[tuple[Item, Audio | None]]:
         """A response's ``input``: items, and references to items of the conversation."""
         limit = self.bounds.items

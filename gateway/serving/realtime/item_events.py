@@ -50,9 +50,7 @@ class ItemEvents:
             position = conversation.index(previous, "previous_item_id") + 1
         if audio is not None:
             self.ctx.jobs.check_room()
-        prior = conversation.items[position - 1].id if position else None
-        conversation.items.insert(position, item)
-        await self.ctx.emit("conversation.item.added", item=item.to_json(), previous_item_id=prior)
+        await conversation.insert(item, position)
         if audio is None:
             await self.ctx.emit("conversation.item.done", item=item.to_json())
         else:
@@ -87,13 +85,10 @@ class ItemEvents:
             raise
         item = Item(item_id, "user", [{"type": "input_audio", "transcript": None}], "completed")
         previous = self.conversation.last_id()
-        self.conversation.items.append(item)
         await self.ctx.emit(
             "input_audio_buffer.committed", item_id=item_id, previous_item_id=previous
         )
-        await self.ctx.emit(
-            "conversation.item.added", item=item.to_json(), previous_item_id=previous
-        )
+        await self.conversation.append(item)
         self.ctx.jobs.put(lambda: self._transcribed(item, audio, early, request))
         await self.conversation.keep_bounded()
 

@@ -29,6 +29,8 @@ class Bounds:
     all items together (past it the oldest are dropped)."""
     message_bytes: int
     """One client event (``realtime_max_message_mb``; uvicorn refuses larger ones first)."""
+    tools_bytes: int = 512 * 1024
+    """A session's or a response's tools, as JSON (``max_tools_kb``, as a chat request)."""
     json_limits: JsonLimits = field(default_factory=JsonLimits.defaults)
     """What a client event's JSON may hold (``max_json_depth``, ``max_json_containers``,
     ``max_json_values``, as a request body), measured before it is parsed."""
@@ -42,6 +44,7 @@ class Bounds:
             items=settings.realtime_max_items,
             text_bytes=settings.max_stored_kb * 1024,
             message_bytes=int(settings.realtime_max_message_mb * mb),
+            tools_bytes=settings.max_tools_kb * 1024,
             json_limits=JsonLimits.from_settings(settings),
         )
 

@@ -25,6 +25,7 @@ from pydantic_core import ErrorDetails
 from gateway.errors import InvalidRequestError
 from gateway.serving.json_shape import JsonLimits, json_shape
 from gateway.serving.realtime.specs import (
+    MAX_ITEM_ID_CHARS,
     ClientItem,
     RealtimeSessionSpec,
     ResponseSpec,
@@ -33,6 +34,11 @@ from gateway.serving.realtime.specs import (
     TranscriptionSessionSpec,
     tagged,
 )
+
+#: The most characters of a client's text (a field's name, an unknown type) an error echoes.
+ECHOED_CHARS = 64
+#: The longest ``event_id`` a client may give an event (it is echoed with its errors).
+MAX_EVENT_ID_CHARS = 256
 
 #: A client event larger than this is parsed in a worker thread (an append of minutes of
 #: audio takes tens of milliseconds to parse); smaller ones are not worth the hop.
@@ -57,8 +63,12 @@ def unsupported(param: str, message: str) -> ClientEventError:
 # --- the events -------------------------------------------------------------------------
 
 
+#: A client's id of an item or a response, as a client event refers to one.
+Ref = Annotated[str, Field(max_length=MAX_ITEM_ID_CHARS)]
+
+
 class _Event(Strict):
-    event_id: str | None = None
+    event_id: Annotated[str, Field(max_length=MAX_EVENT_ID_CHARS)] | None = None
 
 
 class SessionUpdate(_Event):
@@ -82,22 +92,22 @@ class BufferClear(_Event):
 class ItemCreate(_Event):
     type: Literal["conversation.item.create"]
     item: ClientItem
-    previous_item_id: str | None = None
+    previous_item_id: Ref | None = None
 
 
 class ItemDelete(_Event):
     type: Literal["conversation.item.delete"]
-    item_id: str
+    item_id: Ref
 
 
 class ItemRetrieve(_Event):
     type: Literal["conversation.item.retrieve"]
-    item_id: str
+    item_id: Ref
 
 
 class ItemTruncate(_Event):
     type: Literal["conversation.item.truncate"]
-    item_id: str
+    item_id: Ref
     content_index: int = Field(ge=0)
     audio_end_ms: int = Field(ge=0)
 
@@ -109,10 +119,11 @@ class ResponseCreate(_Event):
 
 class ResponseCancel(_Event):
     type: Literal["response.cancel"]
-    response_id: str | None = None
+    response_id: Ref | None = None
 
 
-_EVENTS: tuple[type[_Event], ...] = (
+#: Every client event's model: each has its handler (tests/unit/test_realtime.py checks).
+EVENTS: tuple[type[_Event], ...] = (
     SessionUpdate,
     BufferAppend,
     BufferCommit,
@@ -124,11 +135,6 @@ _EVENTS: tuple[type[_Event], ...] = (
     ResponseCreate,
     ResponseCancel,
 )
-#: Each event type's name (its ``type``).
-EVENT_TYPES: dict[type[_Event], str] = {
-    event: event.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
-    for event in _EVENTS
-}
 
 ClientEvent = Annotated[
     Annotated[SessionUpdate, Tag("session.update")]
@@ -173,12 +179,18 @@ def _fields_of(details: ErrorDetails, data: object) -> tuple[int | str, ...]:
     return tuple(kept)
 
 
-def refusal(error: ValidationError, data: object, prefix: tuple[str, ...] = ()) -> ClientEventError:
-    """``error`` (validating ``data``) as the client is told it: of its errors, the one
-    deepest in ``data`` (of a union's members, the one that got furthest), with the field's
-    path and a code (``unknown_parameter``, ``unsupported_parameter``,
+def _short(text: str) -> str:
+    """What of a client's text an error echoes: at most :data:`ECHOED_CHARS` characters."""
+    return text if len(text) <= ECHOED_CHARS else text[:ECHOED_CHARS] + "…"
+
+
+def refusal(
+    found: list[ErrorDetails], data: object, prefix: tuple[str, ...] = ()
+) -> ClientEventError:
+    """The errors of validating ``data`` as the client is told them: the one deepest in
+    ``data`` (of a union's members, the one that got furthest), with the field's path
+    and a code (``unknown_parameter``, ``unsupported_parameter``,
     ``missing_required_parameter``, ``invalid_type``, ``invalid_value``)."""
-    found = error.errors(include_url=False)
     paths = [_fields_of(details, data) for details in found]
     deepest = max(range(len(found)), key=lambda index: len(paths[index]))
     details, loc = found[deepest], (*prefix, *paths[deepest])
@@ -190,7 +202,7 @@ def refusal(error: ValidationError, data: object, prefix: tuple[str, ...] = ()) 
         return ClientEventError(
             f"Invalid value for '{param}': expected one of {expected}.", param=param
         )
-    param = _path(loc)
+    param = _short(_path(loc))
     if kind == "extra_forbidden":
         return ClientEventError(
             f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter"
@@ -235,13 +247,15 @@ def _validated(raw: str | bytes, limits: JsonLimits) -> ClientEvent:
     try:
         return _CLIENT_EVENT.validate_python(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        if first["type"] == "union_tag_invalid" and not first["loc"]:
+        found = exc.errors(include_url=False)  # (once: it costs for each error)
+        if found[0]["type"] == "union_tag_invalid" and not found[0]["loc"]:
             refused = ClientEventError(
-                f"Unknown event type '{data['type']}'.", param="type", code="invalid_event"
+                f"Unknown event type '{_short(data['type'])}'.",
+                param="type",
+                code="invalid_event",
             )
         else:
-            refused = refusal(exc, data)
+            refused = refusal(found, data)
         event_id = data.get("event_id")
         refused.event_id = event_id if isinstance(event_id, str) else None
         raise refused from None
@@ -260,4 +274,4 @@ def session_spec(value: object) -> RealtimeSessionSpec | TranscriptionSessionSpe
     try:
         return _SESSION_SPEC.validate_python(value)
     except ValidationError as exc:
-        raise refusal(exc, value, ("session",)) from None
+        raise refusal(exc.errors(include_url=False), value, ("session",)) from None

@@ -28,7 +28,7 @@ from gateway.serving.realtime.transcriber import Transcriber
 from gateway.serving.voice import Voice
 
 
-class Responses:
+class ResponseEvents:
     """The responses of one session, queued or running."""
 
     def __init__(
@@ -57,6 +57,7 @@ class Responses:
 
     async def create(self, event: ResponseCreate) -> None:
         self._answering("response.create")
+        self.ctx.jobs.check_room()  # before its input's audio is decoded
         response = await self.new(event.response)
         if response.conversation and self.active is not None:
             raise ClientEventError(
@@ -114,7 +115,7 @@ class Responses:
         tool_choice = (
             choice(spec.tool_choice) if spec.tool_choice is not None else config.tool_choice
         )
-        check_tools(tools, tool_choice, "response")
+        check_tools(tools, tool_choice, "response", self.ctx.services.bounds)
         inputs = None
         if spec.input is not None:
             inputs = await self.conversation.inputs(spec.input, config.input_format)
@@ -170,7 +171,10 @@ class Responses:
     async def ahead(self, transcript: str) -> Speculation | None:
         """The answer a turn ending on ``transcript`` would get, started now (none when
         the session calls tools: an answer made ahead is not read for calls)."""
-        if self.active is not None or self.ctx.closed or not self.ctx.config.create_response:
+        config = self.ctx.config
+        if self.active is not None or self.ctx.closed or not config.create_response:
+            return None
+        if not config.answers:  # a transcription session answers nothing
             return None
         response = await self.new(None)
         if response.calls_tools:

@@ -27,15 +27,15 @@ from gateway.serving.realtime.protocol import (
     parse_event,
     session_spec,
 )
-from gateway.serving.realtime.response_events import Responses
+from gateway.serving.realtime.response_events import ResponseEvents
 from gateway.serving.realtime.transcriber import Transcriber
 from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-#: Model names of OpenAI's own that mean "the gateway's default" (``gpt-realtime``,
-#: ``whisper-1``, ``gpt-4o-transcribe``...).
+#: Model names of OpenAI's own (``gpt-realtime``, ``whisper-1``, ``gpt-4o-transcribe``...):
+#: the gateway's default at connect, the session's model in a ``session.update``.
 _OPENAI_MODEL_PREFIXES = ("gpt-", "whisper-")
 
 #: Admits one more request of a session's caller under the key's limits as they are now,
@@ -68,7 +68,7 @@ class RealtimeServices:
         self.models = models
         self.finish = finish
         self.metrics = metrics
-        self.services = Services(
+        self.shared = Services(
             backend=backend,
             chat=chat,
             catalog=catalog,
@@ -115,16 +115,17 @@ class RealtimeServices:
         transcribing = intent == "transcription" or (
             spec is not None and spec.type == "transcription"
         )
-        model = (
-            requested_model or ""
-            if transcribing
-            else await self.model_for("chat", requested_model, "model")
-        )
+        if transcribing:  # ``?model=`` names its transcription model, if anything
+            model = ""
+            transcription_model = await self.model_for("transcription", requested_model, "model")
+        else:
+            model = await self.model_for("chat", requested_model, "model")
+            transcription_model = await self.models.pick("transcription")
         info = await self.models.info("speech")
         config = SessionConfig(
             model=model,
             voice=info.voices[0] if info.voices else "alloy",
-            transcription_model=await self.models.pick("transcription"),
+            transcription_model=transcription_model,
             kind="transcription" if transcribing else "realtime",
             instructions=self.settings.realtime_instructions,
             temperature=self.settings.realtime_temperature,
@@ -189,7 +190,7 @@ class RealtimeSession:
             id=self.id,
             config=config,
             speech_model=speech_model,
-            services=services.services,
+            services=services.shared,
             emit=self.emit,
             error=self.error,
             jobs=Jobs(self.error),
@@ -200,15 +201,17 @@ class RealtimeSession:
         )
         self.conversation = Conversation(services.bounds, self.emit)
         self.transcriber = Transcriber(
-            services.services, self._admit, lambda: self.ctx.config, self.emit, self.error
+            services.shared, self._admit, lambda: self.ctx.config, self.emit, self.error
         )
-        self.responses = Responses(self.ctx, self.conversation, self.transcriber, self.configurator)
-        self.items = ItemEvents(self.ctx, self.conversation, self.transcriber)
-        self.audio = AudioEvents(self.ctx, self.items, self.responses, self.transcriber)
+        self.responses = ResponseEvents(
+            self.ctx, self.conversation, self.transcriber, self.configurator
+        )
+        self.item_events = ItemEvents(self.ctx, self.conversation, self.transcriber)
+        self.audio = AudioEvents(self.ctx, self.item_events, self.responses, self.transcriber)
         self.handlers: dict[type[Any], Handler] = {
             SessionUpdate: self._session_update,
             **self.audio.handlers(),
-            **self.items.handlers(),
+            **self.item_events.handlers(),
             **self.responses.handlers(),
         }
 

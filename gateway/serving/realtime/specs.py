@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
+from gateway.serving.protocol import FUNCTION_NAME
+
 #: The longest id a client may give an item (and a function call's ``call_id``).
 MAX_ITEM_ID_CHARS = 64
 #: ``metadata`` as OpenAI bounds it: pairs, and characters of a key and of a value.
@@ -21,6 +23,13 @@ METADATA_VALUE_CHARS = 512
 MAX_TRACING_CHARS = 1024
 #: The most tools a session or a response may define (OpenAI's Chat Completions bound).
 MAX_TOOLS = 128
+#: The most entries of the other lists a client sends (a message's parts, ``include``...):
+#: a list past it is refused before its entries are read, so that a million bad entries
+#: cost no more than one.
+MAX_LIST = 64
+#: The most items a response's ``input`` lists (``GATEWAY_REALTIME_MAX_ITEMS`` bounds it
+#: further).
+MAX_INPUT_ITEMS = 4096
 
 
 def _refuse(message: str) -> PydanticCustomError:
@@ -78,8 +87,8 @@ class Transcription(Strict):
     language: str | None = None
     prompt: str | None = None
     delay: str | None = None
-    keywords: list[str] | None = None
-    languages: list[str] | None = None
+    keywords: list[str] | None = Field(None, max_length=MAX_LIST)
+    languages: list[str] | None = Field(None, max_length=MAX_LIST)
 
     @field_validator("delay", "keywords", "languages")
     @classmethod
@@ -149,7 +158,7 @@ class SessionAudio(Strict):
 
 class FunctionTool(Strict):
     type: Literal["function"] = "function"
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
@@ -181,12 +190,6 @@ class FunctionChoice(Strict):
     name: str
 
 
-def _tools(value: Any) -> Any:
-    if isinstance(value, list) and len(value) > MAX_TOOLS:
-        raise _invalid(f"At most {MAX_TOOLS} tools are allowed.")
-    return value
-
-
 # --- the session ------------------------------------------------------------------------
 
 
@@ -209,16 +212,15 @@ class _Answering(Strict):
     """What a session and a response share."""
 
     instructions: str | None = None
-    output_modalities: list[Literal["audio", "text"]] | None = None
+    output_modalities: list[Literal["audio", "text"]] | None = Field(None, max_length=2)
     max_output_tokens: MaxTokens | None = None
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     prompt: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
 
     _modalities = field_validator("output_modalities")(_modalities)
-    _tools = field_validator("tools", mode="before")(_tools)
 
     @field_validator("prompt")
     @classmethod
@@ -241,7 +243,7 @@ class RealtimeSessionSpec(_Answering):
     type: Literal["realtime"] = "realtime"
     model: str | None = None
     audio: SessionAudio | None = None
-    include: list[str] | None = None
+    include: list[str] | None = Field(None, max_length=MAX_LIST)
     tracing: Literal["auto"] | Tracing | None = None
     truncation: Any = None
 
@@ -290,7 +292,7 @@ class TranscriptionSessionSpec(Strict):
 
     type: Literal["transcription"]
     audio: TranscriptionAudio | None = None
-    include: list[str] | None = None
+    include: list[str] | None = Field(None, max_length=MAX_LIST)
 
     _no_include = field_validator("include")(RealtimeSessionSpec._no_include.__func__)  # type: ignore[attr-defined]
 
@@ -336,7 +338,7 @@ class _ItemBase(Strict):
 class MessageItem(_ItemBase):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system"]
-    content: list[Part] = Field(min_length=1)
+    content: list[Part] = Field(min_length=1, max_length=MAX_LIST)
 
 
 class FunctionCallItem(_ItemBase):
@@ -354,7 +356,7 @@ class FunctionCallOutputItem(_ItemBase):
 
 class ItemReference(Strict):
     type: Literal["item_reference"]
-    id: str
+    id: ItemId
 
 
 ClientItem = Annotated[
@@ -399,7 +401,7 @@ class ResponseSpec(_Answering):
     """A ``response.create``'s response."""
 
     conversation: Literal["auto", "none"] | None = None
-    input: list[InputItem] | None = None
+    input: list[InputItem] | None = Field(None, max_length=MAX_INPUT_ITEMS)
     audio: ResponseAudio | None = None
     metadata: dict[Annotated[str, Field(max_length=METADATA_KEY_CHARS)], MetadataValue] | None = (
         None

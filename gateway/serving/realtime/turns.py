@@ -134,7 +134,7 @@ Happening = (
 
 
 @dataclass(frozen=True)
-class Emit:
+class ServerEvent:
     kind: str
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -190,7 +190,7 @@ class Trim:
     before_ms: int
 
 
-Effect = Emit | StartGuess | DropGuess | EndRequest | Interrupt | Commit | Answer | Trim
+Effect = ServerEvent | StartGuess | DropGuess | EndRequest | Interrupt | Commit | Answer | Trim
 
 
 def step(state: TurnState, happened: Happening) -> tuple[TurnState, list[Effect]]:
@@ -205,7 +205,7 @@ def step(state: TurnState, happened: Happening) -> tuple[TurnState, list[Effect]
     if isinstance(happened, SpeechStarted):
         effects = _forget(state)
         effects.append(
-            Emit(
+            ServerEvent(
                 "input_audio_buffer.speech_started",
                 {"audio_start_ms": happened.at_ms, "item_id": happened.item_id},
             )
@@ -222,7 +222,7 @@ def step(state: TurnState, happened: Happening) -> tuple[TurnState, list[Effect]
         effects.append(Commit(item_id, None, None, False, state.has_request))
         return TurnState(guesses=state.guesses), effects
     if isinstance(happened, Cleared):
-        effects = [*_forget(state), Emit("input_audio_buffer.cleared")]
+        effects = [*_forget(state), ServerEvent("input_audio_buffer.cleared")]
         return TurnState(guesses=state.guesses), effects
     return TurnState(guesses=state.guesses), _forget(state)  # Restarted
 
@@ -269,7 +269,7 @@ def _listened(state: TurnState, heard: Listened) -> tuple[TurnState, list[Effect
 def _stopped(state: TurnState, stopped: SpeechStopped) -> tuple[TurnState, list[Effect]]:
     item_id = state.speech_item or stopped.item_id
     effects: list[Effect] = [
-        Emit(
+        ServerEvent(
             "input_audio_buffer.speech_stopped",
             {"audio_end_ms": stopped.at_ms, "item_id": item_id},
         )
