@@ -12,10 +12,10 @@ The rules:
 - **Barge-in**: speech that starts while a response plays interrupts it (with
   ``interrupt_response``).
 - **A guess while the user is quiet**: once the user has been silent
-  :data:`GUESS_AFTER_MS` (or half the turn-ending silence, if less), the turn so far is
-  transcribed, from its start. If the user goes on, the guess is dropped; if the turn ends
-  on the audio it heard, it is the turn's transcript, and its answer may already be
-  under way (:class:`Answer`). A pause is guessed at only while the audio the turn's
+  :data:`GUESS_AFTER_MS` (one VAD window; half the turn-ending silence, if less), the
+  turn so far is transcribed, from its start. If the user goes on, the guess is dropped;
+  if the turn ends on the audio it heard, it is the turn's transcript, and its answer may
+  already be under way (:class:`Answer`). A pause is guessed at only while the audio the turn's
   guesses sent stays within :data:`EARLY_WORK_FACTOR` times the turn's length, so that a
   speaker who pauses often makes the work grow with the turn, not its square.
 - **The turn ends** when the VAD hears the silence out (committed, answered with
@@ -30,7 +30,13 @@ from typing import Any
 
 #: How long the user must have been quiet before the turn so far is transcribed (and then
 #: answered, ahead: see speculation.py); half of ``silence_duration_ms`` when that is less.
-GUESS_AFTER_MS = 200
+#: One VAD window (32 ms): the guess starts with the first append the VAD hears as quiet.
+#: Waiting 200 ms, as before, made the guess (Whisper: about 300 ms on 2 cores) end after
+#: the 500 ms that end a turn, so the answer could never start ahead: a turn answered in
+#: about 950 ms; now 600 to 750 (``python -m tests.bench.voice``). What a guess heard is
+#: the turn's transcript only when no voiced audio came after it (the VAD's count), and
+#: the work stays bounded by :data:`EARLY_WORK_FACTOR`.
+GUESS_AFTER_MS = 32
 #: A turn's guesses send the model at most this many times the turn's audio: with the
 #: transcription at its end (when no guess covers it), a turn costs at most one more.
 EARLY_WORK_FACTOR = 3
