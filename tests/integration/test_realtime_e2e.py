@@ -23,7 +23,7 @@ import websockets
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
 from tests.integration.conftest import generation_stops
-from tests.stack import GatewayProcess, silence
+from tests.stack import GatewayProcess, silence, wav_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -552,3 +552,44 @@ async def test_a_phone_call_in_mu_law_is_heard_and_answered_in_mu_law(
     samples = audioop.ulaw2lin(answer, 2)
     assert audioop.rms(samples, 2) > 300  # speech, not silence
     assert events[-1].response.audio.output.format.type == "audio/pcmu"
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    ["Tell me about the planets.", "Where are my glasses?", "Please spell the word cats."],
+)
+async def test_a_turn_at_real_time_pace_is_heard_as_its_whole_clip(
+    stack: GatewayProcess, sentence: str
+) -> None:
+    """The guess at the transcript starts at the first quiet window and is the turn's
+    transcript when no speech follows: it must hear the words' tails (a sentence ending in
+    a soft consonant), as Whisper does on the whole clip. Sent as a microphone sends it:
+    100 ms appends, each when it is recorded."""
+    client = stack.async_client()
+    speech = await client.audio.speech.create(
+        model="piper_tts", voice="alloy", input=sentence, response_format="pcm"
+    )
+    whole = await client.audio.transcriptions.create(
+        model="whisper_stt", file=("clip.wav", wav_bytes(speech.content, PCM_RATE))
+    )
+    audio = silence(0.3) + speech.content + silence(1.5)
+    async with connect(stack) as connection:
+        await connection.session.update(
+            session={"type": "realtime", "output_modalities": ["text"], "max_output_tokens": 5}
+        )
+        start = time.monotonic()
+        for offset in range(0, len(audio), CHUNK):
+            piece = audio[offset : offset + CHUNK]
+            await asyncio.sleep(
+                max(0.0, start + (offset + len(piece)) / 2 / PCM_RATE - time.monotonic())
+            )
+            await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+        events = await events_until(
+            connection, "conversation.item.input_audio_transcription.completed"
+        )
+    heard = events[-1].transcript
+
+    def words(text: str) -> list[str]:
+        return re.findall(r"[a-z0-9']+", text.lower())
+
+    assert words(heard) == words(whole.text), (heard, whole.text)

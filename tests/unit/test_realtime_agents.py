@@ -369,3 +369,36 @@ def test_a_transcription_session_never_answers_a_pause_ahead(
         ):
             pass
         assert refused.value.json()["error"]["param"] == "model"
+
+
+def test_a_guess_that_missed_the_soft_end_of_a_word_is_not_the_transcript(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guess starts at the first window the VAD hears as quiet; when what follows it is
+    still sound (a soft consonant the VAD took for quiet), the turn is transcribed whole at
+    its end rather than by the guess."""
+    from gateway.serving import vad
+
+    monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)  # loud (> 0.01) is speech
+
+    def turn(tail: float) -> tuple[int, int]:
+        fake = FakeBackend()
+        with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+            until(ws, "session.created")
+            detection = {"type": "server_vad", "silence_duration_ms": 300, "create_response": False}
+            ws.send_json(update(audio={"input": {"turn_detection": detection}}))
+            until(ws, "session.updated")
+            speech = np.sin(np.arange(24_000) / 10) * 3000  # 1 s, about 0.09 of full scale
+            soft = np.sin(np.arange(4_800) / 3) * tail * 32768  # 200 ms under the VAD's bar
+            pcm = np.concatenate([speech, soft, np.zeros(24_000)]).astype("<i2").tobytes()
+            for offset in range(0, len(pcm), 4800):
+                piece = base64.b64encode(pcm[offset : offset + 4800]).decode()
+                ws.send_json({"type": "input_audio_buffer.append", "audio": piece})
+            until(ws, "conversation.item.input_audio_transcription.completed")
+        calls = fake.transcribe_calls
+        return len(calls), calls[-1][1].size
+
+    guessed, heard = turn(tail=0.0)
+    assert guessed == 1  # the guess at the quiet after the tone is the transcript
+    missed, whole = turn(tail=0.008)
+    assert missed == 2 and whole > heard + 3_000  # transcribed again, with the soft end

@@ -12,7 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gateway.serving import vad
+from gateway.serving.audio import STT_RATE
 from gateway.serving.realtime import turns
 from gateway.serving.realtime.buffer import (
     MIN_COMMIT_MS,
@@ -44,12 +47,39 @@ class _Guessing:
     """A guess at the transcript of the speech in progress, and the answer to it."""
 
     task: asyncio.Task[str | None]
+    heard: int
+    """How many samples of the turn's audio it heard (from the turn's start)."""
     speculation: Speculation | None = None
 
     def drop(self) -> None:
         self.task.cancel()
         if self.speculation is not None:
             self.speculation.drop()
+
+
+#: What of the audio after a guess is checked for sound (the tail of a word), and how loud
+#: a 20 ms frame of it may be, against the turn's loudest frame, to count as quiet: 26 dB
+#: below, which a soft consonant ("s", "f") is not and a quiet room's noise is.
+TAIL_MS = 300
+TAIL_RATIO = 0.05
+_FRAME = STT_RATE // 50
+
+
+def sound_after(audio: Audio, heard: int) -> bool:
+    """Whether ``audio`` (a turn) has sound in the :data:`TAIL_MS` after its first ``heard``
+    samples, which a guess transcribed: Silero VAD can take the soft end of a word for quiet,
+    and a guess made at the first quiet window would then miss it (CPU work: a thread)."""
+    tail = audio[heard : heard + TAIL_MS * STT_RATE // 1000]
+    speech = audio[:heard]
+    if tail.size < _FRAME or speech.size < _FRAME:
+        return False
+    loudest = float(np.sqrt(np.mean(np.square(_frames(speech)), axis=1)).max())
+    return bool(np.sqrt(np.mean(np.square(_frames(tail)), axis=1)).max() > TAIL_RATIO * loudest)
+
+
+def _frames(audio: Audio) -> Audio:
+    whole = audio[: audio.size // _FRAME * _FRAME]
+    return whole.reshape(-1, _FRAME)
 
 
 class AudioEvents:
@@ -190,7 +220,7 @@ class AudioEvents:
                 self.request = self.transcriber.request()
             audio = await asyncio.to_thread(self.buffer.audio, effect.from_ms)
             task = asyncio.create_task(self._guess(effect.number, self.request, audio))
-            self.guesses[effect.number] = _Guessing(task)
+            self.guesses[effect.number] = _Guessing(task, audio.size)
         elif isinstance(effect, turns.Answer):
             guessing = self.guesses.get(effect.number)
             if guessing is not None and guessing.speculation is None:
@@ -218,6 +248,9 @@ class AudioEvents:
         if commit.from_ms is None and self.detector is not None:
             self.detector.reset()
         audio = await asyncio.to_thread(self.buffer.take, commit.from_ms)
+        if guessing is not None and await asyncio.to_thread(sound_after, audio, guessing.heard):
+            guessing.drop()  # the end of a word the VAD took for quiet: not heard by it
+            guessing = None
         speculation = guessing.speculation if guessing is not None else None
         try:
             early = guessing.task if guessing is not None else None
