@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
+from agents import function_tool, set_tracing_disabled
 from agents.realtime import (
     AssistantMessageItem,
     AssistantText,
@@ -36,17 +36,13 @@ from agents.realtime import (
 )
 from agents.realtime.model_events import RealtimeModelRawServerEvent
 from agents.voice import (
-    OpenAIVoiceModelProvider,
-    SingleAgentVoiceWorkflow,
-    SingleAgentWorkflowCallbacks,
     StreamedAudioInput,
-    VoicePipeline,
-    VoicePipelineConfig,
     VoiceStreamEventAudio,
     VoiceStreamEventError,
     VoiceStreamEventLifecycle,
 )
 
+from tests.integration.test_agents_voice_e2e import voice_pipeline
 from tests.stack import GatewayProcess, silence
 
 pytestmark = pytest.mark.integration
@@ -162,35 +158,11 @@ async def events_until(
     return seen
 
 
-class Heard(SingleAgentWorkflowCallbacks):
-    """Keeps what the workflow was given: the transcription of each spoken turn."""
-
-    def __init__(self) -> None:
-        self.transcriptions: list[str] = []
-
-    def on_run(self, workflow: SingleAgentVoiceWorkflow, transcription: str) -> None:
-        self.transcriptions.append(transcription)
-
-
 async def test_voice_pipeline_with_streamed_audio_hears_and_answers(stack: GatewayProcess) -> None:
     set_tracing_disabled(True)
     question = stack.clear_speech("What is the capital of France?", heard="capital of France")
-    client = stack.async_client()
-    agent = Agent(
-        name="Assistant",
-        instructions=f"Answer in one short sentence. {say('Paris is the capital.')}",
-        model=OpenAIResponsesModel(model="mock_chat", openai_client=client),
-    )
-    heard = Heard()
-    # A client of this test's own: the SDK's default shares one HTTP client between event
-    # loops, so a second test's request ran on a connection of the first's closed loop.
-    provider = OpenAIVoiceModelProvider(openai_client=stack.async_client())
-    pipeline = VoicePipeline(
-        workflow=SingleAgentVoiceWorkflow(agent, callbacks=heard),
-        stt_model="whisper_stt",
-        tts_model="piper_tts",
-        config=VoicePipelineConfig(model_provider=provider, tracing_disabled=True),
-    )
+    instructions = f"Answer in one short sentence. {say('Paris is the capital.')}"
+    pipeline, heard = voice_pipeline(stack, instructions)
     microphone = StreamedAudioInput()  # type: ignore[no-untyped-call]
     result = await pipeline.run(microphone)
 

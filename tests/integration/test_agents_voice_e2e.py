@@ -42,6 +42,28 @@ class Heard(SingleAgentWorkflowCallbacks):
         self.transcriptions.append(transcription)
 
 
+def voice_pipeline(stack: GatewayProcess, instructions: str) -> tuple[VoicePipeline, Heard]:
+    """A voice pipeline as its users configure it for the gateway: an agent on
+    ``mock_chat``, heard by ``whisper_stt`` and spoken by ``piper_tts``, and what its
+    workflow was given."""
+    agent = Agent(
+        name="Assistant",
+        instructions=instructions,
+        model=OpenAIResponsesModel(model="mock_chat", openai_client=stack.async_client()),
+    )
+    heard = Heard()
+    # A client of this pipeline's own: the SDK's default shares one HTTP client between
+    # event loops, so a second test's request ran on a connection of the first's closed loop.
+    provider = OpenAIVoiceModelProvider(openai_client=stack.async_client())
+    pipeline = VoicePipeline(
+        workflow=SingleAgentVoiceWorkflow(agent, callbacks=heard),
+        stt_model="whisper_stt",
+        tts_model="piper_tts",
+        config=VoicePipelineConfig(model_provider=provider, tracing_disabled=True),
+    )
+    return pipeline, heard
+
+
 def words(text: str) -> set[str]:
     return set(re.findall(r"[a-z']+", text.lower()))
 
@@ -51,22 +73,7 @@ async def test_voice_pipeline_hears_the_question_and_speaks_the_answer(
 ) -> None:
     set_tracing_disabled(True)  # the SDK's traces go to OpenAI's servers, unreachable here
     question = stack.clear_speech("What is the capital of France?", heard="capital of France")
-    client = stack.async_client()
-    agent = Agent(
-        name="Assistant",
-        instructions="Answer in one short sentence.",
-        model=OpenAIResponsesModel(model="mock_chat", openai_client=client),
-    )
-    heard = Heard()
-    # A client of this test's own: the SDK's default shares one HTTP client between event
-    # loops, so a second test's request ran on a connection of the first's closed loop.
-    provider = OpenAIVoiceModelProvider(openai_client=stack.async_client())
-    pipeline = VoicePipeline(
-        workflow=SingleAgentVoiceWorkflow(agent, callbacks=heard),
-        stt_model="whisper_stt",
-        tts_model="piper_tts",
-        config=VoicePipelineConfig(model_provider=provider, tracing_disabled=True),
-    )
+    pipeline, heard = voice_pipeline(stack, "Answer in one short sentence.")
     assert pipeline.config.tts_settings.instructions  # the default the SDK sends
 
     result = await pipeline.run(AudioInput(buffer=np.frombuffer(question, np.int16)))
@@ -85,7 +92,7 @@ async def test_voice_pipeline_hears_the_question_and_speaks_the_answer(
     loud = np.sqrt(np.mean((audio.astype(np.float64) / 32768) ** 2))
     assert loud > 0.02, loud  # speech, not silence
     # Whisper hears the answer in it (most of its words: Piper's voice varies a little).
-    said = await client.audio.transcriptions.create(
+    said = await stack.async_client().audio.transcriptions.create(
         model="whisper_stt", file=("answer.wav", wav_bytes(audio.tobytes(), RATE))
     )
     assert len(words(said.text) & ANSWER) >= 4, said.text
