@@ -21,19 +21,19 @@ from gateway.backend import Backend, SamplingOptions, TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving import generation
 from gateway.serving.catalog import ModelCatalog
-from gateway.serving.chat import (
+from gateway.serving.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
+from gateway.serving.sampling import (
     check_fan_out,
     check_max_tokens,
     check_prompt,
     fit_to_model,
     logprob_options,
     sampling_options,
-)
-from gateway.serving.protocol import (
-    Completion,
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionRequest,
 )
 from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
-from gateway.serving.chat import PreparedChat, logprob_items
+from gateway.serving.chat import PreparedChat
 from gateway.serving.protocol import ChatCompletionRequest, ParamNames, Usage
 from gateway.serving.responses.protocol import (
     ContentPart,
@@ -26,6 +26,7 @@ from gateway.serving.responses.protocol import (
     ToolChoiceFunction,
 )
 from gateway.serving.responses.tools import ToolNames, stored_tools
+from gateway.serving.sampling import logprob_items
 from gateway.state.responses import StoredResponse, new_id
 
 
