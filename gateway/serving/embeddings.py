@@ -18,52 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, Field
 
 from gateway.backend import Backend, Embeddings, ModelInfo
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
-from gateway.serving.protocol import Hint, Priority, Strict
+from gateway.serving.protocol.embeddings import (
+    MAX_INPUTS,
+    Embedding,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
+)
 from gateway.state.budgets import prompt_bound
 from gateway.state.limits import Meter
-
-#: The most inputs one request may carry (OpenAI's limit).
-MAX_INPUTS = 2048
-
-
-class EmbeddingRequest(Strict):
-    model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
-    user: Hint | None = None
-    input_type: str | None = None
-    """NVIDIA NIM's extension: ``query`` or ``passage`` for models that tell them apart."""
-    priority: Priority | None = None
-    """vLLM's scheduling priority (lower first; see ``docs/scheduling.md``)."""
-
-
-class Embedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
 
 
 def _texts(request: EmbeddingRequest) -> list[str]:

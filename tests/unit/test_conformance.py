@@ -39,8 +39,12 @@ from openai.types.shared_params.reasoning import Reasoning
 from pydantic import BaseModel
 
 from gateway.api.routers.audio import TranscriptionForm, TranslationForm
-from gateway.serving.embeddings import EmbeddingRequest
-from gateway.serving.protocol import ChatCompletionRequest, CompletionRequest, SpeechRequest
+from gateway.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    SpeechRequest,
+)
 from gateway.serving.realtime_secrets import ClientSecretRequest
 from gateway.serving.responses.protocol import FunctionTool, ReasoningConfig, ResponsesRequest
 from tests.unit.conftest import USER_HI, assert_openai_error

@@ -9,7 +9,7 @@ from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.backend import scheduling
-from gateway.serving.embeddings import EmbeddingList, EmbeddingRequest
+from gateway.serving.protocol import EmbeddingList, EmbeddingRequest
 
 router = APIRouter(prefix="/v1", tags=["embeddings"])
 
