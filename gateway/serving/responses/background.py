@@ -51,10 +51,10 @@ from gateway.errors import InvalidRequestError, RateLimitError
 from gateway.serving import generation
 from gateway.serving.protocol import Usage
 from gateway.serving.responses.background_readers import LOST, BackgroundReaders, log_entry
-from gateway.serving.responses.conversion import _message_item, _record, _response_object
+from gateway.serving.responses.conversion import message_item, response_object, stored_record
 from gateway.serving.responses.protocol import PreparedResponse
 from gateway.serving.responses.service import ResponsesService
-from gateway.serving.responses.stream import _StreamWriter
+from gateway.serving.responses.stream import StreamWriter
 from gateway.serving.sse import failure
 from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey
@@ -107,7 +107,7 @@ class _Job:
     prepared: PreparedResponse
     admission: Admission
     log_hold: Hold | None
-    writer: _StreamWriter | None = None
+    writer: StreamWriter | None = None
     task: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when an event is logged (followers on this replica wait on it)."""
@@ -225,19 +225,19 @@ class BackgroundResponses(BackgroundReaders):
             raise refused
         job = _Job(prepared, _detached(admission), None)
         try:
-            queued = _response_object(prepared, "queued", [])
+            queued = response_object(prepared, "queued", [])
             queued["background"] = True
             size = 3 * len(json.dumps(queued))  # created and in_progress carry it, and the end
             job.log_hold = await self.store.stored_bytes.hold(
                 owner, log_entry(response_id), size, "background", "send background: false"
             )
             run = await self.responses.chat.reserve_run(prepared.chat, job.admission.meter)
-            await self.store.save(_record(prepared, queued), prepared.hold)
+            await self.store.save(stored_record(prepared, queued), prepared.hold)
             prepared.hold = None  # the record's now
         except BaseException:
             await asyncio.shield(self._abandon(job))
             raise
-        job.writer = _StreamWriter(prepared, _Finishing(self, job))
+        job.writer = StreamWriter(prepared, _Finishing(self, job))
         self._jobs[response_id] = job
         job.task = asyncio.create_task(self._run(job, run), name=f"background {response_id}")
         return queued
@@ -352,9 +352,9 @@ class BackgroundResponses(BackgroundReaders):
     ) -> dict[str, Any]:
         """Stores the response ``status`` and returns it; :class:`_Stopped` when it was
         deleted meanwhile (the record deleted again)."""
-        response = _response_object(job.prepared, status, output, usage, error)
+        response = response_object(job.prepared, status, output, usage, error)
         response["background"] = True
-        if not await self._save_unless_deleted(_record(job.prepared, response)):
+        if not await self._save_unless_deleted(stored_record(job.prepared, response)):
             raise _Stopped
         return response
 
@@ -439,9 +439,9 @@ class BackgroundResponses(BackgroundReaders):
             logger.warning("%d background responses did not stop in time", len(late))
 
 
-def _so_far(writer: _StreamWriter) -> list[dict[str, Any]]:
+def _so_far(writer: StreamWriter) -> list[dict[str, Any]]:
     """The output written so far: the items done, and the text of a message cut short."""
     item = writer.open
     if item is None or item["type"] != "message":
         return writer.output
-    return [*writer.output, _message_item(item["id"], item["text"], "incomplete", writer.logprobs)]
+    return [*writer.output, message_item(item["id"], item["text"], "incomplete", writer.logprobs)]

@@ -131,7 +131,7 @@ def input_messages(
         kind = item.type or ("message" if item.role else None)
         if kind == "reasoning":
             reasoning = _reasoning_of(item, param)
-            stored.append(_reasoning_item(item.id or new_id("rs"), reasoning, "completed"))
+            stored.append(reasoning_item(item.id or new_id("rs"), reasoning, "completed"))
             continue
         if kind == "message":
             if item.role not in ("user", "system", "developer", "assistant"):
@@ -314,14 +314,14 @@ def _usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-def _logprobs(chat: PreparedChat, tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
+def output_logprobs(chat: PreparedChat, tokens: list[TokenLogprob]) -> list[dict[str, Any]]:
     """The tokens as an ``output_text`` part lists them (none unless asked for)."""
     if chat.logprobs is None:
         return []
     return [item.model_dump() for item in logprob_items(tokens, chat.logprobs)]
 
 
-def _message_item(
+def message_item(
     item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
@@ -334,7 +334,7 @@ def _message_item(
     }
 
 
-def _reasoning_item(
+def reasoning_item(
     item_id: str, text: str, status: str, sealed: str | None = None
 ) -> dict[str, Any]:
     """A reasoning model's reasoning, whole (no summary is made), with the reasoning sealed
@@ -352,7 +352,7 @@ def _reasoning_item(
     return item
 
 
-def _call_item(
+def call_item(
     item_id: str,
     call_id: str,
     name: str,
@@ -373,7 +373,7 @@ def _call_item(
     }
 
 
-def _response_object(
+def response_object(
     prepared: PreparedResponse,
     status: str,
     output: list[dict[str, Any]],
@@ -440,7 +440,7 @@ def _stored_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
     return [{"type": t.type, "name": getattr(t, "name", None)} for t in request.tools or []]
 
 
-def _record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
+def stored_record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
     """What is stored of a response: the object (its tools as :func:`_stored_tools` keeps
     them), the conversation it answered as items, and the conversation with its answer as
     chat messages (what a continuation reads)."""

@@ -26,20 +26,20 @@ from gateway.serving.protocol import Usage
 from gateway.serving.responses import truncation
 from gateway.serving.responses.conversion import (
     RESPONSES_NAMES,
-    _call_item,
-    _logprobs,
-    _message_item,
-    _reasoning_item,
-    _record,
-    _response_object,
+    call_item,
     chat_request,
     image_names,
     input_messages,
+    message_item,
+    output_logprobs,
+    reasoning_item,
+    response_object,
+    stored_record,
 )
 from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
 from gateway.serving.responses.references import References
 from gateway.serving.responses.sealing import ReasoningSeal, opened
-from gateway.serving.responses.stream import _StreamWriter
+from gateway.serving.responses.stream import StreamWriter
 from gateway.serving.responses.tools import chat_tools
 from gateway.serving.sse import failure
 from gateway.state.conversations import ConversationStore
@@ -114,7 +114,7 @@ class ResponsesService:
         if request.store is not False:
             # What is known before generating (all but the answer) must fit the store, and
             # the key's and project's quotas.
-            known = _record(prepared, _response_object(prepared, "in_progress", []))
+            known = stored_record(prepared, response_object(prepared, "in_progress", []))
             prepared.hold = await self.store.hold(known)
         return prepared
 
@@ -163,10 +163,10 @@ class ResponsesService:
         usage: Usage,
     ) -> dict[str, Any]:
         """The final response object; stored (with ``store``) before it is returned."""
-        response = _response_object(prepared, status, output, usage)
+        response = response_object(prepared, status, output, usage)
         await self.references.append_turn(prepared, output)  # conversation=, before storing
         if prepared.request.store is not False:
-            await self.store.save(_record(prepared, response), prepared.hold)
+            await self.store.save(stored_record(prepared, response), prepared.hold)
             prepared.hold = None  # it is the record's now
         return response
 
@@ -183,15 +183,15 @@ class ResponsesService:
             output = []
             if reply.reasoning is not None:
                 output.append(
-                    _reasoning_item(
+                    reasoning_item(
                         new_id("rs"), reply.reasoning, "completed", prepared.sealed(reply.reasoning)
                     )
                 )
             if content or not calls:
-                logprobs = _logprobs(chat, result.logprobs)
-                output.append(_message_item(new_id("msg"), content or "", status, logprobs))
+                logprobs = output_logprobs(chat, result.logprobs)
+                output.append(message_item(new_id("msg"), content or "", status, logprobs))
             for call in calls:
-                item = _call_item(
+                item = call_item(
                     new_id("fc"),
                     call.id,
                     call.name,
@@ -214,12 +214,12 @@ class ResponsesService:
         except BaseException:
             await self._give_back(prepared)
             raise
-        return self._guarded(prepared, _StreamWriter(prepared, self), pieces, run)
+        return self._guarded(prepared, StreamWriter(prepared, self), pieces, run)
 
     async def _guarded(
         self,
         prepared: PreparedResponse,
-        writer: _StreamWriter,
+        writer: StreamWriter,
         pieces: AsyncGenerator[generation.ChoiceChunk, None],
         run: generation.GenerationRun,
     ) -> AsyncGenerator[str, None]:
@@ -233,7 +233,7 @@ class ResponsesService:
                 error = failure(exc, "responses")["error"]
                 code, message = error["code"] or error["type"], error["message"]
                 yield writer.event("error", code=code, message=message, param=None)
-                failed = _response_object(
+                failed = response_object(
                     prepared, "failed", writer.output, error={"code": code, "message": message}
                 )
                 yield writer.event("response.failed", response=failed)

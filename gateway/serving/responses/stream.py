@@ -1,4 +1,4 @@
-"""The streamed Responses event sequence: :class:`_StreamWriter` turns the backend's
+"""The streamed Responses event sequence: :class:`StreamWriter` turns the backend's
 pieces into numbered events, one output item at a time (a reasoning model's reasoning
 first, as a ``reasoning`` item with ``response.reasoning_text.delta`` events), checking a
 strict tool's arguments before they are sent, and finishes (and stores) the response
@@ -15,11 +15,11 @@ from gateway.backend import TokenLogprob
 from gateway.serving import generation
 from gateway.serving.reasoning_parsers import ReasoningTokens
 from gateway.serving.responses.conversion import (
-    _call_item,
-    _logprobs,
-    _message_item,
-    _reasoning_item,
-    _response_object,
+    call_item,
+    message_item,
+    output_logprobs,
+    reasoning_item,
+    response_object,
 )
 from gateway.serving.responses.protocol import PreparedResponse
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gateway.serving.responses.service import ResponsesService
 
 
-class _StreamWriter:
+class StreamWriter:
     """Turns the backend's pieces into Responses events, one output item at a time."""
 
     def __init__(self, prepared: PreparedResponse, service: ResponsesService) -> None:
@@ -99,7 +99,7 @@ class _StreamWriter:
         events = []
         if not self._opened("message"):
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            events = await self._part(_message_item(new_id("msg"), "", "in_progress"), part)
+            events = await self._part(message_item(new_id("msg"), "", "in_progress"), part)
             self.logprobs = []
         if not text:
             return events
@@ -111,12 +111,12 @@ class _StreamWriter:
         events = []
         if not self._opened("reasoning"):
             part = {"type": "reasoning_text", "text": ""}
-            events = await self._part(_reasoning_item(new_id("rs"), "", "in_progress"), part)
+            events = await self._part(reasoning_item(new_id("rs"), "", "in_progress"), part)
         self.pending = []  # a reasoning_text part carries no log probabilities
         return [*events, self._part_delta("response.reasoning_text.delta", text)]
 
     def _take_logprobs(self) -> list[dict[str, Any]]:
-        logprobs = _logprobs(self.prepared.chat, self.pending)
+        logprobs = output_logprobs(self.prepared.chat, self.pending)
         self.pending = []
         return logprobs
 
@@ -129,7 +129,7 @@ class _StreamWriter:
             if piece.id is not None:
                 events += await self._close("completed")
                 self.call_name = piece.name or ""
-                self.open = _call_item(
+                self.open = call_item(
                     new_id("fc"),
                     piece.id,
                     self.call_name,
@@ -190,14 +190,14 @@ class _StreamWriter:
             )
         if item["type"] == "reasoning":
             text = item["text"]
-            item = _reasoning_item(item["id"], text, "completed", self.prepared.sealed(text))
+            item = reasoning_item(item["id"], text, "completed", self.prepared.sealed(text))
             (part,) = item["content"]
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             events.append(self.event("response.reasoning_text.done", **ids, text=part["text"]))
             events.append(self.event("response.content_part.done", **ids, part=part))
         elif item["type"] == "message":
             logprobs = self.logprobs + self._take_logprobs()
-            item = _message_item(item["id"], item["text"], status, logprobs)
+            item = message_item(item["id"], item["text"], status, logprobs)
             (part,) = item["content"]
             ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
             events.append(
@@ -248,7 +248,7 @@ class _StreamWriter:
         chat = prepared.chat
         self.generation_run = run
         parser = chat.tools.new_parser() if chat.tools is not None else None
-        snapshot = _response_object(prepared, "in_progress", [])
+        snapshot = response_object(prepared, "in_progress", [])
         yield self.event("response.created", response=snapshot)
         yield self.event("response.in_progress", response=snapshot)
         finish = "stop"
