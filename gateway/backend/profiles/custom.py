@@ -53,7 +53,7 @@ from gateway.backend.base import (
     TranscriptionOptions,
     Word,
 )
-from gateway.backend.profiles import Contract, register
+from gateway.backend.profiles.base import Contract
 from gateway.backend.profiles.config import ModelConfig, TensorSpec
 from gateway.backend.profiles.text import TextRules
 from gateway.errors import BackendError, InvalidRequestError
@@ -107,7 +107,6 @@ def _mapped(config: ModelConfig) -> bool:
     return any(k.startswith(("openai_input_", "openai_output_")) for k in config.parameters)
 
 
-@register
 class CustomContract(Contract):
     profile = "custom"
 

@@ -56,7 +56,7 @@ from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import ChatImage, ImageInput, SamplingOptions
-from gateway.backend.profiles import Contract, register
+from gateway.backend.profiles.base import Contract
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
 
@@ -76,7 +76,6 @@ _PERF = "sampling_param_return_perf_metrics"
 _TIMES = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns")
 
 
-@register
 class LlmApiContract(Contract):
     profile = "llmapi"
 

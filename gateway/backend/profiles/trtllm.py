@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import ChatImage, ImageInput, SamplingOptions
-from gateway.backend.profiles import Contract, register
+from gateway.backend.profiles.base import Contract
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
 
@@ -57,7 +57,6 @@ def _is_engine_step(name: str, configs: Mapping[str, ModelConfig]) -> bool:
     return name == "tensorrt_llm" or (step is not None and step.backend == "tensorrtllm")
 
 
-@register
 class TrtllmContract(Contract):
     profile = "trtllm"
 

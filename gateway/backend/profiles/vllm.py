@@ -47,7 +47,7 @@ from gateway.backend.base import (
     ImageInput,
     SamplingOptions,
 )
-from gateway.backend.profiles import Contract, register
+from gateway.backend.profiles.base import Contract
 from gateway.backend.profiles.config import ModelConfig
 from gateway.backend.profiles.text import TextRules
 
@@ -57,7 +57,6 @@ _CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
 _SWITCHES = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
 
-@register
 class VllmContract(Contract):
     profile = "vllm"
 

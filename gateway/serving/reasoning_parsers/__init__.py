@@ -1,124 +1,52 @@
 """Reasoning parsers: they split a reasoning model's text into its reasoning and its answer,
 as it streams.
 
-A chat model's config names its format (``reasoning_parser: deepseek_r1``, vLLM's names);
-the registry maps that name to a :class:`ReasoningParser` class (registered: ``deepseek_r1``
-and ``qwen3``, see :mod:`.think`). Adding a format is adding one module here that defines a
-subclass with a ``name`` and registers it with :func:`register`, and adding the module to
-the import at the end of this file (tests: ``tests/unit/test_reasoning_parsers.py``).
+A chat model's config names its format (``reasoning_parser: deepseek_r1``, vLLM's names),
+and :data:`PARSERS` maps that name to a :class:`~.base.ReasoningParser` class:
+``deepseek_r1`` and ``qwen3`` (:mod:`.think`). How a parser works (``feed``, ``finish``,
+``content_at``) is in :mod:`.base`.
 
-A parser is made for one generation, knowing its prompt (a template may open or close the
-reasoning itself), and fed the generated text piece by piece: :meth:`ReasoningParser.feed`
-returns what can be told now, reasoning and answer apart; :meth:`ReasoningParser.finish`
-flushes what was held back (the start of what may be a marker). The answer is what the
-tool-call parser and the JSON of ``response_format`` see; ``content_at`` says where it starts
-in the text fed, so that a position in the answer is one in the whole text.
-:class:`ReasoningTokens` counts the completion tokens that went to the reasoning.
+Adding a format is adding one module here with a ``ReasoningParser`` subclass (its ``end``
+marker, ``_step``, ``finish``), and adding it to :data:`PARSERS` under the name vLLM gives
+it (tests: ``tests/unit/test_reasoning.py``; ``tests/unit/test_registries.py``
+fails for a parser left out of the table).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Final
+
+from gateway.serving.reasoning_parsers.base import (
+    ReasoningDelta,
+    ReasoningParser,
+    ReasoningTokens,
+    split,
+)
+from gateway.serving.reasoning_parsers.think import DeepSeekR1, Qwen3
 
 __all__ = [
+    "PARSERS",
     "ReasoningDelta",
     "ReasoningParser",
     "ReasoningTokens",
     "get_parser",
     "parser_names",
-    "register",
     "split",
 ]
 
-
-@dataclass
-class ReasoningDelta:
-    """What one step of parsing lets through: reasoning text and answer text."""
-
-    reasoning: str = ""
-    content: str = ""
-
-
-class ReasoningParser:
-    """Splits one generation's text. ``prompt``: the rendered prompt it continues."""
-
-    name = ""
-    end = ""
-    """The marker that ends the reasoning: what the answer's constraint waits for
-    (:attr:`gateway.serving.generation.Generation.answer_after`)."""
-
-    def __init__(self, prompt: str) -> None:
-        self.prompt = prompt
-        self.fed = 0
-        """How many characters were fed."""
-        self.content_at: int | None = None
-        """Where the answer starts in the text fed (None while it has not started)."""
-
-    @property
-    def reasoning(self) -> bool:
-        """The text fed so far is still reasoning."""
-        raise NotImplementedError
-
-    def feed(self, text: str) -> ReasoningDelta:
-        self.fed += len(text)
-        return self._step(text)
-
-    def _step(self, text: str) -> ReasoningDelta:
-        """What ``text``, just fed (``fed`` counts it already), lets through."""
-        raise NotImplementedError
-
-    def finish(self) -> ReasoningDelta:
-        return ReasoningDelta()
-
-
-def split(parser: ReasoningParser, text: str) -> tuple[str | None, str | None]:
-    """A whole reply read by ``parser``: its reasoning and its answer (each None when empty)."""
-    delta = parser.feed(text)
-    rest = parser.finish()
-    reasoning, content = delta.reasoning + rest.reasoning, delta.content + rest.content
-    return reasoning or None, content or None
-
-
-class ReasoningTokens:
-    """Counts the completion tokens of one choice that went to its reasoning: every token of
-    a piece fed while the reasoning went on. A piece that holds the end of the reasoning
-    and some of the answer (a reply not streamed token by token) is split by its characters
-    on each side of where the answer starts."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def add(self, parser: ReasoningParser, text: str, tokens: int) -> ReasoningDelta:
-        """Feeds ``text`` to ``parser`` and counts its ``tokens``."""
-        before = parser.content_at is None and parser.reasoning
-        fed = parser.fed
-        delta = parser.feed(text)
-        if before and tokens:
-            if parser.content_at is None or not text:
-                self.count += tokens
-            else:
-                # The part of this piece up to where the answer starts is reasoning.
-                share = (parser.content_at - fed) / len(text)
-                self.count += round(tokens * min(max(share, 0.0), 1.0))
-        return delta
-
-
-_REGISTRY: dict[str, type[ReasoningParser]] = {}
-
-
-def register(parser: type[ReasoningParser]) -> type[ReasoningParser]:
-    """Class decorator: makes ``parser`` available under its ``name``."""
-    _REGISTRY[parser.name] = parser
-    return parser
+#: The formats a model's ``reasoning_parser`` may name, by that name.
+PARSERS: Final[Mapping[str, type[ReasoningParser]]] = {
+    "deepseek_r1": DeepSeekR1,
+    "qwen3": Qwen3,
+}
 
 
 def get_parser(name: str) -> type[ReasoningParser] | None:
-    return _REGISTRY.get(name)
+    """The parser a config names, None for a name not in :data:`PARSERS`."""
+    return PARSERS.get(name)
 
 
 def parser_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-# The formats; each module registers itself.
-from gateway.serving.reasoning_parsers import think  # noqa: E402, F401
+    """The names a config may give, sorted (for the error that lists them)."""
+    return sorted(PARSERS)

@@ -17,7 +17,7 @@ model stuck writing blank lines holds back a run of whitespace, kept as a list o
 
 from __future__ import annotations
 
-from gateway.serving.reasoning_parsers import ReasoningDelta, ReasoningParser, register
+from gateway.serving.reasoning_parsers.base import ReasoningDelta, ReasoningParser
 
 
 def _partial(text: str, marker: str) -> int:
@@ -105,11 +105,10 @@ class ThinkTags(ReasoningParser):
         return ReasoningDelta(content=self._told(held))
 
 
-@register
 class DeepSeekR1(ThinkTags):
-    name = "deepseek_r1"
+    """vLLM's ``deepseek_r1``: the template opens the reasoning, the model closes it."""
 
 
-@register
 class Qwen3(ThinkTags):
-    name = "qwen3"
+    """vLLM's ``qwen3``: the model opens and closes its reasoning, unless the template closed
+    it (thinking switched off)."""

@@ -5,12 +5,13 @@ named function), so their text is known JSON rather than a model's own format:
   (:class:`CallArrayParser`);
 - a named function: the arguments object alone (:class:`NamedCallParser`).
 
-They are not chosen by a model's config, so they are not registered by name.
+They are not chosen by a model's config, so they are not in the package's ``PARSERS`` table.
 """
 
 from __future__ import annotations
 
-from gateway.serving.tool_parsers import CallReader, ParserDelta, ToolCallDelta, ToolParser
+from gateway.serving.tool_parsers.base import ParserDelta, ToolCallDelta, ToolParser
+from gateway.serving.tool_parsers.call_reader import CallReader
 
 
 class NamedCallParser(ToolParser):

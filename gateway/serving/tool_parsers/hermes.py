@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import json
 
-from gateway.serving.tool_parsers import (
-    CallReader,
-    ParserDelta,
-    ToolCallDelta,
-    ToolParser,
-    register,
-)
+from gateway.serving.tool_parsers.base import ParserDelta, ToolCallDelta, ToolParser
+from gateway.serving.tool_parsers.call_reader import CallReader
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -25,9 +20,8 @@ def _held_back(text: str, tag: str) -> int:
     return 0
 
 
-@register
 class HermesParser(ToolParser):
-    name = "hermes"
+    """vLLM's ``hermes`` format: calls between ``<tool_call>`` tags, text around them."""
 
     def __init__(
         self, tools: frozenset[str] | list[str] | tuple[str, ...], max_calls: int | None = None
