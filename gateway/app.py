@@ -40,7 +40,8 @@ from gateway.metrics import Metrics
 from gateway.outages import Outage
 from gateway.services import build_services
 from gateway.serving.json_shape import JsonLimits
-from gateway.state.redis import LAYOUT, REDIS_RESTART_S, connect, migrate
+from gateway.state.migration import LAYOUT, migrate
+from gateway.state.redis import REDIS_RESTART_S, connect
 from gateway.tracing import Tracing, traces_endpoint
 
 logger = logging.getLogger("gateway")

@@ -25,7 +25,8 @@ from gateway.errors import GatewayError
 from gateway.stack.credentials import redis_password
 from gateway.state.audit import Actor, AuditLog, Auditor
 from gateway.state.keys import ApiKey, KeyCreate, KeyStore
-from gateway.state.redis import connect, migrate
+from gateway.state.migration import migrate
+from gateway.state.redis import connect
 
 
 def _parser() -> argparse.ArgumentParser:

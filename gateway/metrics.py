@@ -54,7 +54,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -66,9 +67,6 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-if TYPE_CHECKING:
-    from gateway.state.admission import Admission
-
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -77,6 +75,19 @@ _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.
 UNKNOWN_MODEL = "unknown"
 
 _Family = TypeVar("_Family", Counter, Gauge, Histogram)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one request used, under the model it used (``""``: none, nothing is counted):
+    what :meth:`Metrics.record_usage` counts. The request's admission makes it
+    (``Admission.usage``)."""
+
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    audio_seconds_in: float = 0.0
+    audio_seconds_out: float = 0.0
 
 
 def multiprocess() -> bool:
@@ -279,7 +290,7 @@ class Metrics:
             _LATENCY_BUCKETS,
         )
 
-        # Set by state.redis.RedisHealth. Across the processes of one multiprocess
+        # Set by state.redis_health.RedisHealth. Across the processes of one multiprocess
         # directory, the lowest: one process that cannot reach Redis shows as down.
         self.redis_up = Gauge(
             "gateway_redis_up",
@@ -352,31 +363,29 @@ class Metrics:
             self.model_ready.labels(model).set(int(serves))
         self._shown_ready.update(ready)
 
-    def record_request(
-        self, route: str, admission: Admission | None, status: int, elapsed: float
-    ) -> None:
-        """Counts a finished request: its route, model, status, duration and usage (a 404's
-        admission names no model: the middleware clears it, see ``GatewayMiddleware._settle``)."""
-        model = admission.model if admission is not None else ""
+    def record_request(self, route: str, usage: Usage | None, status: int, elapsed: float) -> None:
+        """Counts a finished request: its route, model, status, duration and usage (none for
+        a request that was not admitted; a 404's names no model: the middleware clears it,
+        see ``GatewayMiddleware._settle``)."""
+        model = usage.model if usage is not None else ""
         self.requests.labels(route, model, str(status)).inc()
         self.duration.labels(route, model).observe(elapsed)
-        if admission is not None:
-            self.record_usage(admission)
+        if usage is not None:
+            self.record_usage(usage)
 
-    def record_usage(self, admission: Admission) -> None:
+    def record_usage(self, usage: Usage) -> None:
         """Counts what an admitted request used, under its model."""
-        model = admission.model
-        meter = admission.meter
+        model = usage.model
         if not model:
             return
-        if meter.prompt_tokens:
-            self.prompt_tokens.labels(model).inc(meter.prompt_tokens)
-        if meter.completion_tokens:
-            self.completion_tokens.labels(model).inc(meter.completion_tokens)
-        if meter.audio_seconds_in:
-            self.audio_in.labels(model).inc(meter.audio_seconds_in)
-        if meter.audio_seconds_out:
-            self.audio_out.labels(model).inc(meter.audio_seconds_out)
+        if usage.prompt_tokens:
+            self.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+        if usage.completion_tokens:
+            self.completion_tokens.labels(model).inc(usage.completion_tokens)
+        if usage.audio_seconds_in:
+            self.audio_in.labels(model).inc(usage.audio_seconds_in)
+        if usage.audio_seconds_out:
+            self.audio_out.labels(model).inc(usage.audio_seconds_out)
 
     def backend_wait(self, outcome: str) -> None:
         self.backend_waits.labels(outcome).inc()

@@ -43,12 +43,15 @@ from gateway.state.budgets import Budgets, Prices
 from gateway.state.chat_completions import ChatCompletionStore
 from gateway.state.client_secrets import ClientSecretStore
 from gateway.state.conversations import ConversationStore
+from gateway.state.headroom import Headroom
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
-from gateway.state.redis import Headroom, RedisHealth
+from gateway.state.projects import ProjectStore
+from gateway.state.redis_health import RedisHealth
 from gateway.state.response_events import BackgroundRuns
 from gateway.state.responses import ResponseStore
 from gateway.state.sessions import SessionStore
+from gateway.state.spend import Spend
 from gateway.state.stored_bytes import StoredBytes
 from gateway.state.transcripts import TranscriptStore
 
@@ -66,6 +69,8 @@ class Services:
     gatekeeper: Gatekeeper
     limits: Limits
     budgets: Budgets
+    projects: ProjectStore
+    spend: Spend
     sessions: SessionStore
     stored_bytes: StoredBytes
     chat: ChatService
@@ -100,6 +105,8 @@ def build_services(
     keys = KeyStore(redis)
     limits = Limits(redis)
     budgets = Budgets(redis, Prices(settings.prices), metrics)
+    projects = ProjectStore(redis)
+    spend = Spend(redis, projects)
     gatekeeper = Gatekeeper(
         redis, limits, settings.concurrency_lease_s, settings.admin_key, budgets=budgets
     )
@@ -154,6 +161,8 @@ def build_services(
         gatekeeper=gatekeeper,
         limits=limits,
         budgets=budgets,
+        projects=projects,
+        spend=spend,
         sessions=sessions,
         stored_bytes=stored_bytes,
         chat=chat,
@@ -200,7 +209,7 @@ def build_services(
         realtime_secrets=RealtimeSecrets(
             realtime, ClientSecretStore(redis, stored_bytes, settings.max_stored_kb)
         ),
-        admin=AdminService(backend, catalog, keys, limits, budgets),
+        admin=AdminService(backend, catalog, keys, limits, projects, spend),
         redis_health=RedisHealth(
             redis, lambda up: metrics.redis_up.set(int(up)), settings.redis_check_interval_s
         ),
@@ -214,4 +223,4 @@ async def _settle_background(
     """Settles a background response's run when it ends (its tokens, usage and metrics), as
     the middleware settles a request when it has been answered."""
     await gatekeeper.finish(admission)
-    metrics.record_usage(admission)
+    metrics.record_usage(admission.usage())

@@ -292,7 +292,8 @@ class GatewayMiddleware:
             admission.model = ""
         route = getattr(scope.get("route"), "path", None) or "unmatched"
         if route != "/metrics":
-            self.metrics.record_request(route, admission, status, time.monotonic() - started)
+            usage = admission.usage() if admission is not None else None
+            self.metrics.record_request(route, usage, status, time.monotonic() - started)
         if admission is not None:
             gatekeeper = services_of(scope).gatekeeper
             # Shielded: a cancelled request still releases its slot and counts its usage.

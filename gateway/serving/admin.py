@@ -11,9 +11,10 @@ from gateway.backend import Backend, RepositoryModel
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import ModelCatalog
 from gateway.state.admission import BOOTSTRAP_ADMIN
-from gateway.state.budgets import MAX_SPEND_DAYS, Budgets
 from gateway.state.keys import ApiKey, CreatedKey, KeyCreate, KeyStore, KeyUpdate
 from gateway.state.limits import Limits
+from gateway.state.projects import ProjectStore
+from gateway.state.spend import MAX_SPEND_DAYS, Spend
 
 
 class AdminService:
@@ -23,13 +24,15 @@ class AdminService:
         catalog: ModelCatalog,
         keys: KeyStore,
         limits: Limits,
-        budgets: Budgets | None = None,
+        projects: ProjectStore,
+        spend: Spend,
     ) -> None:
         self.backend = backend
         self.catalog = catalog
         self.keys = keys
         self.limits = limits
-        self.budgets = budgets
+        self.projects = projects
+        self.spend_reports = spend
 
     async def repository(self) -> list[dict[str, Any]]:
         """Every model of the repository: its state (Triton's, and in this API's words:
@@ -74,20 +77,16 @@ class AdminService:
 
     # --- projects, budgets and spend (docs/budgets.md) -------------------------------
 
-    def _budgets(self) -> Budgets:
-        assert self.budgets is not None, "built with its Budgets by build_services"
-        return self.budgets
-
     async def create_key(self, spec: KeyCreate) -> CreatedKey:
         """A new key; 400 naming ``project`` for a project that does not exist."""
         if spec.project is not None:
-            await self._budgets().project(spec.project, param="project")
+            await self.projects.get(spec.project, param="project")
         return await self.keys.create(spec)
 
     async def update_key(self, key_id: str, change: KeyUpdate) -> ApiKey:
         await self.keys.get(key_id)  # 404 first
         if change.project is not None:
-            await self._budgets().project(change.project, param="project")
+            await self.projects.get(change.project, param="project")
         return await self.keys.update(key_id, change)
 
     async def spend(
@@ -117,7 +116,6 @@ class AdminService:
                 param=param,
                 code="invalid_value",
             )
-        budgets = self._budgets()
         if key_id is not None:
             keys = (
                 [BOOTSTRAP_ADMIN] if key_id == BOOTSTRAP_ADMIN.id else [await self.keys.get(key_id)]
@@ -125,8 +123,8 @@ class AdminService:
         else:
             keys = [*await self.keys.all(), BOOTSTRAP_ADMIN]
         if project is not None:
-            await budgets.project(project)  # 404 for an unknown one
-        rows = await budgets.spend(keys, group_by, first, last, key_id, project)
+            await self.projects.get(project)  # 404 for an unknown one
+        rows = await self.spend_reports.report(keys, group_by, first, last, key_id, project)
         return {
             "object": "list",
             "group_by": group_by,

@@ -3,7 +3,7 @@ the key's limits, in one place.
 
 - :func:`key_id_of` reads the public id out of ``sk-gw-<id>-<secret>``: it names the key's
   record and its rate-limit windows.
-- One Lua script, :data:`_ADMIT`, reads the key's record and compares the presented key's
+- One Lua script, ``lua/admit.lua``, reads the key's record and compares the presented key's
   hash with it, refuses a revoked or expired key and, asked to admit, lets the request in
   under the key's limits, all in one Redis round trip.
 - :meth:`Gatekeeper.check` runs it to check the key alone (the admin API, ``/metrics``
@@ -16,7 +16,7 @@ the key's limits, in one place.
 - :meth:`Gatekeeper.admit_as` admits the same way as the key whose id and hash a Realtime
   client secret holds (:mod:`gateway.state.client_secrets`); a client secret presented
   as a key anywhere else is a 401 saying that it only opens a Realtime session.
-- The leases this process holds are renewed by one task (:data:`_RENEW`), so a request
+- The leases this process holds are renewed by one task (``lua/renew_lease.lua``), so a request
   keeps its slot however long it runs, and a gateway that dies frees them when they expire.
 
 ``GATEWAY_ADMIN_KEY`` is a bootstrap admin key checked without Redis, so an operator can
@@ -41,89 +41,15 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.errors import AuthenticationError, RateLimitError
+from gateway.metrics import Usage
 from gateway.state.budgets import Budgets
 from gateway.state.client_secrets import ONLY_REALTIME, is_client_secret
 from gateway.state.keys import KEY_PREFIX, ApiKey, hash_key, public_record, record_key
 from gateway.state.limits import Limits, Meter, duration, limit_keys, refusal
 from gateway.state.redis import is_cluster, needs_store
+from gateway.state.scripts import register
 
 logger = logging.getLogger("gateway.state.admission")
-
-# The key check, and the admission, in one round trip.
-# KEYS: key record, request buckets, token buckets, leases. ARGV: the presented key's hash,
-# mode ('check': the key only; 'admit': its request too), lease id ('' to take none), lease
-# seconds. Returns {record or '', refusal of the key ('' when valid)} when the key is
-# refused, only checked or has no limits; else {record, '', admitted (1/0), limit hit,
-# seconds until it frees, requests in the window (this one included), tokens in the
-# window, seconds until the windows are empty again}; numbers as strings (Lua numbers reach
-# Redis as integers). The hashes are compared in Lua: they are hashes of 256-bit secrets,
-# so how long a comparison takes tells an attacker nothing usable.
-_ADMIT = """
-local raw = redis.call('GET', KEYS[1])
-if not raw then return {'', 'unknown'} end
-local key = cjson.decode(raw)
-if key.secret_hash ~= ARGV[1] then return {'', 'unknown'} end
-if key.revoked_at ~= cjson.null then return {raw, 'revoked'} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local sec = tonumber(t[1])
-if key.expires_at ~= cjson.null and sec >= key.expires_at then return {raw, 'expired'} end
-if ARGV[2] == 'check' then return {raw, ''} end
-local function limit(value)
-  if value == nil or value == cjson.null then return 0 end
-  return value
-end
-local rpm, tpm, conc = limit(key.rpm), limit(key.tpm), limit(key.max_concurrency)
-if rpm == 0 and tpm == 0 and conc == 0 then return {raw, ''} end
-local function window(key)
-  local total, oldest, newest = 0, sec, 0
-  local all = redis.call('HGETALL', key)
-  for i = 1, #all, 2 do
-    local s = tonumber(all[i])
-    if s <= sec - 60 then
-      redis.call('HDEL', key, all[i])
-    else
-      total = total + tonumber(all[i + 1])
-      if s < oldest then oldest = s end
-      if s > newest then newest = s end
-    end
-  end
-  return total, oldest + 60 - now, newest + 60 - now
-end
-local requests, req_frees, req_empty = window(KEYS[2])
-local tokens, tok_frees, tok_empty = window(KEYS[3])
-local function no(limit, wait)
-  return {raw, '', 0, limit, tostring(wait), tostring(requests), tostring(tokens),
-          tostring(req_empty), tostring(tok_empty)}
-end
-if rpm > 0 and requests >= rpm then return no('requests', req_frees) end
-if tpm > 0 and tokens >= tpm then return no('tokens', tok_frees) end
-if conc > 0 and ARGV[3] ~= '' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  if redis.call('ZCARD', KEYS[4]) >= conc then return no('concurrency', 1) end
-  local ttl = tonumber(ARGV[4])
-  redis.call('ZADD', KEYS[4], now + ttl, ARGV[3])
-  redis.call('EXPIRE', KEYS[4], math.ceil(ttl) + 1)
-end
-redis.call('HINCRBY', KEYS[2], sec, 1)
-redis.call('EXPIRE', KEYS[2], 61)
-return {raw, '', 1, '', '0', tostring(requests + 1), tostring(tokens), '60',
-        tostring(tok_empty)}
-"""
-
-# KEYS: leases. ARGV: lease id, lease seconds. Pushes the lease's expiry (and the set's)
-# forward if it is still held.
-_RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
--- The set itself must outlive the renewed lease (every lease has the same length).
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('EXPIRE', KEYS[1], math.ceil(ttl) + 1)
-end
-return 1
-"""
 
 
 def key_id_of(key: str) -> str | None:
@@ -180,6 +106,17 @@ class Admission:
         self.model = model
         return self.meter
 
+    def usage(self) -> Usage:
+        """What the request used so far, under its model (for the metrics)."""
+        meter = self.meter
+        return Usage(
+            self.model,
+            meter.prompt_tokens,
+            meter.completion_tokens,
+            meter.audio_seconds_in,
+            meter.audio_seconds_out,
+        )
+
 
 def _headers(key: ApiKey, result: list[str]) -> dict[str, str]:
     """The rate-limit headers from the admission script's counts (``result[3:]``)."""
@@ -212,8 +149,8 @@ class Gatekeeper:
         self.budgets = budgets
         self.lease_s = lease_s
         self._admin_hash = hash_key(admin_key.get_secret_value()) if admin_key else None
-        self._admit = redis.register_script(_ADMIT)
-        self._renew = redis.register_script(_RENEW)
+        self._admit = register(redis, "admit")
+        self._renew = register(redis, "renew_lease")
         # Lease ids: this process's random prefix and a counter (unique across replicas).
         self._lease_prefix = f"{uuid.uuid4().hex[:12]}-"
         self._lease_numbers = itertools.count()
@@ -277,14 +214,38 @@ class Gatekeeper:
         """``admission`` whose meter reserves under the key's and its project's budgets,
         if it may have any (docs/budgets.md)."""
         if self.budgets is not None and self.budgets.applies(admission.key):
-            admission.meter.budgeter = partial(self.budgets.reserve, admission)
+            admission.meter.budgeter = partial(self._reserve_budget, admission)
         return admission
+
+    async def _reserve_budget(
+        self,
+        admission: Admission,
+        meter: Meter,
+        prompt: int,
+        per_generation: int,
+        generations: int,
+        flexible: bool,
+        audio_seconds_in: float,
+    ) -> int:
+        """:meth:`Budgets.reserve` for ``admission``, under the model it uses by then (the
+        service names it after the request was admitted)."""
+        assert self.budgets is not None
+        return await self.budgets.reserve(
+            admission.key,
+            admission.model,
+            meter,
+            prompt,
+            per_generation,
+            generations,
+            flexible,
+            audio_seconds_in,
+        )
 
     @needs_store
     async def _run(
         self, key_id: str, key_hash: str, mode: str, lease: str = ""
     ) -> tuple[ApiKey, list[str]]:
-        """One run of :data:`_ADMIT`: the key's metadata and the script's counts (none when
+        """One run of ``admit.lua``: the key's metadata and the script's counts (none when
         it only checked the key, or the key has no limits); 401 for a refused key."""
         result = await self._admit(
             keys=[record_key(key_id), *limit_keys(key_id)],
@@ -305,7 +266,7 @@ class Gatekeeper:
             return
         # The key's limits and budget in one script run (its slot); its project's at once.
         finish = self.limits.finish_call(key.id, admission.lease, meter, admission.model, record)
-        await self.budgets.settle(admission, record, finish)
+        await self.budgets.settle(key, admission.model, meter, record, finish)
 
     async def _keep(self) -> None:
         """Renews every lease this process holds, all in one round trip, a few times per

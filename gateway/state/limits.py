@@ -4,7 +4,9 @@ exceed a limit. A request is let in (its key checked, ``rpm`` and concurrency) b
 :mod:`gateway.state.admission`; this module has what it then uses: the tokens it reserves
 and settles (:class:`Meter`, :class:`Limits`), and the key's usage.
 
-Each limit is one Lua script run (``EVALSHA``): Redis runs scripts one at a time, so the
+Each limit is one Lua script run (``EVALSHA``; ``lua/limits_reserve.lua`` and
+``lua/limits_finish.lua`` here, ``lua/admit.lua`` at admission): Redis runs scripts one at
+a time, so the
 check and the increment cannot interleave between replicas, and the clock is Redis's own
 ``TIME``, the same for every replica.
 
@@ -40,80 +42,9 @@ from redis.exceptions import RedisError
 from gateway.errors import RateLimitError
 from gateway.state.keys import ApiKey
 from gateway.state.redis import PREFIX, needs_store
+from gateway.state.scripts import register
 
 logger = logging.getLogger("gateway.state.limits")
-
-# KEYS: token buckets. ARGV: tpm, prompt tokens, tokens per generation, generations,
-# flexible (1: the request set no max_tokens, so it may be given fewer). Returns {'ok',
-# tokens granted per generation, bucket (second) of the reservation} or {'no', seconds
-# until the window frees} or {'too_large'} (the request can never fit the limit).
-_RESERVE = """
-local t = redis.call('TIME')
-local sec = tonumber(t[1])
-local now = sec + tonumber(t[2]) / 1000000
-local total, oldest = 0, sec
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local s = tonumber(all[i])
-  if s <= sec - 60 then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    total = total + tonumber(all[i + 1])
-    if s < oldest then oldest = s end
-  end
-end
-local tpm, prompt, per, count = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
-  tonumber(ARGV[4])
-local least = per
-if ARGV[5] == '1' then least = 1 end
-if prompt + count * least > tpm then return {'too_large'} end
-local grant = per
-if ARGV[5] == '1' then grant = math.min(per, math.floor((tpm - total - prompt) / count)) end
-if grant < least or prompt + count * grant > tpm - total then
-  return {'no', tostring(oldest + 60 - now)}
-end
-redis.call('HINCRBY', KEYS[1], sec, prompt + count * grant)
-redis.call('EXPIRE', KEYS[1], 61)
-return {'ok', tostring(grant), tostring(sec)}
-"""
-
-# KEYS: token buckets, leases, usage, usage by model. ARGV: tokens, lease id, prompt
-# tokens, completion tokens, audio seconds in, audio seconds out, the model (counted in its
-# own fields when not empty), then the reservations as bucket, tokens pairs. The tokens
-# used fill the reservations in turn; each reservation still in the window is settled to
-# its share in its own bucket (never below zero), one that has left the window counts no
-# more; tokens beyond all reservations are counted now.
-_FINISH = """
-local sec = tonumber(redis.call('TIME')[1])
-local left = tonumber(ARGV[1])
-for i = 9, #ARGV, 2 do
-  local at, reserved = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  local share = math.min(left, reserved)
-  left = left - share
-  if at > sec - 60 and share < reserved then
-    local held = tonumber(redis.call('HGET', KEYS[1], at) or '0')
-    local change = math.max(share - reserved, -held)
-    if change ~= 0 then redis.call('HINCRBY', KEYS[1], at, change) end
-  end
-end
-if left > 0 then
-  redis.call('HINCRBY', KEYS[1], sec, left)
-  redis.call('EXPIRE', KEYS[1], 61)
-end
-if ARGV[2] ~= '' then redis.call('ZREM', KEYS[2], ARGV[2]) end
-if ARGV[8] == '0' then return 1 end
-redis.call('HINCRBY', KEYS[3], 'requests', 1)
-redis.call('HINCRBY', KEYS[3], 'prompt_tokens', ARGV[3])
-redis.call('HINCRBY', KEYS[3], 'completion_tokens', ARGV[4])
-redis.call('HINCRBYFLOAT', KEYS[3], 'audio_seconds_in', ARGV[5])
-redis.call('HINCRBYFLOAT', KEYS[3], 'audio_seconds_out', ARGV[6])
-if ARGV[7] ~= '' then
-  redis.call('HINCRBY', KEYS[4], 'requests:' .. ARGV[7], 1)
-  redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[7], ARGV[3])
-  redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[7], ARGV[4])
-end
-return 1
-"""
 
 
 def limit_keys(key_id: str) -> tuple[str, str, str]:
@@ -217,8 +148,8 @@ class Limits:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self._finish = redis.register_script(_FINISH)
-        self._reserve = redis.register_script(_RESERVE)
+        self._finish = register(redis, "limits_finish")
+        self._reserve = register(redis, "limits_reserve")
 
     @needs_store
     async def reserve(
@@ -274,7 +205,7 @@ class Limits:
     def finish_call(
         key_id: str, lease: str, meter: Meter, model: str = "", record: bool = True
     ) -> tuple[list[str], list[Any]]:
-        """The keys and arguments of :data:`_FINISH` for :meth:`settle` (which
+        """The keys and arguments of ``limits_finish.lua`` for :meth:`settle` (which
         :mod:`gateway.state.budgets` also runs in one script with a key's budget)."""
         _, tokens, leases = limit_keys(key_id)
         keys = [tokens, leases, usage_key(key_id), model_usage_key(key_id)]

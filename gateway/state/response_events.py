@@ -5,7 +5,7 @@ replica can retrieve, follow or cancel a response another replica runs.
 Per response ``R`` of the key ``K`` (all in ``K``'s Redis Cluster slot, ``{K}``):
 
 - ``gw:background:{K}:running``: a sorted set of the key's running responses, each scored
-  by the end of its lease (``background.lua``). The replica that runs ``R`` renews its
+  by the end of its lease (``lua/background.lua``). The replica that runs ``R`` renews its
   lease every third of ``background_lease_s``; a replica that dies stops renewing, so its
   responses stop counting against ``max_background_per_key`` after one lease, and a reader
   that finds ``R`` still ``queued``/``in_progress`` without a lease reports it ``failed``.
@@ -26,14 +26,13 @@ Everything expires with the response's record, ``responses_ttl_s`` after it was 
 
 from __future__ import annotations
 
-import importlib.resources
 from typing import Any, Literal
 
 from redis.asyncio import Redis
 
 from gateway.state.redis import PREFIX, needs_store
+from gateway.state.scripts import register
 
-_SCRIPT = importlib.resources.files("gateway.state").joinpath("background.lua").read_text()
 #: Events one read returns at most (a follower reads again at once when it got this many).
 READ_COUNT = 500
 #: Who claims a response's end: the replica that runs it, a cancel, or a reader that found
@@ -55,7 +54,7 @@ class BackgroundRuns:
         self.redis = redis
         self.ttl_s = ttl_s
         self.lease_ms = int(lease_s * 1000)
-        self._script = redis.register_script(_SCRIPT)
+        self._script = register(redis, "background")
 
     @staticmethod
     def _end(owner: str, response_id: str) -> str:

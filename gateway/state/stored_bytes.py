@@ -1,6 +1,6 @@
 """How many bytes each API key (and each project) keeps stored in Redis, and the quotas
 ``GATEWAY_STORED_MB_PER_KEY`` and ``GATEWAY_STORED_MB_PER_PROJECT`` on them, beside the
-global :class:`~gateway.state.redis.Headroom`: one key filling its share cannot stop
+global :class:`~gateway.state.headroom.Headroom`: one key filling its share cannot stop
 another key's storing.
 
 What counts: every record a key keeps for long, as the bytes of what is stored (its JSON or
@@ -10,7 +10,7 @@ responses (with their conversation, the index entries of their items:
 stored chat completions, chat sessions, spoken answers' transcripts, and Realtime client
 secrets not yet used.
 
-**Accounting** (``stored_bytes.lua``, one script run per scope, so a check and its
+**Accounting** (``lua/stored_bytes.lua``, one script run per scope, so a check and its
 increment cannot interleave between replicas). Each scope keeps a sorted set of its entries
 (a record, or a hold) scored by when they end, and a hash of their sizes with their sum.
 Every run first removes the entries whose end has passed, so a record that expires by its
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.resources
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +48,10 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from gateway.errors import InvalidRequestError, PermissionDeniedError
+from gateway.state.headroom import Headroom
 from gateway.state.keys import public_record, record_key
-from gateway.state.redis import PREFIX, Headroom, needs_store
+from gateway.state.redis import PREFIX, needs_store
+from gateway.state.scripts import register
 
 
 def bounded_json(record: BaseModel, max_kb: int, param: str, told: str, advice: str) -> str:
@@ -68,8 +69,6 @@ def bounded_json(record: BaseModel, max_kb: int, param: str, told: str, advice: 
         )
     return raw
 
-
-_SCRIPT = importlib.resources.files("gateway.state").joinpath("stored_bytes.lua").read_text()
 
 #: What Redis keeps beside a record's bytes (its key, its expiry, its accounting entries),
 #: counted with each record so that many tiny records are not free: Redis's
@@ -121,7 +120,7 @@ class StoredBytes:
         self.per_key = int(per_key_mb * MB)
         self.per_project = int(per_project_mb * MB)
         self.headroom = headroom or Headroom(redis)
-        self._script = redis.register_script(_SCRIPT)
+        self._script = register(redis, "stored_bytes")
 
     async def _run(self, scope: str, name: str, op: str, *args: str | int) -> Any:
         keys = counter_keys(scope, name)

@@ -429,10 +429,12 @@ async def test_what_a_request_holds_itself_cannot_make_room_so_it_is_budget_exce
     made = await new_key(http, budget={"tokens_per_day": 400})
     budgets = app.state.services.budgets
     request = _admission(await app.state.services.keys.get(made["id"]))
-    assert await budgets.reserve(request, request.meter, 10, 290, 1, False) == 290
+    assert (
+        await budgets.reserve(request.key, request.model, request.meter, 10, 290, 1, False) == 290
+    )
     with pytest.raises(BudgetExceededError):
-        await budgets.reserve(request, request.meter, 10, 150, 1, False)
-    await budgets.settle(request)
+        await budgets.reserve(request.key, request.model, request.meter, 10, 150, 1, False)
+    await budgets.settle(request.key, request.model, request.meter)
     assert (await _me(http, made["key"]))["budgets"][0]["reserved"] == 0
 
 
@@ -446,14 +448,14 @@ async def test_a_settle_run_twice_counts_once_and_leaves_the_others_holds(
     budgets = app.state.services.budgets
     api_key = await app.state.services.keys.get(made["id"])
     running, ended = _admission(api_key), _admission(api_key)
-    await budgets.reserve(running, running.meter, 10, 190, 1, False)  # holds 200
-    await budgets.reserve(ended, ended.meter, 10, 40, 1, False)  # holds 50
+    await budgets.reserve(running.key, running.model, running.meter, 10, 190, 1, False)  # holds 200
+    await budgets.reserve(ended.key, ended.model, ended.meter, 10, 40, 1, False)  # holds 50
     ended.meter.add_tokens(8, 12)
-    await budgets.settle(ended)
-    await budgets.settle(ended)  # again
+    await budgets.settle(ended.key, ended.model, ended.meter)
+    await budgets.settle(ended.key, ended.model, ended.meter)  # again
     (use,) = (await _me(http, made["key"]))["budgets"]
     assert (use["used"], use["reserved"], use["remaining"]) == (20, 200, 180)
-    await budgets.settle(running)
+    await budgets.settle(running.key, running.model, running.meter)
     (use,) = (await _me(http, made["key"]))["budgets"]
     assert (use["used"], use["reserved"]) == (20, 0)
 
@@ -475,13 +477,15 @@ async def test_a_client_gone_while_its_reservation_is_made_still_has_it_released
 
     monkeypatch.setattr(budgets, "_reserve", slow)
     request = _admission(await app.state.services.keys.get(made["id"]))
-    reserving = asyncio.create_task(budgets.reserve(request, request.meter, 10, 290, 1, True))
+    reserving = asyncio.create_task(
+        budgets.reserve(request.key, request.model, request.meter, 10, 290, 1, True)
+    )
     await started.wait()
     reserving.cancel()
     with pytest.raises(asyncio.CancelledError):
         await reserving
     assert [r[3] for r in request.meter.budget_reservations] == [300]
-    await budgets.settle(request)
+    await budgets.settle(request.key, request.model, request.meter)
     assert (await _me(http, made["key"]))["budgets"][0]["reserved"] == 0
 
 

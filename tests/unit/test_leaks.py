@@ -131,7 +131,7 @@ async def test_stored_conversations_leave_redis_room_for_every_keys_requests(
     own_redis: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A small Redis's memory moves a lot with its connections: a low share leaves room.
-    monkeypatch.setattr("gateway.state.redis.STORED_SHARE", 0.3)
+    monkeypatch.setattr("gateway.state.headroom.STORED_SHARE", 0.3)
     async with serve(make_settings(redis_url=own_redis.url)) as (_, http, _sdk):
         key = (await new_key(http, rpm=100, tpm=10_000))["key"]
         with redis.Redis.from_url(own_redis.url) as admin:

@@ -12,8 +12,8 @@ from gateway.api.audit import AuditDep
 from gateway.api.auth import require_admin
 from gateway.api.dependencies import ServicesDep
 from gateway.state.audit import MAX_PAGE
-from gateway.state.budgets import Project, ProjectCreate, ProjectUpdate
 from gateway.state.keys import ApiKey, CreatedKey, KeyCreate, KeyUpdate
+from gateway.state.projects import Project, ProjectCreate, ProjectUpdate
 
 # The admin role is required here too, not only where app.py includes this router: no other
 # place that includes it can expose key creation (FastAPI runs the dependency once).
@@ -108,17 +108,17 @@ async def update_key(
 async def create_project(spec: ProjectCreate, services: ServicesDep, audit: AuditDep) -> Project:
     """Creates a project (docs/budgets.md): keys join it with ``project``."""
     async with audit("project.create", spec.id, spec.model_dump(exclude_none=True)):
-        return await services.budgets.create_project(spec)
+        return await services.projects.create(spec)
 
 
 @router.get("/projects")
 async def list_projects(services: ServicesDep) -> dict[str, Any]:
-    return {"object": "list", "data": await services.budgets.projects()}
+    return {"object": "list", "data": await services.projects.all()}
 
 
 @router.get("/projects/{project_id}")
 async def get_project(project_id: str, services: ServicesDep) -> Project:
-    return await services.budgets.project(project_id)
+    return await services.projects.get(project_id)
 
 
 @router.patch("/projects/{project_id}")
@@ -127,7 +127,7 @@ async def update_project(
 ) -> Project:
     """Sets a project's name or budget; ``"budget": null`` clears it."""
     async with audit("project.update", project_id, change.model_dump(exclude_unset=True)):
-        return await services.budgets.update_project(project_id, change)
+        return await services.projects.update(project_id, change)
 
 
 @router.get("/spend")

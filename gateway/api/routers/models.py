@@ -88,7 +88,7 @@ async def me(caller: CallerDep, services: ServicesDep) -> Me:
     its spend and budgets, its stored bytes. The playground asks it to know whether to show
     its admin console."""
     try:
-        status = await services.budgets.status(caller)
+        status = await services.spend.status(caller)
         status["storage"] = await services.stored_bytes.usage(caller.id, caller.project)
     except StoreUnavailableError:
         status = {}

@@ -155,7 +155,7 @@ class RealtimeServices:
         """Records what a session's request used (never raises)."""
         await self.finish(admission, True)
         if self.metrics is not None:
-            self.metrics.record_usage(admission)
+            self.metrics.record_usage(admission.usage())
 
     async def release(self, admission: Admission) -> None:
         """Ends a request of the gateway's own making (an answer made ahead and dropped):
