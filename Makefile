@@ -39,6 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway tests triton_repo
 	$(BIN)/ruff format --check gateway tests triton_repo
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench.chat
