@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from starlette.routing import BaseRoute
 
 from gateway.api.auth import admit, require_admin
+from gateway.api.inference import inference_paths
 from gateway.api.middleware import Drain, GatewayMiddleware
 from gateway.api.routers import (
     admin,
@@ -181,9 +182,27 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         json_limits=JsonLimits.from_settings(settings),
         tracing=tracing,
         backend_wait_s=settings.backend_wait_s,
+        inference_routes=inference_paths(
+            route for group in V1_ROUTERS for route in group.router.routes
+        ),
     )
     app.router.routes.extend(_routes())
     return app
+
+
+#: The routers of ``/v1`` (their routes carry the full path, ``/v1/...``).
+V1_ROUTERS = (
+    chat,
+    completions,
+    responses,
+    conversations,
+    embeddings,
+    audio,
+    realtime,
+    models,
+    realtime_secrets,
+    sessions,
+)
 
 
 @functools.cache
@@ -198,8 +217,7 @@ def _routes() -> list[BaseRoute]:
     # requires it too); /metrics has its own rule (api/routers/metrics.py); the health
     # probes, the playground and FastAPI's /docs, /redoc and /openapi.json are open.
     v1 = APIRouter(dependencies=[Depends(admit)])
-    groups = (chat, completions, responses, conversations, embeddings, audio, realtime, models)
-    for group in (*groups, realtime_secrets, sessions):
+    for group in V1_ROUTERS:
         v1.include_router(group.router)
     routes.include_router(v1)
     routes.include_router(admin.router, dependencies=[Depends(require_admin)])

@@ -111,8 +111,11 @@ class GatewayMiddleware:
         backend_wait_s: float = 5.0,
         edge_body_mb: float = 36.0,
         json_limits: JsonLimits | None = None,
+        inference_routes: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
+        self.inference_routes = inference_routes
+        """The paths of the inference routes: their requests are labelled by path."""
         self.bodies = BodyGate(max_body_mb, edge_body_mb, json_limits or JsonLimits.defaults())
         self.backend_wait_s = backend_wait_s
         self.metrics = metrics
@@ -123,6 +126,9 @@ class GatewayMiddleware:
             f"The request body is larger than {max_body_mb:g} MB, the most this gateway "
             "reads (GATEWAY_MAX_REQUEST_MB)."
         )
+
+    def _route_of(self, scope: Scope) -> str:
+        return route_label(scope, self.inference_routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -183,7 +189,7 @@ class GatewayMiddleware:
                         headers[name] = value
             await send(message)
 
-        in_flight = self.metrics.in_flight.labels(_route_of(scope))
+        in_flight = self.metrics.in_flight.labels(self._route_of(scope))
         in_flight.inc()
         self.drain.busy += 1
         # The request's allowance to wait for a backend coming back; a wait also ends when
@@ -218,7 +224,7 @@ class GatewayMiddleware:
         websocket = scope["type"] == "websocket"
         method = "WEBSOCKET" if websocket else scope["method"]
         request_span = tracer.start_span(
-            f"{method} {_route_of(scope)}",  # named by its route's template at the end
+            f"{method} {self._route_of(scope)}",  # named by its route's template at the end
             context=parent_of(scope["headers"]),
             kind=SpanKind.SERVER,
             attributes=_request_attributes(scope, method),
@@ -275,7 +281,7 @@ class GatewayMiddleware:
                 status = 403  # closed before the upgrade: the client sees a 403
             await send(message)
 
-        in_flight = self.metrics.in_flight.labels(_route_of(scope))
+        in_flight = self.metrics.in_flight.labels(self._route_of(scope))
         in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapped)
@@ -332,14 +338,14 @@ class GatewayMiddleware:
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        self.metrics.requests.labels(_route_of(scope), "", str(error.status_code)).inc()
+        self.metrics.requests.labels(self._route_of(scope), "", str(error.status_code)).inc()
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, length: int | None) -> None:
         """The 503 of a draining process, after the body was read and dropped."""
         await self.bodies.discard(receive, length)
         await send(_DRAINING_START)
         await send({"type": "http.response.body", "body": _DRAINING_BODY})
-        self.metrics.requests.labels(_route_of(scope), "", "503").inc()
+        self.metrics.requests.labels(self._route_of(scope), "", "503").inc()
 
 
 #: The requests that get a span when traces are on (not the probes, /metrics or the
@@ -395,27 +401,16 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-_INFERENCE_ROUTES = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/embeddings",
-        "/v1/audio/speech",
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-        "/v1/realtime",
-    }
-)
 _GROUPS = frozenset({"v1", "admin", "health", "metrics"})
 
 
-def _route_of(scope: Scope) -> str:
-    """A bounded label for a request before routing: the inference routes by name, the
-    others by their group (``/v1``, ``/admin``, ``/health``, ``/metrics``), anything else
-    ``other`` (a client must not be able to mint label values)."""
+def route_label(scope: Scope, inference: frozenset[str]) -> str:
+    """A bounded label for a request before routing: the inference routes (``inference``,
+    marked where they are declared: :mod:`gateway.api.inference`) by name, the others by
+    their group (``/v1``, ``/admin``, ``/health``, ``/metrics``), anything else ``other`` (a
+    client must not be able to mint label values)."""
     path: str = scope.get("path", "")
-    if path in _INFERENCE_ROUTES:
+    if path in inference:
         return path
     group = path.strip("/").split("/", 1)[0]
     return f"/{group}" if group in _GROUPS else "other"

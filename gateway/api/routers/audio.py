@@ -11,6 +11,7 @@ from pydantic import Field
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.api.inference import inference
 from gateway.errors import PayloadTooLargeError
 from gateway.serving.audio import UPLOAD_FORMATS
 from gateway.serving.protocol import SpeechRequest, TranscriptionRequest, TranslationRequest
@@ -37,6 +38,7 @@ class TranslationForm(TranslationRequest):
     response_class=StreamingResponse,
     responses={200: {"content": {"audio/mpeg": {}}, "description": "Audio, streamed"}},
 )
+@inference
 async def create_speech(
     body: SpeechRequest, services: ServicesDep, admission: AdmissionDep
 ) -> StreamingResponse:
@@ -53,6 +55,7 @@ async def create_speech(
     response_class=Response,
     responses={200: {"content": {"application/json": {}, "text/plain": {}}}},
 )
+@inference
 async def create_transcription(
     services: ServicesDep,
     admission: AdmissionDep,
@@ -75,6 +78,7 @@ async def create_transcription(
     response_class=Response,
     responses={200: {"content": {"application/json": {}, "text/plain": {}}}},
 )
+@inference
 async def create_translation(
     services: ServicesDep,
     admission: AdmissionDep,

@@ -12,6 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.auth import AdmissionDep, CallerDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.api.inference import inference
 from gateway.backend import scheduling
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
@@ -34,6 +35,7 @@ SessionHeader = Annotated[
     response_model=None,
     responses={200: {"model": ChatCompletion, "description": "A completion, or SSE chunks"}},
 )
+@inference
 async def create_chat_completion(
     body: ChatCompletionRequest,
     services: ServicesDep,

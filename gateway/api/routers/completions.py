@@ -8,6 +8,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.api.inference import inference
 from gateway.backend import scheduling
 from gateway.serving.protocol import Completion, CompletionRequest
 from gateway.serving.sse import SSE_HEADERS
@@ -20,6 +21,7 @@ router = APIRouter(prefix="/v1", tags=["completions"])
     response_model=None,
     responses={200: {"model": Completion, "description": "A completion, or SSE chunks"}},
 )
+@inference
 async def create_completion(
     body: CompletionRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:

@@ -8,6 +8,7 @@ from fastapi.responses import Response
 from gateway.api.auth import AdmissionDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.api.inference import inference
 from gateway.backend import scheduling
 from gateway.serving.protocol import EmbeddingList, EmbeddingRequest
 
@@ -19,6 +20,7 @@ router = APIRouter(prefix="/v1", tags=["embeddings"])
     response_model=None,
     responses={200: {"model": EmbeddingList, "description": "One vector per input"}},
 )
+@inference
 async def create_embeddings(
     body: EmbeddingRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:

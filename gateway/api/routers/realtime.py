@@ -22,6 +22,7 @@ from starlette.websockets import WebSocketState
 
 from gateway.api.auth import AdmissionDep, ClientSecretDep, PresentedKey, ReadmitDep
 from gateway.api.dependencies import ServicesDep
+from gateway.api.inference import inference
 from gateway.errors import InvalidRequestError
 from gateway.serving.realtime import RealtimeSession
 
@@ -29,6 +30,7 @@ router = APIRouter(tags=["realtime"])
 
 
 @router.websocket("/v1/realtime")
+@inference
 async def realtime(
     websocket: WebSocket,
     admission: AdmissionDep,

@@ -12,6 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.api.auth import AdmissionDep, CallerDep
 from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
+from gateway.api.inference import inference
 from gateway.backend import scheduling
 from gateway.errors import InvalidRequestError
 from gateway.serving.responses import ResponsesRequest
@@ -24,6 +25,7 @@ MAX_SEQUENCE_NUMBER = 2**63 - 1
 
 
 @router.post("", response_model=None)
+@inference
 async def create_response(
     body: ResponsesRequest, services: ServicesDep, request: Request, admission: AdmissionDep
 ) -> Response:
