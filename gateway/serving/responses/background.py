@@ -130,19 +130,15 @@ class _Job:
         return self.prepared.id
 
 
-class _Finishing(ResponsesService):
-    """The service a background response's stream writer finishes it through: the end is
-    claimed before the response is stored (a cancel may have claimed it first)."""
+class _Finishing:
+    """How a background response's stream writer finishes it: the end is claimed before the
+    response is stored (a cancel may have claimed it first)."""
 
     def __init__(self, background: BackgroundResponses, job: _Job) -> None:
-        # Only what the stream writer uses (chat, and _finish, overridden), not the
-        # service's whole construction.
-        self.chat = background.responses.chat
-        self.store = background.responses.store
         self.background = background
         self.job = job
 
-    async def _finish(
+    async def __call__(
         self, prepared: PreparedResponse, status: str, output: list[dict[str, Any]], usage: Usage
     ) -> dict[str, Any]:
         self.job.ending = True  # no cancel now: it ends as it claims, or as it fails
@@ -237,7 +233,9 @@ class BackgroundResponses(BackgroundReaders):
         except BaseException:
             await asyncio.shield(self._abandon(job))
             raise
-        job.writer = StreamWriter(prepared, _Finishing(self, job))
+        job.writer = StreamWriter(
+            prepared, self.responses.chat.strict_arguments, _Finishing(self, job)
+        )
         self._jobs[response_id] = job
         job.task = asyncio.create_task(self._run(job, run), name=f"background {response_id}")
         return queued

@@ -155,7 +155,7 @@ class ResponsesService:
         finally:
             await self._give_back(prepared)
 
-    async def _finish(
+    async def finish(
         self,
         prepared: PreparedResponse,
         status: str,
@@ -200,7 +200,7 @@ class ResponsesService:
                     prepared.tool_names,
                 )
                 output.append(item)
-            return await self._finish(prepared, status, output, run.usage())
+            return await self.finish(prepared, status, output, run.usage())
 
     async def stream(
         self, prepared: PreparedResponse, meter: Meter | None = None
@@ -214,7 +214,9 @@ class ResponsesService:
         except BaseException:
             await self._give_back(prepared)
             raise
-        return self._guarded(prepared, StreamWriter(prepared, self), pieces, run)
+        return self._guarded(
+            prepared, StreamWriter(prepared, self.chat.strict_arguments, self.finish), pieces, run
+        )
 
     async def _guarded(
         self,

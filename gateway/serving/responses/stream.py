@@ -2,17 +2,20 @@
 pieces into numbered events, one output item at a time (a reasoning model's reasoning
 first, as a ``reasoning`` item with ``response.reasoning_text.delta`` events), checking a
 strict tool's arguments before they are sent, and finishes (and stores) the response
-through the service."""
+through the callables it is given (:data:`Finish`; a background run's claims its end
+first)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.backend import TokenLogprob
 from gateway.serving import generation
+from gateway.serving.chat.stream import StrictArguments
+from gateway.serving.protocol import Usage
 from gateway.serving.reasoning_parsers import ReasoningTokens
 from gateway.serving.responses.conversion import (
     call_item,
@@ -25,16 +28,20 @@ from gateway.serving.responses.protocol import PreparedResponse
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta
 from gateway.state.responses import new_id
 
-if TYPE_CHECKING:
-    from gateway.serving.responses.service import ResponsesService
+#: Makes the final response object from its status, output and usage, and stores it
+#: (:meth:`~gateway.serving.responses.service.ResponsesService.finish`).
+Finish = Callable[[PreparedResponse, str, list[dict[str, Any]], Usage], Awaitable[dict[str, Any]]]
 
 
 class StreamWriter:
     """Turns the backend's pieces into Responses events, one output item at a time."""
 
-    def __init__(self, prepared: PreparedResponse, service: ResponsesService) -> None:
+    def __init__(
+        self, prepared: PreparedResponse, strict_arguments: StrictArguments, finish: Finish
+    ) -> None:
         self.prepared = prepared
-        self.service = service
+        self.strict_arguments = strict_arguments
+        self.finish = finish
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
@@ -172,7 +179,7 @@ class StreamWriter:
         if strict:
             assert self.generation_run is not None
             call = ParsedCall(item["call_id"], self.call_name, item["arguments"], self.call_at)
-            item["arguments"] = await self.service.chat.strict_arguments(
+            item["arguments"] = await self.strict_arguments(
                 self.prepared.chat,
                 self.generation_run,
                 0,
@@ -282,6 +289,6 @@ class StreamWriter:
                 yield item
         for item in await self._close(status):
             yield item
-        final = await self.service._finish(prepared, status, self.output, run.usage())
+        final = await self.finish(prepared, status, self.output, run.usage())
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         yield self.event(kind, response=final)
