@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from typing import Final
 
 from gateway.backend.profiles.base import Contract
-from gateway.backend.profiles.config import ModelConfig, TensorSpec
 from gateway.backend.profiles.custom import CustomContract, DeclaredTask
 from gateway.backend.profiles.llmapi import LlmApiContract
+from gateway.backend.profiles.model_config import ModelConfig, TensorSpec
 from gateway.backend.profiles.trtllm import TrtllmContract
 from gateway.backend.profiles.vllm import VllmContract
 from gateway.backend.tokenizer import Tokenizer

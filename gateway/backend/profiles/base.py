@@ -26,7 +26,7 @@ from gateway.backend.base import (
     Segment,
     TranscriptionOptions,
 )
-from gateway.backend.profiles.config import ModelConfig
+from gateway.backend.profiles.model_config import ModelConfig
 from gateway.backend.profiles.text import TextReader, TextRules
 from gateway.backend.tokenizer import Tokenizer, estimate_tokens
 from gateway.errors import InvalidRequestError

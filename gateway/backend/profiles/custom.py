@@ -54,7 +54,7 @@ from gateway.backend.base import (
     Word,
 )
 from gateway.backend.profiles.base import Contract
-from gateway.backend.profiles.config import ModelConfig, TensorSpec
+from gateway.backend.profiles.model_config import ModelConfig, TensorSpec
 from gateway.backend.profiles.text import TextRules
 from gateway.errors import BackendError, InvalidRequestError
 

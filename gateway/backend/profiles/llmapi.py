@@ -57,7 +57,7 @@ from collections.abc import Mapping
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import ChatImage, ImageInput, SamplingOptions
 from gateway.backend.profiles.base import Contract
-from gateway.backend.profiles.config import ModelConfig
+from gateway.backend.profiles.model_config import ModelConfig
 from gateway.backend.profiles.text import TextRules
 
 #: The sampling parameters with an input of their own: SamplingOptions field -> input.

@@ -48,7 +48,7 @@ from gateway.backend.base import (
     SamplingOptions,
 )
 from gateway.backend.profiles.base import Contract
-from gateway.backend.profiles.config import ModelConfig
+from gateway.backend.profiles.model_config import ModelConfig
 from gateway.backend.profiles.text import TextRules
 
 _CHAT_INPUTS = {"text_input", "sampling_parameters"}

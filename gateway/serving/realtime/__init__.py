@@ -15,7 +15,7 @@ settings, events out, the work queue, the admission), each given the others it c
 - :mod:`.response_events`: ``response.create`` / ``cancel``, the response of a turn and
   the answer made ahead of it (:mod:`.speculation`);
 - the session itself (:mod:`.session`): ``session.update``, applied whole or not at all
-  by :mod:`.config`'s :class:`~.config.Configurator`.
+  by :mod:`.session_config`'s :class:`~.session_config.Configurator`.
 
 The work (transcriptions, :mod:`.transcriber`; responses, :mod:`.responder`) runs in
 order on one task per session (:class:`~.context.Jobs`), so the receive loop never waits
@@ -31,10 +31,10 @@ every ``session.update``. What a client can make a session hold is bounded
 (:class:`~.items.Bounds`).
 """
 
-from gateway.serving.realtime.config import SessionConfig
 from gateway.serving.realtime.items import Bounds, Item
 from gateway.serving.realtime.protocol import ClientEventError
 from gateway.serving.realtime.session import Admit, RealtimeServices, RealtimeSession, Settle
+from gateway.serving.realtime.session_config import SessionConfig
 
 __all__ = [
     "Admit",

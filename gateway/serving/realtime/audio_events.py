@@ -24,7 +24,6 @@ from gateway.serving.realtime.buffer import (
     InputAudio,
     check_seconds,
 )
-from gateway.serving.realtime.config import SessionConfig
 from gateway.serving.realtime.context import SessionContext
 from gateway.serving.realtime.item_events import ItemEvents
 from gateway.serving.realtime.protocol import (
@@ -35,6 +34,7 @@ from gateway.serving.realtime.protocol import (
     new_id,
 )
 from gateway.serving.realtime.response_events import ResponseEvents
+from gateway.serving.realtime.session_config import SessionConfig
 from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcriber import Transcriber, TranscriptionRequest
 from gateway.serving.vad import TurnDetector, VadEvent

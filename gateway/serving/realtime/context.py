@@ -16,9 +16,9 @@ from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.serving.catalog import ModelCatalog
 from gateway.serving.chat import ChatService
-from gateway.serving.realtime.config import SessionConfig
 from gateway.serving.realtime.items import Bounds, Use
 from gateway.serving.realtime.protocol import ClientEventError
+from gateway.serving.realtime.session_config import SessionConfig
 from gateway.state.admission import Admission
 
 logger = logging.getLogger("gateway.realtime")

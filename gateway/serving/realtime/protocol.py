@@ -6,7 +6,7 @@ refused as ``unknown_parameter`` naming it, as OpenAI refuses them), its type an
 and the fields this gateway does not serve, refused by name as ``unsupported_parameter``
 when they ask for something. What depends on the deployment (the models, voices and
 languages there are, the bounds of what a session keeps) is checked where the event is
-acted on (:mod:`~gateway.serving.realtime.config`, the handlers).
+acted on (:mod:`~gateway.serving.realtime.session_config`, the handlers).
 
 A refusal is a :class:`ClientEventError`: the session sends it back as an ``error`` event,
 with ``param`` the field's path in the event (``session.audio.input.format.type``).

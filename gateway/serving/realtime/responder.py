@@ -24,11 +24,11 @@ from gateway.serving.chat import PreparedChat
 from gateway.serving.g711 import G711Writer
 from gateway.serving.protocol import ChatCompletionRequest
 from gateway.serving.realtime.buffer import LAWS, Audio
-from gateway.serving.realtime.config import format_json
 from gateway.serving.realtime.context import AdmitUses, Emit, Services
 from gateway.serving.realtime.conversation import Conversation
 from gateway.serving.realtime.items import ANSWERS, SPEAKS, Item, Use
 from gateway.serving.realtime.protocol import ClientEventError, new_id
+from gateway.serving.realtime.session_config import format_json
 from gateway.serving.realtime.speculation import Speculation, ask_of
 from gateway.serving.realtime.transcriber import Transcriber
 from gateway.serving.tool_parsers import ToolCallDelta

@@ -11,7 +11,6 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from gateway import tracing
-from gateway.serving.realtime.config import Configurator, chat_tool, check_tools, choice, tokens
 from gateway.serving.realtime.context import SessionContext
 from gateway.serving.realtime.conversation import Conversation
 from gateway.serving.realtime.items import Item
@@ -22,6 +21,13 @@ from gateway.serving.realtime.protocol import (
     new_id,
 )
 from gateway.serving.realtime.responder import Responder, Response
+from gateway.serving.realtime.session_config import (
+    Configurator,
+    chat_tool,
+    check_tools,
+    choice,
+    tokens,
+)
 from gateway.serving.realtime.specs import ResponseSpec
 from gateway.serving.realtime.speculation import Speculation
 from gateway.serving.realtime.transcriber import Transcriber

@@ -15,7 +15,6 @@ from gateway.metrics import Metrics
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.realtime.audio_events import AudioEvents
-from gateway.serving.realtime.config import Configurator, SessionConfig
 from gateway.serving.realtime.context import Jobs, Services, SessionContext
 from gateway.serving.realtime.conversation import Conversation
 from gateway.serving.realtime.item_events import ItemEvents
@@ -28,6 +27,7 @@ from gateway.serving.realtime.protocol import (
     session_spec,
 )
 from gateway.serving.realtime.response_events import ResponseEvents
+from gateway.serving.realtime.session_config import Configurator, SessionConfig
 from gateway.serving.realtime.transcriber import Transcriber
 from gateway.state.admission import Admission
 from gateway.state.keys import ApiKey

@@ -20,9 +20,9 @@ from gateway.backend import TranscriptionOptions
 from gateway.errors import GatewayError
 from gateway.serving.audio import STT_RATE
 from gateway.serving.realtime.buffer import Audio
-from gateway.serving.realtime.config import SessionConfig
 from gateway.serving.realtime.context import AdmitUses, Emit, Services
 from gateway.serving.realtime.items import TRANSCRIBES, Item
+from gateway.serving.realtime.session_config import SessionConfig
 from gateway.state.admission import Admission
 
 #: Called with each piece of a transcript as the model decodes it.
