@@ -22,6 +22,7 @@ from gateway.serving.audio import DecodeSlots
 from gateway.serving.audio_chat import AudioChat
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
+from gateway.serving.chat.endpoint import ChatCompletions
 from gateway.serving.completions import CompletionService
 from gateway.serving.conversations import ConversationService
 from gateway.serving.embeddings import EmbeddingService
@@ -75,6 +76,7 @@ class Services:
     stored_bytes: StoredBytes
     chat: ChatService
     stored_chat: StoredChat
+    chat_completions: ChatCompletions
     completions: CompletionService
     responses: ResponsesService
     background: BackgroundResponses
@@ -151,6 +153,25 @@ def build_services(
     realtime = RealtimeServices(
         backend, catalog, chat, default_models, gatekeeper.finish, settings, metrics
     )
+    stored_chat = StoredChat(
+        chat,
+        ChatCompletionStore(
+            redis,
+            settings.responses_ttl_s,
+            settings.max_stored_kb,
+            stored_bytes,
+            settings.max_stored_chat_completions,
+        ),
+    )
+    audio_chat = AudioChat(
+        backend,
+        chat,
+        speech,
+        default_models,
+        TranscriptStore(redis, settings.audio_ttl_s, stored_bytes),
+        decoder,
+        settings.max_audio_seconds,
+    )
     return Services(
         settings=settings,
         metrics=metrics,
@@ -166,16 +187,8 @@ def build_services(
         sessions=sessions,
         stored_bytes=stored_bytes,
         chat=chat,
-        stored_chat=StoredChat(
-            chat,
-            ChatCompletionStore(
-                redis,
-                settings.responses_ttl_s,
-                settings.max_stored_kb,
-                stored_bytes,
-                settings.max_stored_chat_completions,
-            ),
-        ),
+        stored_chat=stored_chat,
+        chat_completions=ChatCompletions(chat, audio_chat, stored_chat, catalog),
         completions=CompletionService(
             backend,
             catalog,
@@ -196,15 +209,7 @@ def build_services(
         embeddings=EmbeddingService(backend, catalog, settings.max_inflight_per_request),
         speech=speech,
         transcription=TranscriptionService(backend, catalog, decoder, settings.max_audio_seconds),
-        audio_chat=AudioChat(
-            backend,
-            chat,
-            speech,
-            default_models,
-            TranscriptStore(redis, settings.audio_ttl_s, stored_bytes),
-            decoder,
-            settings.max_audio_seconds,
-        ),
+        audio_chat=audio_chat,
         realtime=realtime,
         realtime_secrets=RealtimeSecrets(
             realtime, ClientSecretStore(redis, stored_bytes, settings.max_stored_kb)

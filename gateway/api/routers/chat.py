@@ -4,6 +4,7 @@ completions of the caller's key: list, retrieve, update, delete, list messages."
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -14,7 +15,6 @@ from gateway.api.dependencies import ServicesDep
 from gateway.api.disconnect import cancel_on_disconnect
 from gateway.api.inference import inference
 from gateway.backend import scheduling
-from gateway.serving.audio_chat import AudioChat
 from gateway.serving.protocol import ChatCompletion, ChatCompletionRequest
 from gateway.serving.sse import SSE_HEADERS
 from gateway.serving.stored_chat import StoredChatUpdate
@@ -46,43 +46,12 @@ async def create_chat_completion(
     meter = admission.use_model(body.model)
     priority = admission.key.request_priority(body.priority)
     scheduling.start(priority, session_id, body.prompt_cache_key)
-    chat, audio_chat = services.chat, services.audio_chat
-    audio = AudioChat.involved(body)
-    stored = services.stored_chat
-    stored.check(body, audio)
-    if audio:
-        await services.catalog.get(body.model, "chat")  # a 404 before any audio is heard
-        resolved = audio_chat.resolve_inputs(body, admission.key, meter)
-        body = await cancel_on_disconnect(request, resolved)
-    prepared = await chat.prepare(body, session_id, owner=admission.key.id)
-    headers = {"X-Session-ID": session_id} if session_id else {}
-    if audio and body.wants_audio():
-        if body.stream:
-            events = await audio_chat.stream(prepared, body, admission.key, meter)
-            return StreamingResponse(
-                events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-            )
-        spoken = await cancel_on_disconnect(
-            request, audio_chat.complete(prepared, body, admission.key, meter)
-        )
-        return Response(spoken.model_dump_json(), media_type="application/json", headers=headers)
-    owner = admission.key.id
-    if body.stream:
-        if body.store:
-            events = await stored.stream(prepared, body, owner, meter)
-        else:
-            events = await chat.stream(prepared, meter)
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
-        )
-    work = (
-        stored.complete(prepared, body, owner, meter)
-        if body.store
-        else chat.complete(prepared, meter)
-    )
-    completion = await cancel_on_disconnect(request, work)
-    # Serialized by pydantic-core directly: FastAPI's generic encoder costs more per call.
-    return Response(completion.model_dump_json(), media_type="application/json", headers=headers)
+    guard = partial(cancel_on_disconnect, request)
+    reply = await services.chat_completions.create(body, admission.key, meter, session_id, guard)
+    if isinstance(reply.body, str):
+        return Response(reply.body, media_type="application/json", headers=reply.headers)
+    headers = {**SSE_HEADERS, **reply.headers}
+    return StreamingResponse(reply.body, media_type="text/event-stream", headers=headers)
 
 
 #: ``metadata[<key>]=<value>`` query parameters (the SDK's encoding of ``metadata``).
