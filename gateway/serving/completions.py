@@ -33,7 +33,6 @@ from gateway.serving.sampling import (
     check_prompt,
     fit_to_model,
     logprob_options,
-    sampling_options,
 )
 from gateway.serving.sse import ChunkWriter, with_done
 from gateway.serving.structured import DEFAULT_MAX_SCHEMA_KB, response_constraint
@@ -108,7 +107,7 @@ class CompletionService:
         if "max_tokens" not in request.model_fields_set and "max_tokens" not in model.takes:
             max_tokens = None
         options = replace(
-            fit_to_model(model, sampling_options(request, max_tokens)),
+            fit_to_model(model, request.to_sampling_options(max_tokens)),
             logprobs=top,
             constraint=response_constraint(request.response_format, model, self.max_schema_kb),
             constraint_key=model.structured_outputs_key,

@@ -11,40 +11,12 @@ from gateway.backend import OPTION_PARAMETERS, ModelInfo, SamplingOptions, Token
 from gateway.backend.tokenizer import estimate_tokens
 from gateway.errors import InvalidRequestError
 from gateway.serving.catalog import model_takes
-from gateway.serving.protocol import SamplingRequest, TokenLogprobItem, TopLogprobItem
+from gateway.serving.protocol import TokenLogprobItem, TopLogprobItem
 
 #: The most bytes one token of a chat model spans (SmolLM2's longest token is 32 bytes).
 #: A prompt of B bytes has at least B / this many tokens: enough to refuse a prompt that
 #: cannot fit the context before it reaches the model; the model checks the exact count.
 MAX_TOKEN_BYTES = 32
-
-
-def sampling_options(request: SamplingRequest, max_tokens: int | None = None) -> SamplingOptions:
-    """OpenAI parameters (and vLLM's own) -> vLLM sampling parameters."""
-    temperature, top_p = request.temperature, request.top_p
-    if top_p == 0.0:
-        # OpenAI accepts top_p=0 (keep only the likeliest token); engines want top_p > 0.
-        temperature, top_p = 0.0, None
-    if request.min_tokens and max_tokens and request.min_tokens > max_tokens:
-        raise InvalidRequestError(
-            f"min_tokens ({request.min_tokens}) must not exceed max_tokens ({max_tokens}).",
-            param="min_tokens",
-        )
-    return SamplingOptions(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=request.seed,
-        stop=request.stop_list(),
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        # vLLM releases before 0.11 refuse 0 for "no cut"; all take -1.
-        top_k=-1 if request.top_k == 0 else request.top_k,
-        min_p=request.min_p,
-        repetition_penalty=request.repetition_penalty,
-        min_tokens=request.min_tokens,
-        ignore_eos=request.ignore_eos,
-    )
 
 
 def fit_to_model(

@@ -67,7 +67,6 @@ from gateway.serving.sampling import (
     fit_to_model,
     logprob_items,
     logprob_options,
-    sampling_options,
     with_max_tokens,
 )
 from gateway.serving.sse import with_done
@@ -162,7 +161,7 @@ class ChatService:
                 param=names.response_format,
             )
         options = replace(
-            fit_to_model(model, sampling_options(request, max_tokens), {"max_tokens": param}),
+            fit_to_model(model, request.to_sampling_options(max_tokens), {"max_tokens": param}),
             logprobs=top,
             constraint=tools.constraint or formatted,
             constraint_key=model.structured_outputs_key,

@@ -16,7 +16,9 @@ from pydantic import (
     model_serializer,
 )
 
+from gateway.backend import SamplingOptions
 from gateway.backend.scheduling import MAX_PRIORITY, MIN_PRIORITY
+from gateway.errors import InvalidRequestError
 
 
 class Strict(BaseModel):
@@ -147,6 +149,34 @@ class SamplingRequest(Strict):
         if self.logit_bias:
             return "logit_bias", "logit_bias is not supported by this gateway."
         return stream_options_problem(self.stream, self.stream_options)
+
+    def to_sampling_options(self, max_tokens: int | None = None) -> SamplingOptions:
+        """The request's sampling as the engine takes it (vLLM's ``to_sampling_params``):
+        OpenAI's parameters and vLLM's own; ``max_tokens`` as the service chose it."""
+        temperature, top_p = self.temperature, self.top_p
+        if top_p == 0.0:
+            # OpenAI accepts top_p=0 (keep only the likeliest token); engines want top_p > 0.
+            temperature, top_p = 0.0, None
+        if self.min_tokens and max_tokens and self.min_tokens > max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({max_tokens}).",
+                param="min_tokens",
+            )
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=self.seed,
+            stop=self.stop_list(),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            # vLLM releases before 0.11 refuse 0 for "no cut"; all take -1.
+            top_k=-1 if self.top_k == 0 else self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+        )
 
 
 class _StreamOptions(Protocol):
