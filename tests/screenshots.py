@@ -17,8 +17,8 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.browser import launch, playground, spoken_wav
-from tests.stack import ROOT, GatewayProcess
+from tests.support.browser import launch, playground, spoken_wav
+from tests.support.stack import ROOT, GatewayProcess
 
 OUT = ROOT / "docs" / "playground"
 QUESTION = "What is the capital of France?"
@@ -82,25 +82,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    stack = GatewayProcess(
+    gateway = GatewayProcess(
         models=["smollm2", "mock_chat", "piper_tts", "whisper_stt"],
         run_dir=ROOT / ".run" / "screenshots",
-    ).start()
-    try:
-        stack.wait_ready()
-        with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-            wav = spoken_wav(stack, QUESTION, Path(tmp) / "question.wav", heard="capital of")
-            browser = launch(p, microphone=wav)
-            with playground(browser, stack.base_url, stack.admin_key, height=720) as (page, _):
-                expect(page.get_by_test_id("whoami")).to_contain_text("admin")
-                chat(page, args.out)
-                speech(page, args.out)
-                transcribe(page, args.out, wav)
-                voice(page, args.out)
-                admin(page, args.out, stack)
-            browser.close()
-    finally:
-        stack.stop()
+    )
+    with (
+        gateway.running() as stack,
+        tempfile.TemporaryDirectory() as tmp,
+        sync_playwright() as p,
+    ):
+        wav = spoken_wav(stack, QUESTION, Path(tmp) / "question.wav", heard="capital of")
+        browser = launch(p, microphone=wav)
+        with playground(browser, stack.base_url, stack.admin_key, height=720) as (page, _):
+            expect(page.get_by_test_id("whoami")).to_contain_text("admin")
+            chat(page, args.out)
+            speech(page, args.out)
+            transcribe(page, args.out, wav)
+            voice(page, args.out)
+            admin(page, args.out, stack)
+        browser.close()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.stack import GatewayProcess
+    from tests.support.stack import GatewayProcess
 
 
 def write_table(path: str | None, lines: list[str]) -> None:
@@ -33,7 +33,7 @@ def rows_on_stack(
 ) -> list[str]:
     """The table rows ``rows`` measures on a stack it starts (one replica, no nginx) with
     ``models``, stopped afterwards."""
-    from tests.stack import GatewayProcess
+    from tests.support.stack import GatewayProcess
 
     stack = GatewayProcess(models=list(models), nginx=False).start()
     try:

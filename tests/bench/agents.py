@@ -34,8 +34,8 @@ import httpx
 from gateway.serving.tool_parsers import assemble, get_parser
 from tests.bench import options, rows_on_stack, write_table
 from tests.bench.chat import pct
-from tests.smollm2 import weights_path
-from tests.stack import GatewayProcess
+from tests.support.smollm2 import weights_path
+from tests.support.stack import GatewayProcess
 
 PERSON = {
     "type": "object",

@@ -23,7 +23,7 @@ import httpx
 from gateway.serving.audio import decode_to_pcm
 from tests.bench import write_table
 from tests.bench.audio_concurrency import REPOSITORY, parse_pbtxt_variant
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 TEXT = (
     "The gateway turns OpenAI requests into Triton calls. Speech is synthesized one "

@@ -51,7 +51,7 @@ import tritonclient.grpc.aio as triton_grpc
 
 from gateway.serving.audio import decode_to_pcm
 from tests.bench import write_table
-from tests.stack import ROOT, GatewayProcess
+from tests.support.stack import ROOT, GatewayProcess
 
 TEXT = (
     "The gateway turns OpenAI requests into Triton calls. Speech is synthesized one "

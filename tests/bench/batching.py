@@ -31,7 +31,7 @@ import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
 from tests.bench import write_table
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 QUESTIONS = [

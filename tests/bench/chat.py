@@ -32,8 +32,8 @@ import numpy as np
 import tritonclient.grpc.aio as triton_grpc
 
 from tests.bench import write_table
-from tests.smollm2 import weights_path
-from tests.stack import GatewayProcess
+from tests.support.smollm2 import weights_path
+from tests.support.stack import GatewayProcess
 
 # mock_chat answers as many words as the directive says (max_tokens caps them).
 MESSAGES = [{"role": "user", "content": "[mock:words=100000] Tell me about the quick brown fox."}]

@@ -47,7 +47,7 @@ import tritonclient.grpc.aio as triton_grpc
 from gateway.stack.triton_server import free_port
 from tests.bench import write_table
 from tests.bench.chat import direct_call
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 TICK = os.sysconf("SC_CLK_TCK")
 # mock_chat answers as many words as the directive says (max_tokens caps them).

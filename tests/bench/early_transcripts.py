@@ -4,7 +4,7 @@ last piece, with the text before it as Whisper's prompt), on ``whisper_stt``'s o
 (Whisper tiny.en, faster-whisper, CPU int8), and the audio each sends to the model.
 
 Run with ``python -m tests.bench.early_transcripts`` (no stack: the model is loaded here).
-Each turn is four or eight clauses spoken by espeak-ng (tests/espeak.py) with a 350 ms pause
+Each turn is four or eight clauses spoken by espeak-ng (tests/support/espeak.py) with a 350 ms pause
 after each, where the gateway guesses at the turn so far (past 200 ms of quiet, short of the
 500 ms that end it). "whole" is what the gateway does at each pause (its last guess is the
 turn's transcript), "pieces N s" cuts a piece at a pause once the audio since the last cut
@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from faster_whisper import WhisperModel
 
-from tests.espeak import speak
+from tests.support.espeak import speak
 
 RATE = 16_000
 PAUSE_S = 0.35

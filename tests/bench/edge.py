@@ -17,7 +17,7 @@ import httpx
 
 from tests.bench import write_table
 from tests.bench.chat import gateway_call, paired, pct, spread
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 
 async def edge_benchmarks(stack: GatewayProcess, scale: float) -> list[str]:

@@ -33,7 +33,7 @@ import tritonclient.grpc.aio as triton_grpc
 
 from tests.bench import write_table
 from tests.bench.chat import pct
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 MODEL = "e5_small"
 QUERY = "How much protein should an adult eat per day?"

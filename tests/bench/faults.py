@@ -33,7 +33,7 @@ import openai
 
 from gateway.config import Settings
 from tests.bench import write_table
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 CONCURRENCY = 32
 #: A short answer that takes a moment (8 words, 10 ms apart), so kills find requests in

@@ -29,7 +29,7 @@ import httpx
 
 from tests.bench import write_table
 from tests.bench.chat import gateway_call, pct, spread
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 MB = 1024 * 1024
 CHAT = "/v1/chat/completions"

@@ -44,12 +44,12 @@ from tritonclient.grpc import service_pb2
 from gateway.backend import grpc_streams as streams
 from gateway.backend.base import SamplingOptions
 from gateway.backend.profiles import Contract, contract_for
-from gateway.backend.profiles.config import ModelConfig
+from gateway.backend.profiles.model_config import ModelConfig
 from gateway.metrics import Metrics
 from tests.bench import options, rows_on_stack, write_table
 from tests.bench.chat import pct
 from tests.bench.cpu import cpu_seconds
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 MODELS = ("mock_chat", "trtllm_llmapi")
 # mock_chat's word model answers as many words as the directive says (max_tokens caps them).

@@ -1,5 +1,5 @@
 """Multilingual speech benchmark: ``whisper_base`` through ``/v1/audio/transcriptions`` on
-Spanish, French and Hindi sentences spoken by espeak-ng (tests/espeak.py).
+Spanish, French and Hindi sentences spoken by espeak-ng (tests/support/espeak.py).
 
 Run with ``make bench`` (or ``python -m tests.bench.multilingual``). It starts the real
 stack with ``whisper_base`` and, per language, prints: how often the language was detected
@@ -25,8 +25,8 @@ import jiwer
 
 from gateway.serving.audio import decode_to_pcm
 from tests.bench import write_table
-from tests.espeak import SENTENCES, speak
-from tests.stack import GatewayProcess
+from tests.support.espeak import SENTENCES, speak
+from tests.support.stack import GatewayProcess
 
 MODEL = "whisper_base"
 NAMES = {"es": "Spanish", "fr": "French", "hi": "Hindi"}

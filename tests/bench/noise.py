@@ -48,7 +48,8 @@ import numpy.typing as npt
 from tests.bench import options, rows_on_stack, write_table
 from tests.bench.early_transcripts import CLAUSES
 from tests.bench.multilingual import normalized
-from tests.stack import GatewayProcess, wav_bytes
+from tests.support.audio import wav_bytes
+from tests.support.stack import GatewayProcess
 
 RATE = 24_000
 LEAD_S, TAIL_S = 0.3, 0.5

@@ -37,7 +37,7 @@ from gateway.stack.triton_server import free_port
 from tests.bench import write_table
 from tests.bench.chat import direct_call, pct
 from tests.bench.cpu import BASELINE, baseline_replica, running
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 PROMPT = "[mock:words=16] Tell me about the quick brown fox."
 PEERS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "triton-gateway" / "peers"

@@ -36,7 +36,7 @@ import httpx
 
 from tests.bench import write_table
 from tests.bench.chat import pct
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 SLOTS = 8
 ROUNDS = 4

@@ -25,8 +25,8 @@ import httpx
 import redis
 
 from tests.bench.cpu import MESSAGES, cpu_seconds, load, own_cpu_seconds
-from tests.redis_server import Cluster
-from tests.stack import GatewayProcess
+from tests.support.redis_server import Cluster
+from tests.support.stack import GatewayProcess
 
 #: Share of a core a tier is planned to use at the target load (headroom for bursts).
 UTILIZATION = 0.7

@@ -36,7 +36,7 @@ import httpx
 from gateway.serving.responses.sealing import ReasoningSeal
 from tests.bench import options, rows_on_stack, write_table
 from tests.bench.chat import pct
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 ENCRYPTED = ["reasoning.encrypted_content"]
 LOOKUP = {

@@ -47,7 +47,8 @@ from gateway.serving.audio import decode_to_pcm
 from gateway.serving.templating import render_chat
 from gateway.serving.voice import SentenceSplitter
 from tests.bench.cpu import baseline_replica
-from tests.stack import GatewayProcess, wav_bytes
+from tests.support.audio import wav_bytes
+from tests.support.stack import GatewayProcess
 
 #: The code before issue 38 (the Realtime package rebuilt, the guess at the first quiet window).
 BASELINE = "6836ad0"

@@ -11,7 +11,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

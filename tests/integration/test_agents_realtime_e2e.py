@@ -42,8 +42,9 @@ from agents.voice import (
     VoiceStreamEventLifecycle,
 )
 
-from tests.integration.test_agents_voice_e2e import voice_pipeline
-from tests.stack import GatewayProcess, silence
+from tests.support.audio import silence
+from tests.support.stack import GatewayProcess
+from tests.support.voice import voice_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +91,9 @@ async def test_realtime_agent_calls_its_tool_and_says_the_result(stack: GatewayP
         await session.send_message("What is the weather in Paris?")
         # Until the second turn (the answer after the tool's output) has ended: the tool
         # may end before or after the first turn's own end.
-        seen = await events_until(session, lambda seen: responses_done(seen) == 2, "agent_end")
+        seen = await session_events_until(
+            session, lambda seen: responses_done(seen) == 2, "agent_end"
+        )
 
     errors = [e.error for e in seen if isinstance(e, RealtimeError)]
     assert not errors, errors
@@ -139,7 +142,7 @@ def server_events(events: list[RealtimeSessionEvent]) -> list[dict[str, Any]]:
     ]
 
 
-async def events_until(
+async def session_events_until(
     session: RealtimeSession,
     ready: Callable[[list[RealtimeSessionEvent]], bool],
     last: str,

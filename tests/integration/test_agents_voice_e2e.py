@@ -11,57 +11,22 @@ import re
 import numpy as np
 import openai
 import pytest
-from agents import Agent, OpenAIResponsesModel, set_tracing_disabled
+from agents import set_tracing_disabled
 from agents.voice import (
     AudioInput,
-    OpenAIVoiceModelProvider,
-    SingleAgentVoiceWorkflow,
-    SingleAgentWorkflowCallbacks,
-    VoicePipeline,
-    VoicePipelineConfig,
     VoiceStreamEventAudio,
     VoiceStreamEventLifecycle,
 )
 
-from tests.stack import GatewayProcess, wav_bytes
+from tests.support.audio import wav_bytes
+from tests.support.stack import GatewayProcess
+from tests.support.voice import voice_pipeline
 
 pytestmark = pytest.mark.integration
 
 RATE = 24_000  # the SDK asks for pcm: 24 kHz 16-bit mono
 #: mock_chat's answer, which piper_tts speaks.
 ANSWER = {"quick", "brown", "fox", "jumps", "lazy", "dog"}
-
-
-class Heard(SingleAgentWorkflowCallbacks):
-    """Keeps what the workflow was given: the transcription of the spoken question."""
-
-    def __init__(self) -> None:
-        self.transcriptions: list[str] = []
-
-    def on_run(self, workflow: SingleAgentVoiceWorkflow, transcription: str) -> None:
-        self.transcriptions.append(transcription)
-
-
-def voice_pipeline(stack: GatewayProcess, instructions: str) -> tuple[VoicePipeline, Heard]:
-    """A voice pipeline as its users configure it for the gateway: an agent on
-    ``mock_chat``, heard by ``whisper_stt`` and spoken by ``piper_tts``, and what its
-    workflow was given."""
-    agent = Agent(
-        name="Assistant",
-        instructions=instructions,
-        model=OpenAIResponsesModel(model="mock_chat", openai_client=stack.async_client()),
-    )
-    heard = Heard()
-    # A client of this pipeline's own: the SDK's default shares one HTTP client between
-    # event loops, so a second test's request ran on a connection of the first's closed loop.
-    provider = OpenAIVoiceModelProvider(openai_client=stack.async_client())
-    pipeline = VoicePipeline(
-        workflow=SingleAgentVoiceWorkflow(agent, callbacks=heard),
-        stt_model="whisper_stt",
-        tts_model="piper_tts",
-        config=VoicePipelineConfig(model_provider=provider, tracing_disabled=True),
-    )
-    return pipeline, heard
 
 
 def words(text: str) -> set[str]:

@@ -11,8 +11,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.stack import GatewayProcess, wav_bytes
-from tests.unit.test_speech import decode
+from tests.support.audio import decode, wav_bytes
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

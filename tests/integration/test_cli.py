@@ -12,7 +12,7 @@ import openai
 import pytest
 import redis
 
-from tests.stack import ROOT, GatewayProcess, free_port
+from tests.support.stack import ROOT, GatewayProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +36,8 @@ def test_taken_port_fails_with_a_clear_message() -> None:
 
 def test_unreachable_triton_gives_503_and_the_gateway_keeps_serving() -> None:
     triton_port = free_port()
-    gateway = GatewayProcess(triton_url=f"127.0.0.1:{triton_port}").start()
-    try:
-        gateway.wait_ready(60, path="/health/live")
+    started = GatewayProcess(triton_url=f"127.0.0.1:{triton_port}")
+    with started.running(60, path="/health/live", clean_exit=True) as gateway:
         assert httpx.get(gateway.base_url + "/health/ready").status_code == 503
         client = gateway.client()
         with pytest.raises(openai.InternalServerError) as info:
@@ -54,8 +53,6 @@ def test_unreachable_triton_gives_503_and_the_gateway_keeps_serving() -> None:
         assert request_id in message
         assert httpx.get(gateway.base_url + "/health/live").status_code == 200
         _embedded_redis_is_private(gateway)
-    finally:
-        assert gateway.stop() == 0
     assert f"request {request_id}: " in gateway.output()
 
 

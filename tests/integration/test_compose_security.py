@@ -18,7 +18,7 @@ import pytest
 import redis
 import yaml
 
-from tests.deployed_redis import (
+from tests.support.deployed_redis import (
     REFUSED,
     gateway_writes,
     local_url,
@@ -26,8 +26,8 @@ from tests.deployed_redis import (
     start_fails,
     with_image_entrypoint,
 )
-from tests.redis_server import ONE_TRY
-from tests.stack import ROOT
+from tests.support.redis_server import ONE_TRY
+from tests.support.stack import ROOT
 
 COMPOSE = ROOT / "compose"
 

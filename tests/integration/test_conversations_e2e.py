@@ -8,7 +8,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import UPLOAD_LIMIT_MB
-from tests.stack import ROOT, GatewayProcess
+from tests.support.shared_stack import UPLOAD_LIMIT_MB
+from tests.support.stack import ROOT, GatewayProcess
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

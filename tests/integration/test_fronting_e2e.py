@@ -16,8 +16,9 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import LLAMA3_STYLE_TEMPLATE, generated_tokens, generation_stops
-from tests.stack import GatewayProcess
+from tests.support.generation import generated_tokens, generation_stops
+from tests.support.shared_stack import LLAMA3_STYLE_TEMPLATE
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

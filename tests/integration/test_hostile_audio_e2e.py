@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from gateway.config import Settings
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

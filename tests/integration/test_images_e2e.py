@@ -21,7 +21,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

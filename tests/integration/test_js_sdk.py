@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 JS_DIR = Path(__file__).resolve().parents[1] / "js"
 

@@ -26,7 +26,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.stack.server import create_server
-from tests.deployed_redis import (
+from tests.support.deployed_redis import (
     REFUSED,
     gateway_writes,
     local_url,
@@ -34,8 +34,8 @@ from tests.deployed_redis import (
     start_fails,
     with_image_entrypoint,
 )
-from tests.redis_server import ONE_TRY
-from tests.stack import ROOT
+from tests.support.redis_server import ONE_TRY
+from tests.support.stack import ROOT
 
 KUBERNETES = "1.32.0"
 

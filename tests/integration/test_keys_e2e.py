@@ -22,8 +22,8 @@ import redis
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.item_index import ENTRY_OVERHEAD
 from gateway.state.stored_bytes import MB, RECORD_OVERHEAD
-from tests.integration.conftest import generated_tokens
-from tests.stack import ROOT, GatewayProcess
+from tests.support.generation import generated_tokens
+from tests.support.stack import ROOT, GatewayProcess
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +42,9 @@ def replica(stack: GatewayProcess, redis_store: EmbeddedRedis) -> Iterator[Gatew
         triton_url=stack.triton_grpc,
         redis_url=redis_store.url,
         env={"GATEWAY_STORED_MB_PER_KEY": str(REPLICA_STORED_MB)},
-    ).start()
-    try:
-        gateway.wait_ready(120)
+    )
+    with gateway.running(120, clean_exit=True):
         yield gateway
-    finally:
-        assert gateway.stop() == 0, gateway.output()
 
 
 def keys_cli(redis: EmbeddedRedis, *args: str) -> subprocess.CompletedProcess[str]:

@@ -19,8 +19,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import generation_stops
-from tests.stack import GatewayProcess
+from tests.support.generation import generation_stops
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from tritonclient import grpc as triton
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

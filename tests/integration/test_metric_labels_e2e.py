@@ -13,8 +13,9 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import UPLOAD_LIMIT_MB
-from tests.stack import GatewayProcess, silence, wav_bytes
+from tests.support.audio import silence, wav_bytes
+from tests.support.shared_stack import UPLOAD_LIMIT_MB
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

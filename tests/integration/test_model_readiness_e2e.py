@@ -22,7 +22,7 @@ import pytest
 
 from gateway.stack import processes
 from gateway.stack.triton_server import EmbeddedTriton, free_port
-from tests.stack import ROOT, GatewayProcess
+from tests.support.stack import ROOT, GatewayProcess
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,10 @@ import pytest
 import yaml
 
 from gateway.stack.redis_server import EmbeddedRedis
-from tests.monitoring import ALERTS, ELSEWHERE, ROOT, dashboard_panels
-from tests.redis_server import redis_server
-from tests.stack import GatewayProcess, free_port, wav_bytes
+from tests.support.audio import wav_bytes
+from tests.support.monitoring import ALERTS, ELSEWHERE, ROOT, dashboard_panels
+from tests.support.redis_server import redis_server
+from tests.support.stack import GatewayProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Speech in other languages end to end: ``whisper_base`` (multilingual Whisper base) on
 the real Triton, loaded through the admin API as an operator adds a model, fed Spanish,
-French and Hindi made by espeak-ng (tests/espeak.py) through the official SDK.
+French and Hindi made by espeak-ng (tests/support/espeak.py) through the official SDK.
 
 Whisper base is small and espeak-ng robotic: the sentences were chosen where the model
 gets the language and the gist (its Hindi is poor, as its model card says, and varies from
@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from gateway.serving.audio import decode_to_pcm
-from tests.espeak import speak
-from tests.stack import GatewayProcess
+from tests.support.espeak import speak
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The playground in a real browser: headless Chromium (Debian's package) driven by
 Playwright, on the page nginx serves, against the real stack (Triton with SmolLM2, mock_chat,
 Piper and Whisper; Redis). Every test fails on any console error the page did not cause on
-purpose (see :func:`tests.browser.playground`)."""
+purpose (see :func:`tests.support.browser.playground`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import openai
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from tests.browser import launch, playground, spoken_wav
-from tests.integration.conftest import generated_tokens, generation_stops
-from tests.stack import GatewayProcess
+from tests.support.browser import launch, playground, spoken_wav
+from tests.support.generation import generated_tokens, generation_stops
+from tests.support.stack import GatewayProcess
 
 QUESTION = "What is the capital of France?"
 HI = [{"role": "user", "content": "hi"}]

@@ -22,8 +22,9 @@ import pytest
 import websockets
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
-from tests.integration.conftest import generation_stops
-from tests.stack import GatewayProcess, silence, wav_bytes
+from tests.support.audio import silence, wav_bytes
+from tests.support.generation import generation_stops
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
@@ -69,10 +70,12 @@ async def ask(connection: AsyncRealtimeConnection, text: str, max_tokens: int) -
     await connection.response.create(response={"max_output_tokens": max_tokens})
 
 
-async def events_until(
+async def connection_events_until(
     connection: AsyncRealtimeConnection, last: str, timeout_s: float = 60
 ) -> list[Any]:
-    """Every server event up to and including the first of type ``last``."""
+    """Every server event of the SDK's connection up to and including the first of type
+    ``last`` (:func:`tests.support.realtime.events_until` is the same for the test client's
+    socket, in process)."""
     seen = []
     async with asyncio.timeout(timeout_s):
         async for event in connection:
@@ -104,7 +107,7 @@ async def test_spoken_question_gets_a_spoken_answer_in_order(
     async with connect(stack) as connection:
         await connection.session.update(session={"type": "realtime", "max_output_tokens": 40})
         await send_audio(connection, silence(0.5) + question + silence(1.2))
-        events = await events_until(connection, "response.done")
+        events = await connection_events_until(connection, "response.done")
     kinds = types(events)
     assert kinds[0] == "session.created"
     assert events[0].session.model == "smollm2"
@@ -161,7 +164,7 @@ async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
             }
         )
         await ask(connection, "Say hello.", max_tokens=12)
-        events = await events_until(connection, "response.done")
+        events = await connection_events_until(connection, "response.done")
         kinds = types(events)
         assert "session.updated" in kinds and "response.output_text.delta" in kinds
         assert "response.output_audio.delta" not in kinds
@@ -171,7 +174,7 @@ async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
         # The conversation goes on: the answer is an item of it, and a second response
         # reads the whole conversation (more input tokens than the first).
         await ask(connection, "Again.", max_tokens=4)
-        again = await events_until(connection, "response.done")
+        again = await connection_events_until(connection, "response.done")
         first_usage = events[-1].response.usage
         assert again[-1].response.usage.input_tokens > first_usage.input_tokens
 
@@ -179,9 +182,9 @@ async def test_text_conversation_and_follow_up(stack: GatewayProcess) -> None:
 async def test_response_cancel_stops_the_model(stack: GatewayProcess) -> None:
     async with connect(stack) as connection:
         await ask(connection, "Tell me a very long story.", max_tokens=2000)
-        before = await events_until(connection, "response.output_audio_transcript.delta")
+        before = await connection_events_until(connection, "response.output_audio_transcript.delta")
         await connection.response.cancel()
-        events = await events_until(connection, "response.done")
+        events = await connection_events_until(connection, "response.done")
         response = events[-1].response
         assert response.id == before[first(before, "response.created")].response.id
         assert response.status == "cancelled"
@@ -190,7 +193,7 @@ async def test_response_cancel_stops_the_model(stack: GatewayProcess) -> None:
         await asyncio.to_thread(generation_stops, stack, "smollm2")
         # Cancelling again: nothing to cancel, an error event, and the session goes on.
         await connection.response.cancel()
-        error = await events_until(connection, "error")
+        error = await connection_events_until(connection, "error")
         assert error[-1].error.code == "response_cancel_not_active"
 
 
@@ -212,16 +215,16 @@ async def test_speech_during_an_answer_cancels_it(stack: GatewayProcess, questio
                 "max_output_tokens": 400,
             }
         )
-        await events_until(connection, "response.output_audio.delta")
+        await connection_events_until(connection, "response.output_audio.delta")
         await send_audio(connection, silence(0.3) + question)
-        events = await events_until(connection, "response.done")
+        events = await connection_events_until(connection, "response.done")
         kinds = types(events)
         assert "input_audio_buffer.speech_started" in kinds
         assert events[-1].response.status == "cancelled"
         assert events[-1].response.status_details.reason == "turn_detected"
         # The user's turn is then heard and answered.
         await send_audio(connection, silence(1.0))
-        after = await events_until(connection, "response.done")
+        after = await connection_events_until(connection, "response.done")
         transcript = after[first(after, "conversation.item.input_audio_transcription.completed")]
         assert "france" in transcript.transcript.lower()
         assert after[-1].response.status in ("completed", "incomplete")
@@ -234,7 +237,7 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(
     stack: GatewayProcess,
 ) -> None:
     async with connect(stack) as connection:
-        await events_until(connection, "session.created")
+        await connection_events_until(connection, "session.created")
         sent: list[tuple[Any, str]] = [
             ("{not json", "invalid_json"),
             ({"type": "no.such.event", "event_id": "evt_1"}, "invalid_event"),
@@ -261,13 +264,13 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(
         ]
         for event, code in sent:
             await connection.send_raw(event if isinstance(event, str) else json.dumps(event))
-            errors = await events_until(connection, "error")
+            errors = await connection_events_until(connection, "error")
             error = errors[-1].error
             assert error.code == code, (event, error)
             assert error.message and error.type == "invalid_request_error"
         assert errors[-1].error.param  # the bad field is named
         await connection.session.update(session={"type": "realtime", "instructions": "Be brief."})
-        updated = await events_until(connection, "session.updated")
+        updated = await connection_events_until(connection, "session.updated")
         assert updated[-1].session.instructions == "Be brief."
 
 
@@ -315,18 +318,18 @@ async def test_limits_and_usage_count_sessions_and_responses(
         assert refused.value.response.status_code == 429
         # A model the key may not use is refused, and the session keeps its own.
         await connection.session.update(session={"type": "realtime", "model": "mock_chat"})
-        refusal = await events_until(connection, "error")
+        refusal = await connection_events_until(connection, "error")
         assert refusal[-1].error.code == "model_not_allowed"
         await connection.session.update(session={"type": "realtime", "max_output_tokens": 8})
-        updated = await events_until(connection, "session.updated")
+        updated = await connection_events_until(connection, "session.updated")
         assert updated[-1].session.model == "smollm2"
         await send_audio(connection, silence(0.3) + question + silence(1.0))
-        answered = await events_until(connection, "response.done")
+        answered = await connection_events_until(connection, "response.done")
         assert answered[-1].response.status in ("completed", "incomplete")
         # The session was one request, the turn's transcription (its early guesses
         # included) another and the response a third: rpm=3 is spent.
         await connection.response.create()
-        refusal = await events_until(connection, "error")
+        refusal = await connection_events_until(connection, "error")
         assert refusal[-1].error.code == "rate_limit_exceeded"
     deadline = time.monotonic() + 10
     async with httpx.AsyncClient(base_url=stack.base_url, headers=stack.headers) as http:
@@ -388,7 +391,7 @@ async def answered_live(
     await send_audio(connection, speech)
     listening = asyncio.create_task(send_live(connection, silence(silence_s)))
     try:
-        return await events_until(connection, "response.done")
+        return await connection_events_until(connection, "response.done")
     finally:
         listening.cancel()
 
@@ -507,10 +510,10 @@ async def test_a_client_secret_opens_one_configured_session_and_nothing_else(
         await client.models.list()
     assert "only opens a Realtime session" in on_rest.value.message
     async with client.realtime.connect(model="mock_chat") as connection:
-        opened = await events_until(connection, "session.created")
+        opened = await connection_events_until(connection, "session.created")
         assert opened[-1].session.instructions == instructions
         await ask(connection, "Hello?", max_tokens=16)
-        events = await events_until(connection, "response.done")
+        events = await connection_events_until(connection, "response.done")
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text.strip() == "Ahoy from the secret."
     assert events[-1].response.status == "completed"
@@ -542,7 +545,7 @@ async def test_a_phone_call_in_mu_law_is_heard_and_answered_in_mu_law(
         for start in range(0, len(call), 800):  # 100 ms of 8 kHz mu-law
             piece = base64.b64encode(call[start : start + 800]).decode()
             await connection.input_audio_buffer.append(audio=piece)
-        events = await events_until(connection, "response.done")
+        events = await connection_events_until(connection, "response.done")
     heard = events[first(events, "conversation.item.input_audio_transcription.completed")]
     assert "capital" in heard.transcript.lower() and "france" in heard.transcript.lower()
     answer = b"".join(
@@ -584,7 +587,7 @@ async def test_a_turn_at_real_time_pace_is_heard_as_its_whole_clip(
                 max(0.0, start + (offset + len(piece)) / 2 / PCM_RATE - time.monotonic())
             )
             await connection.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
-        events = await events_until(
+        events = await connection_events_until(
             connection, "conversation.item.input_audio_transcription.completed"
         )
     heard = events[-1].transcript

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from tests.shapes import WEATHER, City
-from tests.stack import GatewayProcess
+from tests.support.shapes import WEATHER, City
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

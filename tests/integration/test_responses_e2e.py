@@ -14,7 +14,7 @@ import redis
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.item_index import entry_bytes
 from gateway.state.stored_bytes import RECORD_OVERHEAD
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

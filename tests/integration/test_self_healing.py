@@ -10,14 +10,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.stack import ROOT, GatewayProcess, free_port
+from tests.support.stack import ROOT, GatewayProcess, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +60,6 @@ def _running(pids: dict[int, str]) -> dict[int, str]:
         if state != "Z":
             alive[pid] = command
     return alive
-
-
-def _wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"not within {timeout_s} s: {what}")
 
 
 def _pids_of(pattern: str) -> list[int]:
@@ -120,12 +112,8 @@ QUICK_WATCH = {
 def stack() -> Iterator[GatewayProcess]:
     """Its own stack, Redis included (``gateway up`` starts and supervises it). The last
     test of this module kills it."""
-    gateway = GatewayProcess(models=["mock_chat"], env=QUICK_WATCH).start()
-    try:
-        gateway.wait_ready(120)
+    with GatewayProcess(models=["mock_chat"], env=QUICK_WATCH).running(120) as gateway:
         yield gateway
-    finally:
-        gateway.stop()
 
 
 def _ready(address: str) -> bool:
@@ -144,7 +132,7 @@ def test_redis_killed_comes_back_with_its_data_and_exact_limits(stack: GatewayPr
     # Until it is back: 503 store_unavailable with Retry-After, nothing let through.
     statuses = _through_outage(stack, key, "store_unavailable")
     recovered = time.monotonic() - started
-    _wait_until(lambda: "Redis is back" in stack.output(), 10, "the log says Redis is back")
+    wait_until(lambda: "Redis is back" in stack.output(), "the log says Redis is back", 10)
     assert "Redis exited" in stack.output()
     assert _pids_of(f"redis-server 127.0.0.1:{stack.redis_port}") != [redis]
     # The key and its window survived (append-only file): 2 before, 1 just now, 3 more.
@@ -183,18 +171,18 @@ def test_triton_killed_mid_stream_comes_back_with_every_model(stack: GatewayProc
     # An error event in the stream, not a torn connection.
     assert not isinstance(failed.value, openai.APIConnectionError), failed.value
     # Its model processes die with it, SIGTERM-proof or not.
-    _wait_until(lambda: not _running(stubs), 10, f"the old model processes exit: {stubs}")
+    wait_until(lambda: not _running(stubs), f"the old model processes exit: {stubs}", 10)
     _through_outage(stack, key, "backend_unavailable")
     # Recovered once every replica is ready again (each reconnects on its own, within a
     # second); from then on no request fails.
-    _wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), 10, "replicas ready")
+    wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), "replicas ready", 10)
     assert [_chat(stack, key).status_code for _ in range(10)] == [200] * 10
     models = {m.id for m in client.models.list()}
     assert {"mock_chat", "e5_small"} <= models
     embedded = client.embeddings.create(model="e5_small", input="back again")
     assert len(embedded.data[0].embedding) > 0
     assert "Triton exited" in stack.output()
-    _wait_until(lambda: "Triton is back" in stack.output(), 30, "the log says Triton is back")
+    wait_until(lambda: "Triton is back" in stack.output(), "the log says Triton is back", 30)
     assert _pids_of(f"--grpc-port={stack.grpc_port}") != [triton]
 
 
@@ -209,7 +197,7 @@ def test_no_request_fails_across_a_triton_restart(stack: GatewayProcess) -> None
     # The official SDK as users run it: two retries, honouring Retry-After. Requests in
     # flight when Triton dies and those that come while it restarts wait for it (the
     # gateway's GATEWAY_BACKEND_WAIT_S, default) instead of failing.
-    _wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), 60, "replicas ready")
+    wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), "replicas ready", 60)
     key = stack.create_key("restart")["key"]
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, timeout=60)
     [triton] = _pids_of(f"--grpc-port={stack.grpc_port}")
@@ -242,7 +230,7 @@ def test_no_request_fails_across_a_triton_restart(stack: GatewayProcess) -> None
     assert failures == [], failures
     assert slow, "no request met the restart"
     assert _waits(stack, "waited_ok") > waited_before
-    _wait_until(lambda: "Triton is back" in stack.output().split("Triton exited")[-1], 30, "back")
+    wait_until(lambda: "Triton is back" in stack.output().split("Triton exited")[-1], "back", 30)
 
 
 def test_nothing_outlives_gateway_up_killed_with_sigkill(stack: GatewayProcess) -> None:
@@ -254,13 +242,11 @@ def test_nothing_outlives_gateway_up_killed_with_sigkill(stack: GatewayProcess) 
     assert sum("gateway serve" in c for c in started.values()) == 2, started
     stack.process.kill()
     stack.process.wait()
-    _wait_until(lambda: not _running(started), 20, f"everything stops: {_running(started)}")
+    wait_until(lambda: not _running(started), f"everything stops: {_running(started)}", 20)
 
 
 def _start(**env: str) -> GatewayProcess:
-    gateway = GatewayProcess(models=["mock_chat"], env=env).start()
-    gateway.wait_ready(120)
-    return gateway
+    return GatewayProcess(models=["mock_chat"], env=env).ready(120)
 
 
 def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signals() -> None:
@@ -305,7 +291,7 @@ def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signa
     assert results == [(60, True)] * 3, results
     assert gateway.process.wait(timeout=60) == 0, gateway.output()[-3000:]
     assert "Traceback" not in gateway.output(), gateway.output()[-3000:]
-    _wait_until(lambda: not _running(started), 10, f"everything stops: {_running(started)}")
+    wait_until(lambda: not _running(started), f"everything stops: {_running(started)}", 10)
     gateway.stop()
 
 
@@ -316,8 +302,7 @@ def test_gateway_up_gives_up_on_a_crash_loop() -> None:
     # not there (not needed here).
     gateway = GatewayProcess(
         triton_url=f"127.0.0.1:{free_port()}", nginx=False, env=QUICK_WATCH
-    ).start()
-    gateway.wait_ready(60, path="/health/live")
+    ).ready(60, path="/health/live")
     assert gateway.process is not None
     started = _children(gateway.process.pid)
     data = ROOT / ".run" / "tests" / f"gateway-{gateway.port}" / "redis"
@@ -327,5 +312,5 @@ def test_gateway_up_gives_up_on_a_crash_loop() -> None:
     assert gateway.process.wait(timeout=90) == 1, gateway.output()[-3000:]
     assert "Redis died 5 times within 60 s; giving up" in gateway.output()
     assert "Traceback" not in gateway.output()
-    _wait_until(lambda: not _running(started), 20, f"everything stops: {_running(started)}")
+    wait_until(lambda: not _running(started), f"everything stops: {_running(started)}", 20)
     gateway.stop()

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from gateway.serving.audio import FORMATS
-from tests.unit.test_speech import decode
+from tests.support.audio import decode
 
 pytestmark = pytest.mark.integration
 

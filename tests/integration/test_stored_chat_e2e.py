@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

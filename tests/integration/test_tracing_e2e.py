@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
-from tests.stack import GatewayProcess
+from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +31,9 @@ def traced() -> Iterator[tuple[GatewayProcess, OtlpReceiver]]:
                 # Batches every 200 ms (gateway and Triton) instead of 5 s.
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
             },
-        ).start()
-        try:
-            gateway.wait_ready(180)
+        )
+        with gateway.running(180):
             yield gateway, receiver
-        finally:
-            gateway.stop()
 
 
 def _trace(spans: list[ReceivedSpan], trace_id: str) -> list[ReceivedSpan]:

@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai.types.audio import TranscriptionSegment, TranscriptionVerbose
 
-from tests.stack import GatewayProcess
+from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 

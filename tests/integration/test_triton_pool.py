@@ -10,7 +10,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +19,8 @@ import pytest
 
 from gateway.stack import processes
 from gateway.stack.triton_server import EmbeddedTriton, free_port
-from tests.stack import ROOT, GatewayProcess
+from tests.support.stack import ROOT, GatewayProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +53,6 @@ def _served(triton: EmbeddedTriton) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _wait_for(check: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def tritons(tmp_path: Path) -> Iterator[list[EmbeddedTriton]]:
     servers = [_triton(tmp_path / "a"), _triton(tmp_path / "b")]
@@ -77,13 +71,8 @@ def _gateway(tritons: list[EmbeddedTriton]) -> GatewayProcess:
         nginx=False,
         # Servers checked every 0.2 s instead of every second: the same, sooner.
         env={"GATEWAY_MODELS": "mock_chat", "GATEWAY_TRITON_CHECK_INTERVAL_S": "0.2"},
-    ).start()
-    try:
-        gateway.wait_ready(60)
-    except BaseException:
-        gateway.stop()
-        raise
-    return gateway
+    )
+    return gateway.ready(60)
 
 
 def test_requests_survive_a_triton_killed_mid_traffic(
@@ -113,12 +102,12 @@ def test_requests_survive_a_triton_killed_mid_traffic(
         users = [threading.Thread(target=traffic) for _ in range(4)]
         for user in users:
             user.start()
-        _wait_for(lambda: _served(first) > 0 and _served(second) > 0, "spread over both")
+        wait_until(lambda: _served(first) > 0 and _served(second) > 0, "spread over both")
         assert first.process is not None
         first.process.kill()  # mid-traffic: some of its requests are running
         processes.kill_group(first.process)
         after_kill = len(statuses)
-        _wait_for(lambda: len(statuses) > after_kill + 20, "still serving after the kill")
+        wait_until(lambda: len(statuses) > after_kill + 20, "still serving after the kill")
         # Back on its ports: the gateway sends it requests again within a check or two.
         again = _triton(tmp_path / "a2", first.grpc_port, first.http_port)
         tritons.append(again)
@@ -158,7 +147,7 @@ def test_a_sessions_turns_hit_one_triton_and_a_hot_session_spills_at_the_bound(
         # A conversation's turns, one after the other: every one on the same server.
         for i in range(6):
             turn("conversation-1", f"turn {i}")
-        _wait_for(lambda: sum(served()) == 6, "six turns counted")
+        wait_until(lambda: sum(served()) == 6, "six turns counted")
         assert sorted(served()) == [0, 6], served()
         home = served().index(6)
 
@@ -173,7 +162,7 @@ def test_a_sessions_turns_hit_one_triton_and_a_hot_session_spills_at_the_bound(
             thread.start()
         for thread in threads:
             thread.join(60)
-        _wait_for(lambda: sum(served()) == sum(before) + 8, "eight turns counted")
+        wait_until(lambda: sum(served()) == sum(before) + 8, "eight turns counted")
         took = [now - then for now, then in zip(served(), before, strict=True)]
         assert took[home] == 5 and took[1 - home] == 3, took
         metrics = httpx.get(gateway.base_url + "/metrics", timeout=5).text

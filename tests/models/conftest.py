@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.smollm2 import weights_path
+from tests.support.smollm2 import weights_path
 
 
 @pytest.fixture(scope="session")

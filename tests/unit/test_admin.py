@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import assert_openai_error, chat_body
+from tests.support.bodies import assert_openai_error, chat_body
 
 
 async def test_the_repository_lists_every_model_with_its_state(http: httpx.AsyncClient) -> None:

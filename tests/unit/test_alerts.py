@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tests.monitoring import ALERTS, ELSEWHERE, ROOT
+from tests.support.monitoring import ALERTS, ELSEWHERE, ROOT
 
 COMPOSE = ROOT / "compose"
 #: The alerts issue 28 asks for, by what they watch.

@@ -35,8 +35,10 @@ from gateway.serving.audio import (
     decode_to_pcm,
 )
 from gateway.serving.protocol import TranscriptionRequest
-from tests.stack import wav_bytes
-from tests.unit.conftest import assert_openai_error, chat_body, make_settings, serve, until
+from tests.support.audio import wav_bytes
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import make_settings, serve
+from tests.support.waiting import until
 
 URL = "/v1/audio/transcriptions"
 VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]

@@ -20,9 +20,9 @@ from gateway.backend import Segment
 from gateway.backend import grpc_streams as streams
 from gateway.backend.fake import FakeBackend
 from gateway.serving.transcription import _shifted, compression_ratio
-from tests.unit.conftest import assert_openai_error
-from tests.unit.test_profiles import audio_model, decoded, spec, text_of
-from tests.unit.test_transcription import tone_file
+from tests.support.audio import tone_file
+from tests.support.bodies import assert_openai_error
+from tests.support.triton import audio_model, decoded, spec, text_of
 
 URL = "/v1/audio/transcriptions"
 #: The SDK's segment fields and their types, as openai-python 3.57 declares them.

@@ -19,14 +19,9 @@ from gateway.errors import StoreFullError
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.audit import STREAM, Actor, AuditLog
 from gateway.state.redis import connect
-from tests.redis_server import redis_server
-from tests.unit.conftest import (
-    assert_openai_error,
-    bearer,
-    make_settings,
-    new_key,
-    serve,
-)
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import bearer, make_settings, new_key, serve
+from tests.support.redis_server import redis_server
 
 BOOTSTRAP = {"id": "admin", "name": "GATEWAY_ADMIN_KEY"}
 

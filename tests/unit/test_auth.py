@@ -15,17 +15,8 @@ from fastapi import FastAPI
 
 from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
-from tests.unit.conftest import (
-    ADMIN_KEY,
-    BASE_URL,
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    sdk,
-    serve,
-)
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import ADMIN_KEY, BASE_URL, bearer, make_settings, new_key, sdk, serve
 
 CHAT = "/v1/chat/completions"
 

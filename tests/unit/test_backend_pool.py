@@ -14,7 +14,9 @@ from gateway.backend.base import SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.backend.pool import BackendPool, is_pool, targets
 from gateway.errors import BackendUnavailableError
-from tests.unit.conftest import REPLY, chat_body, make_settings, serve, until
+from tests.support.bodies import chat_body
+from tests.support.inprocess import REPLY, make_settings, serve
+from tests.support.waiting import until
 
 OPTIONS = SamplingOptions(max_tokens=None)
 

@@ -17,15 +17,8 @@ from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
 from gateway.state.responses import ResponseStore, StoredResponse
 from gateway.state.stored_bytes import counter_keys
-from tests.unit.conftest import (
-    REPLY,
-    assert_openai_error,
-    bearer,
-    make_settings,
-    new_key,
-    sdk,
-    serve,
-)
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import REPLY, bearer, make_settings, new_key, sdk, serve
 
 
 async def _until_status(client: openai.AsyncOpenAI, response_id: str, *statuses: str) -> Any:

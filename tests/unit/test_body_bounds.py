@@ -14,14 +14,9 @@ from fastapi import FastAPI
 
 from gateway.backend.fake import FakeBackend
 from gateway.serving.json_shape import JsonLimits, json_shape
-from tests.unit.conftest import (
-    BASE_URL,
-    asgi_scope,
-    assert_openai_error,
-    chat_body,
-    make_settings,
-    serve,
-)
+from tests.support.asgi import asgi_scope
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import BASE_URL, make_settings, serve
 
 
 def deep(levels: int) -> str:

@@ -15,18 +15,11 @@ from fastapi import FastAPI
 from gateway.backend import ChatImage, GenerationChunk, SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.serving.audio_chat import MAX_AUDIO_PARTS
-from tests.unit.conftest import (
-    AUTH,
-    BASE_URL,
-    asgi_scope,
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    serve,
-)
-from tests.unit.test_transcription import SlowTranscription, leave_once, tone_file
+from tests.support.asgi import asgi_scope, leave_once
+from tests.support.audio import tone_file
+from tests.support.backends import SlowTranscription
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import AUTH, BASE_URL, bearer, make_settings, new_key, serve
 
 VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
 

@@ -22,18 +22,10 @@ from gateway.state.admission import Admission
 from gateway.state.budgets import counters_key
 from gateway.state.keys import ApiKey
 from gateway.state.limits import Meter
-from tests.unit.conftest import (
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    sdk,
-    serve,
-    sse_json,
-    until,
-)
-from tests.unit.test_transcription import tone_file
+from tests.support.audio import tone_file
+from tests.support.bodies import assert_openai_error, chat_body, sse_json
+from tests.support.inprocess import bearer, make_settings, new_key, sdk, serve
+from tests.support.waiting import until
 
 CHAT = "/v1/chat/completions"
 PRICES = {

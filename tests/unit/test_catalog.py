@@ -13,7 +13,8 @@ import gateway.serving.catalog
 from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
-from tests.unit.conftest import REPLY, assert_openai_error, chat_body, make_settings, serve
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import REPLY, make_settings, serve
 
 CHAT = "/v1/chat/completions"
 NEW_MODEL = ModelInfo("fake-new", "chat", True, CHATML_TEMPLATE)

@@ -11,7 +11,8 @@ import pytest
 from gateway.backend import ModelInfo, SamplingOptions
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
-from tests.unit.conftest import REPLY, USER_HI, chat_body
+from tests.support.bodies import USER_HI, chat_body
+from tests.support.inprocess import REPLY
 
 CHATML_HI = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 

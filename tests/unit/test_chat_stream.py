@@ -10,15 +10,8 @@ import openai
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import (
-    REPLY,
-    USER_HI,
-    chat_body,
-    make_settings,
-    serve,
-    sse_events,
-    sse_json,
-)
+from tests.support.bodies import USER_HI, chat_body, sse_events, sse_json
+from tests.support.inprocess import REPLY, make_settings, serve
 
 
 async def test_sdk_stream_chunks(client: openai.AsyncOpenAI, fake: FakeBackend) -> None:

@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from tests.shapes import CALL, WEATHER, City
-from tests.unit.conftest import USER_HI, assert_openai_error, chat_body, sse_json
+from tests.support.bodies import USER_HI, assert_openai_error, chat_body, sse_json
+from tests.support.shapes import CALL, WEATHER, City
 
 
 async def test_auto_tool_call_is_parsed_into_tool_calls(

@@ -2,24 +2,18 @@
 each field of the SDK's session and response configs is known to the gateway (an honoured
 one, sent as null, is never an unknown parameter), a refused one is an ``error`` event with
 the doc's code naming it, a metadata one is taken, and a made-up one is unknown. The doc's
-tables and the sample values are those of :mod:`tests.unit.test_conformance`."""
+tables and the sample values are read by :mod:`tests.support.conformance`, as for
+``test_conformance.py``."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import AUTH, make_settings
-from tests.unit.test_conformance import MADE_UP, Row, all_rows, names, sample_values
-
-#: The models of a Realtime session on the fake backend: chat, speech, transcription.
-VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
-USER_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+from tests.support.conformance import MADE_UP, Row, all_rows, names, sample_values
+from tests.support.inprocess import AUTH
+from tests.support.realtime import answer, message, realtime_app
 
 
 def _event(table: str, field: str, value: Any) -> tuple[dict[str, Any], str]:
@@ -35,21 +29,12 @@ def _event(table: str, field: str, value: Any) -> tuple[dict[str, Any], str]:
 
 
 def _answer(table: str, field: str, value: Any) -> tuple[list[dict[str, Any]], str]:
-    """What a session sends while it handles the event setting ``field`` to ``value``:
-    a retrieve of no item follows it, whose ``error`` ends the answer."""
+    """What a session sends while it handles the event setting ``field`` to ``value``."""
     event, path = _event(table, field, value)
-    app = create_app(make_settings(models=VOICE_MODELS), backend=FakeBackend())
-    with TestClient(app) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+    with realtime_app() as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
         if table == "realtime.response":  # something to respond to
-            ws.send_json({"type": "conversation.item.create", "item": USER_ITEM})
-        ws.send_json(event)
-        ws.send_json({"type": "conversation.item.retrieve", "item_id": "-", "event_id": "end"})
-        seen = []
-        while (received := json.loads(ws.receive_text()))["type"] != "error" or (
-            received["error"].get("event_id") != "end"
-        ):
-            seen.append(received)
-    return seen, path
+            ws.send_json(message("Hi"))
+        return answer(ws, event), path
 
 
 def _realtime_cases() -> list[Any]:

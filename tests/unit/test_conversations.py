@@ -20,7 +20,8 @@ from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.item_index import ENTRY_OVERHEAD, ItemIndex, entry_bytes
 from gateway.state.stored_bytes import RECORD_OVERHEAD, StoredBytes
-from tests.unit.conftest import assert_openai_error, make_settings, new_key, sdk, serve
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import make_settings, new_key, sdk, serve
 
 USER = {"type": "message", "role": "user", "content": "hello there"}
 TWICE = {**USER, "id": "msg_1"}

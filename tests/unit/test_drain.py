@@ -9,7 +9,7 @@ import httpx
 from fastapi import FastAPI
 
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import assert_openai_error, chat_body
+from tests.support.bodies import assert_openai_error, chat_body
 
 
 async def test_a_draining_gateway_finishes_streams_and_refuses_new_requests(

@@ -9,7 +9,8 @@ import httpx
 
 from gateway.backend import Embeddings
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import assert_openai_error, bearer, make_settings, new_key, serve
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import bearer, make_settings, new_key, serve
 
 EMBED_MODELS = ["fake-chat", "fake-embed"]
 

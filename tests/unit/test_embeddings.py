@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from gateway.backend.fake import EMBED_DIMENSIONS, FakeBackend
-from tests.unit.conftest import assert_openai_error, new_key, sdk
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import new_key, sdk
 
 
 async def test_float_and_base64_give_the_same_unit_vectors(

@@ -12,15 +12,8 @@ import pytest
 
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import (
-    AUTH,
-    BASE_URL,
-    REPLY,
-    USER_HI,
-    assert_openai_error,
-    chat_body,
-    make_settings,
-)
+from tests.support.bodies import USER_HI, assert_openai_error, chat_body
+from tests.support.inprocess import AUTH, BASE_URL, REPLY, make_settings
 
 CHAT = "/v1/chat/completions"
 

@@ -19,7 +19,7 @@ from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
 from gateway.stack.triton_server import free_port
-from tests.unit.conftest import ADMIN_KEY, AUTH, make_settings
+from tests.support.inprocess import ADMIN_KEY, AUTH, make_settings
 
 # Two thousand requests: handed out with the long groups (tests/conftest.py).
 pytestmark = pytest.mark.long

@@ -12,8 +12,9 @@ import httpx
 from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.backend.pool import BackendPool
-from tests.redis_server import redis_server
-from tests.unit.conftest import assert_openai_error, chat_body, make_settings, serve
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import make_settings, serve
+from tests.support.redis_server import redis_server
 
 
 async def test_live(http: httpx.AsyncClient) -> None:

@@ -4,9 +4,7 @@ the model, the chat template's parts, and every bound and refusal (serving/image
 from __future__ import annotations
 
 import asyncio
-import base64
 import io
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,31 +21,11 @@ from gateway.errors import InvalidRequestError
 from gateway.serving.images import ImageLimits, ImageReader, sources
 from gateway.serving.images.parts import takes_parts
 from gateway.serving.protocol import ChatMessage, ParamNames
-from tests.unit.conftest import assert_openai_error, make_settings, sse_json
+from tests.support.bodies import assert_openai_error, sse_json
+from tests.support.images import VISION_TEMPLATE, data_url, picture
+from tests.support.inprocess import make_settings
 
 CHAT = "/v1/chat/completions"
-#: ChatML whose content is Hugging Face's list of parts (as multimodal templates take it).
-VISION_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% for p in m.content %}{% if p.type == 'image' %}<image>{% else %}{{ p.text }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def picture(
-    width: int, height: int, encoding: str = "PNG", mode: str = "RGB", noise: bool = False
-) -> bytes:
-    image = Image.new(mode, (width, height), (10, 200, 30, 0) if mode == "RGBA" else "red")
-    if noise:
-        image = Image.frombytes("RGB", (width, height), os.urandom(width * height * 3))
-    buffer = io.BytesIO()
-    image.save(buffer, format=encoding)
-    return buffer.getvalue()
-
-
-def data_url(data: bytes, media: str = "image/png") -> str:
-    return f"data:{media};base64,{base64.b64encode(data).decode()}"
 
 
 def image_part(url: str, detail: str | None = None) -> dict[str, Any]:

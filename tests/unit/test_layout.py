@@ -7,7 +7,8 @@ from __future__ import annotations
 import redis
 
 from gateway.stack.redis_server import EmbeddedRedis
-from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
+from tests.support.bodies import chat_body
+from tests.support.inprocess import AUTH, bearer, make_settings, serve
 
 
 def _to_layout_1(client: redis.Redis) -> list[str]:

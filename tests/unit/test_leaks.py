@@ -26,17 +26,9 @@ from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
 from gateway.stack.replicas import settings_env
 from gateway.stack.triton_server import EmbeddedTritonError, free_port
 from gateway.state.redis import connect
-from tests.redis_server import redis_server
-from tests.unit.conftest import (
-    AUTH,
-    BASE_URL,
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    serve,
-)
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import AUTH, BASE_URL, bearer, make_settings, new_key, serve
+from tests.support.redis_server import redis_server
 
 # Many requests, then a wait for memory to settle: handed out with the long groups
 # (tests/conftest.py).

@@ -22,7 +22,7 @@ from gateway.backend import grpc_streams as streams
 from gateway.backend.profiles import ModelConfig, contract_for
 from gateway.backend.profiles.llmapi import LlmApiContract
 from gateway.backend.triton import TritonBackend
-from tests.unit.test_profiles import decoded, response, spec, text_of
+from tests.support.triton import decoded, response, spec, text_of
 
 SAMPLING = {
     "best_of": "TYPE_INT32",

@@ -20,9 +20,10 @@ from gateway.backend.profiles import ModelConfig, contract_for
 from gateway.config import CHATML_TEMPLATE
 from gateway.errors import ModelNotFoundError
 from gateway.serving.catalog import DefaultModels, ModelCatalog, with_adapters
-from tests.unit.conftest import assert_openai_error, make_settings, new_key, sdk, serve
-from tests.unit.test_profiles import decoded, spec, text_of, trtllm_ensemble, vllm
-from tests.unit.test_realtime import AUTH, message, until
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import AUTH, make_settings, new_key, sdk, serve
+from tests.support.realtime import events_until, message
+from tests.support.triton import decoded, spec, text_of, trtllm_ensemble, vllm
 
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -242,12 +243,12 @@ def test_a_realtime_session_answers_with_an_adapter(fake: FakeBackend) -> None:
         TestClient(app) as client,
         client.websocket_connect("/v1/realtime?model=fake-lora:sql", headers=AUTH) as socket,
     ):
-        created = until(socket, "session.created")[-1]["session"]
+        created = events_until(socket, "session.created")[-1]["session"]
         assert created["model"] == "fake-lora:sql"
         socket.send_json(message("Hi"))
-        until(socket, "conversation.item.done")
+        events_until(socket, "conversation.item.done")
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        events = until(socket, "response.done")
+        events = events_until(socket, "response.done")
     assert events[-1]["response"]["status"] == "completed"
     assert (fake.calls[-1].model, fake.calls[-1].options.lora_name) == ("fake-lora", "sql")
 

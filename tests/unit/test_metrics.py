@@ -13,9 +13,10 @@ from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
 from gateway.metrics import UNKNOWN_MODEL, Metrics, ModelLabelled
-from tests.monitoring import ELSEWHERE
-from tests.unit.conftest import bearer, chat_body, make_settings, new_key, serve
-from tests.unit.test_transcription import tone_file
+from tests.support.audio import tone_file
+from tests.support.bodies import chat_body
+from tests.support.inprocess import bearer, make_settings, new_key, serve
+from tests.support.monitoring import ELSEWHERE
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "compose/grafana/dashboards/gateway.json"
 

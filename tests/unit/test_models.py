@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.unit.conftest import assert_openai_error
+from tests.support.bodies import assert_openai_error
 
 
 async def test_list_shows_ready_models_with_a_task(http: httpx.AsyncClient) -> None:

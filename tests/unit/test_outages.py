@@ -26,9 +26,11 @@ from gateway.errors import BackendUnavailableError, StoreUnavailableError
 from gateway.outages import Attempt, Outage
 from gateway.stack.triton_server import free_port
 from gateway.state.redis import connect, ping
-from tests.redis_server import REDIS_SERVER, redis_server, start_again, wait_until
-from tests.unit.conftest import bearer, chat_body, make_settings, serve
-from tests.unit.test_grpc_streams import FakeTriton
+from tests.support.bodies import chat_body
+from tests.support.fake_triton import FakeTriton
+from tests.support.inprocess import bearer, make_settings, serve
+from tests.support.redis_server import NOT_YET, REDIS_SERVER, redis_server, start_again
+from tests.support.waiting import wait_until
 
 # Restarts a gRPC server and a redis-server mid-test: handed out with the long groups
 # (tests/conftest.py).
@@ -277,7 +279,11 @@ async def test_a_redis_reading_its_data_back_is_waited_for(tmp_path: Path) -> No
     with sync_redis.Redis.from_url(server.url) as filler:
         filler.mset({f"k{i}": "v" for i in range(1500)})
         filler.bgrewriteaof()  # into the file's RDB part, which loads key by key
-        wait_until(lambda: not filler.info("persistence")["aof_rewrite_in_progress"], "rewrite")
+        wait_until(
+            lambda: not filler.info("persistence")["aof_rewrite_in_progress"],
+            "rewrite",
+            retry_on=NOT_YET,
+        )
     counted: list[str] = []
     client = connect(server.url, 1.0, 8, Outage("Redis", 2.0, 15.0, counted.append))
     loading: asyncio.subprocess.Process | None = None
@@ -300,7 +306,7 @@ async def test_a_redis_reading_its_data_back_is_waited_for(tmp_path: Path) -> No
                     return True
                 return False
 
-            wait_until(is_loading, "the server is up and loading", 10)
+            wait_until(is_loading, "the server is up and loading", 10, retry_on=NOT_YET)
         started = time.monotonic()
         assert await ping(client)  # not a 503 store_unavailable (LOADING)
         assert time.monotonic() - started > 0.3

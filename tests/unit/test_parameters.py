@@ -13,7 +13,8 @@ import pytest
 from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
-from tests.unit.conftest import REPLY, USER_HI, assert_openai_error, chat_body
+from tests.support.bodies import USER_HI, assert_openai_error, chat_body
+from tests.support.inprocess import REPLY
 
 VLLM_EXTRAS = {
     "top_k": 40,

@@ -9,7 +9,8 @@ import re
 import httpx
 
 from gateway.api.routers.playground import ASSETS
-from tests.unit.conftest import assert_openai_error, bearer, new_key
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import bearer, new_key
 
 
 async def test_page_is_public_html_under_a_strict_policy(anon: httpx.AsyncClient) -> None:

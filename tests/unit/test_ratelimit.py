@@ -18,18 +18,10 @@ from gateway.state.admission import Gatekeeper
 from gateway.state.keys import KeyCreate, KeyStore
 from gateway.state.limits import Limits, duration
 from gateway.state.redis import connect
-from tests.redis_server import redis_server
-from tests.unit.conftest import (
-    REPLY,
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    sdk,
-    serve,
-)
-from tests.unit.test_transcription import tone_file
+from tests.support.audio import tone_file
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import REPLY, bearer, make_settings, new_key, sdk, serve
+from tests.support.redis_server import redis_server
 
 # Waits out rate-limit windows: handed out with the long groups (tests/conftest.py).
 pytestmark = pytest.mark.long

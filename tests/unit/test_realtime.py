@@ -5,7 +5,6 @@ session hold, and every client field honoured or refused by name."""
 from __future__ import annotations
 
 import base64
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,22 +21,27 @@ from gateway.backend.base import ModelInfo
 from gateway.backend.fake import FakeBackend
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.budgets import counters_key
-from tests.unit.conftest import ADMIN_KEY, REPLY, make_settings
+from tests.support.inprocess import ADMIN_KEY, AUTH, REPLY, bearer, make_settings
+from tests.support.realtime import (
+    VOICE_MODELS,
+    LoudnessVAD,
+    answer,
+    create_key,
+    events_until,
+    message,
+    realtime_app,
+    recorded,
+    refusal,
+    say_hi,
+    update,
+)
 
-AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
-#: The models of a Realtime session on the fake backend: chat, speech, transcription.
-VOICE_MODELS = ["fake-chat", "fake-tts", "fake-stt"]
 PCM_RATE = 24_000
-
-
-def serve(fake: FakeBackend | None = None, **settings: Any) -> TestClient:
-    app = create_app(make_settings(models=VOICE_MODELS, **settings), backend=fake or FakeBackend())
-    return TestClient(app)
 
 
 @pytest.fixture
 def realtime() -> Iterator[TestClient]:
-    with serve() as client:
+    with realtime_app() as client:
         yield client
 
 
@@ -52,64 +56,8 @@ def silence(seconds: float) -> str:
     return base64.b64encode(bytes(int(PCM_RATE * seconds) * 2)).decode()
 
 
-def until(socket: Any, *kinds: str) -> list[dict[str, Any]]:
-    """Every server event up to and including the first of one of ``kinds``."""
-    seen = []
-    while True:
-        event = json.loads(socket.receive_text())
-        seen.append(event)
-        if event["type"] in kinds:
-            return seen
-
-
-def answer(socket: Any, event: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the session sends while it handles ``event``: a retrieve of no item follows it,
-    whose ``error`` ends the answer (so a test never waits for an event that never comes)."""
-    socket.send_json(event)
-    socket.send_json({"type": "conversation.item.retrieve", "item_id": "-", "event_id": "end"})
-    seen = []
-    while True:
-        received = json.loads(socket.receive_text())
-        if received["type"] == "error" and received["error"]["event_id"] == "end":
-            return seen
-        seen.append(received)
-
-
-def refusal(socket: Any, event: dict[str, Any]) -> dict[str, Any]:
-    """The ``error`` the session answers ``event`` with."""
-    errors = [e["error"] for e in answer(socket, event) if e["type"] == "error"]
-    assert errors, f"{event} was not refused"
-    return errors[0]
-
-
-def message(text: str, role: str = "user", **item: Any) -> dict[str, Any]:
-    kind = "output_text" if role == "assistant" else "input_text"
-    return {
-        "type": "conversation.item.create",
-        "item": {"type": "message", "role": role, "content": [{"type": kind, "text": text}]} | item,
-    }
-
-
-def say_hi(socket: Any) -> None:
-    socket.send_json(message("Hi"))
-
-
-def update(**session: Any) -> dict[str, Any]:
-    return {"type": "session.update", "session": {"type": "realtime", **session}}
-
-
 def no_vad() -> dict[str, Any]:
     return update(audio={"input": {"turn_detection": None}})
-
-
-def new_key(client: TestClient, **spec: Any) -> dict[str, Any]:
-    response = client.post("/admin/keys", json={"name": "rt", **spec}, headers=AUTH)
-    assert response.status_code == 201, response.text
-    return response.json()  # type: ignore[no-any-return]
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 # --- the conversation -------------------------------------------------------------------
@@ -117,14 +65,14 @@ def bearer(key: str) -> dict[str, str]:
 
 def test_a_text_turn_answers_with_the_model_reply(realtime: TestClient) -> None:
     with realtime.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket:
-        created = until(socket, "session.created")[-1]["session"]
+        created = events_until(socket, "session.created")[-1]["session"]
         assert created["model"] == "fake-chat"
         assert created["audio"]["output"]["voice"] == "joe"
         say_hi(socket)
-        added = until(socket, "conversation.item.done")
+        added = events_until(socket, "conversation.item.done")
         assert added[0]["type"] == "conversation.item.added"
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        events = until(socket, "response.done")
+        events = events_until(socket, "response.done")
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert text == REPLY
     assert events[-1]["response"]["status"] == "completed"
@@ -133,10 +81,10 @@ def test_a_text_turn_answers_with_the_model_reply(realtime: TestClient) -> None:
 
 def test_truncate_keeps_the_sentences_heard(realtime: TestClient) -> None:
     with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         say_hi(socket)
         socket.send_json({"type": "response.create"})
-        events = until(socket, "response.done")
+        events = events_until(socket, "response.done")
         item = events[-1]["response"]["output"][0]
         pcm = b"".join(
             base64.b64decode(e["delta"])
@@ -153,22 +101,22 @@ def test_truncate_keeps_the_sentences_heard(realtime: TestClient) -> None:
                 "audio_end_ms": 0,
             }
         )
-        truncated = until(socket, "conversation.item.truncated")[-1]
+        truncated = events_until(socket, "conversation.item.truncated")[-1]
         assert truncated["audio_end_ms"] == 0
         socket.send_json({"type": "conversation.item.retrieve", "item_id": item["id"]})
-        retrieved = until(socket, "conversation.item.retrieved")[-1]["item"]
+        retrieved = events_until(socket, "conversation.item.retrieved")[-1]["item"]
         assert retrieved["content"][0]["transcript"] == ""
 
 
 def test_manual_commit_transcribes_the_buffer(realtime: TestClient) -> None:
     with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         socket.send_json(no_vad())
-        updated = until(socket, "session.updated")[-1]["session"]
+        updated = events_until(socket, "session.updated")[-1]["session"]
         assert updated["audio"]["input"]["turn_detection"] is None
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
         socket.send_json({"type": "input_audio_buffer.commit"})
-        events = until(socket, "conversation.item.done")
+        events = events_until(socket, "conversation.item.done")
         kinds = [e["type"] for e in events]
         assert kinds.index("input_audio_buffer.committed") < kinds.index(
             "conversation.item.input_audio_transcription.completed"
@@ -177,7 +125,7 @@ def test_manual_commit_transcribes_the_buffer(realtime: TestClient) -> None:
         assert done["content"][0]["transcript"] == "Segment 1 says hello."
         # No VAD: nothing answers until asked.
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        assert until(socket, "response.done")[-1]["response"]["status"] == "completed"
+        assert events_until(socket, "response.done")[-1]["response"]["status"] == "completed"
 
 
 def test_the_key_is_checked_before_the_upgrade(realtime: TestClient) -> None:
@@ -186,7 +134,7 @@ def test_the_key_is_checked_before_the_upgrade(realtime: TestClient) -> None:
     protocols = ["realtime", f"openai-insecure-api-key.{ADMIN_KEY}"]
     with realtime.websocket_connect("/v1/realtime", subprotocols=protocols) as socket:
         assert socket.accepted_subprotocol == "realtime"
-        assert until(socket, "session.created")
+        assert events_until(socket, "session.created")
 
 
 def test_an_unknown_model_is_refused(realtime: TestClient) -> None:
@@ -202,7 +150,7 @@ def test_an_unknown_model_is_refused(realtime: TestClient) -> None:
 
 def test_a_session_needs_a_key_that_may_use_its_voice_models(realtime: TestClient) -> None:
     # Spoken answers use fake-tts (and transcribed audio fake-stt), not only fake-chat.
-    key = new_key(realtime, models=["fake-chat", "fake-stt"])["key"]
+    key = create_key(realtime, models=["fake-chat", "fake-stt"])["key"]
     with (
         pytest.raises(WebSocketDenialResponse) as refused,
         realtime.websocket_connect("/v1/realtime?model=fake-chat", headers=bearer(key)),
@@ -216,10 +164,10 @@ def test_a_session_needs_a_key_that_may_use_its_voice_models(realtime: TestClien
 def test_session_update_cannot_switch_to_a_model_the_key_may_not_use() -> None:
     fake = FakeBackend()
     fake.model_list.append(ModelInfo("fake-stt-2", "transcription", True, languages=("en",)))
-    with serve(fake) as client:
-        key = new_key(client, models=VOICE_MODELS)["key"]
+    with realtime_app(fake) as client:
+        key = create_key(client, models=VOICE_MODELS)["key"]
         with client.websocket_connect("/v1/realtime", headers=bearer(key)) as socket:
-            until(socket, "session.created")
+            events_until(socket, "session.created")
             error = refusal(socket, update(model="fake-plain", instructions="Changed."))
             assert (error["code"], error["param"]) == ("model_not_allowed", "session.model")
             transcription = {"transcription": {"model": "fake-stt-2"}}
@@ -228,13 +176,13 @@ def test_session_update_cannot_switch_to_a_model_the_key_may_not_use() -> None:
             assert error["param"] == "session.audio.input.transcription.model"
             # The session kept its settings, all of them: the refused update changed nothing.
             socket.send_json(update())
-            kept = until(socket, "session.updated")[-1]["session"]
+            kept = events_until(socket, "session.updated")[-1]["session"]
             assert kept["model"] == "fake-chat"
             assert kept["instructions"] != "Changed."
             assert kept["audio"]["input"]["transcription"]["model"] == "fake-stt"
             say_hi(socket)
             socket.send_json({"type": "response.create"})
-            assert until(socket, "response.done")[-1]["response"]["status"] == "completed"
+            assert events_until(socket, "response.done")[-1]["response"]["status"] == "completed"
     assert {call.model for call in fake.calls} == {"fake-chat"}
 
 
@@ -242,26 +190,26 @@ def test_the_transcription_model_of_the_session_is_used() -> None:
     fake = FakeBackend()
     fake.model_list.append(ModelInfo("fake-stt-2", "transcription", True, languages=("en",)))
     with (
-        serve(fake) as client,
+        realtime_app(fake) as client,
         client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
     ):
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         transcription = {"model": "fake-stt-2", "language": "en"}
         socket.send_json(
             update(audio={"input": {"turn_detection": None, "transcription": transcription}})
         )
-        session = until(socket, "session.updated")[-1]["session"]
+        session = events_until(socket, "session.updated")[-1]["session"]
         assert session["audio"]["input"]["transcription"]["model"] == "fake-stt-2"
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(0.5)})
         socket.send_json({"type": "input_audio_buffer.commit"})
-        until(socket, "conversation.item.done")
+        events_until(socket, "conversation.item.done")
         # An OpenAI name keeps the session's model (the Agents SDK sends one in every
         # update); one of ours changes it.
         socket.send_json(update(audio={"input": {"transcription": {"model": "whisper-1"}}}))
-        session = until(socket, "session.updated")[-1]["session"]
+        session = events_until(socket, "session.updated")[-1]["session"]
         assert session["audio"]["input"]["transcription"]["model"] == "fake-stt-2"
         socket.send_json(update(audio={"input": {"transcription": {"model": "fake-stt"}}}))
-        session = until(socket, "session.updated")[-1]["session"]
+        session = events_until(socket, "session.updated")[-1]["session"]
         assert session["audio"]["input"]["transcription"]["model"] == "fake-stt"
     assert fake.transcribe_calls[0][0] == "fake-stt-2"
     assert fake.transcribe_calls[0][2].language == "en"
@@ -271,27 +219,27 @@ def test_the_transcription_model_of_the_session_is_used() -> None:
 
 
 def test_a_transcription_is_a_request_under_the_keys_rpm(realtime: TestClient) -> None:
-    created = new_key(realtime, rpm=2)
+    created = create_key(realtime, rpm=2)
     with realtime.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
-        until(socket, "session.created")  # the session: one request
+        events_until(socket, "session.created")  # the session: one request
         socket.send_json(no_vad())
-        until(socket, "session.updated")
+        events_until(socket, "session.updated")
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
         socket.send_json({"type": "input_audio_buffer.commit"})
-        transcribed = until(socket, "conversation.item.done")  # the transcription: another
+        transcribed = events_until(socket, "conversation.item.done")  # the transcription: another
         assert transcribed[-2]["type"] == "conversation.item.input_audio_transcription.completed"
         # It is recorded as soon as it is done (the session's own request when it closes).
         usage = realtime.get(f"/admin/keys/{created['id']}/usage", headers=AUTH).json()
         assert usage["requests"] == 1
         assert usage["audio_seconds_in"] == pytest.approx(1.0, abs=0.01)
         socket.send_json({"type": "response.create"})
-        refused = until(socket, "error", "response.done")[-1]
+        refused = events_until(socket, "error", "response.done")[-1]
         assert refused["type"] == "error"
         assert refused["error"]["code"] == "rate_limit_exceeded"
         # A transcription refused in turn says so, and the conversation goes on.
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
         socket.send_json({"type": "input_audio_buffer.commit"})
-        failed = until(socket, "conversation.item.done")[-2]
+        failed = events_until(socket, "conversation.item.done")[-2]
         assert failed["type"] == "conversation.item.input_audio_transcription.failed"
         assert failed["error"]["code"] == "rate_limit_exceeded"
 
@@ -299,26 +247,26 @@ def test_a_transcription_is_a_request_under_the_keys_rpm(realtime: TestClient) -
 def test_a_spent_budget_refuses_the_sessions_transcriptions_and_responses(
     realtime: TestClient, redis_server: EmbeddedRedis
 ) -> None:
-    created = new_key(realtime, budget={"tokens_per_day": 1000})
+    created = create_key(realtime, budget={"tokens_per_day": 1000})
     today = int(time.time() // 86400)  # the day Redis's clock counts in (UTC)
     with redis.Redis.from_url(redis_server.url, decode_responses=True) as store:
         spent = {"day": today, "day_tokens": 1000}  # spent to the token (docs/budgets.md)
         store.hset(counters_key("key", created["id"]), mapping=spent)
     with realtime.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         socket.send_json(no_vad())
-        until(socket, "session.updated")
+        events_until(socket, "session.updated")
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
         socket.send_json({"type": "input_audio_buffer.commit"})
-        failed = until(socket, "conversation.item.done")[-2]
+        failed = events_until(socket, "conversation.item.done")[-2]
         assert failed["type"] == "conversation.item.input_audio_transcription.failed"
         assert failed["error"]["code"] == "budget_exceeded"
         text = {"type": "input_text", "text": "hi"}
         item = {"type": "message", "role": "user", "content": [text]}
         socket.send_json({"type": "conversation.item.create", "item": item})
-        until(socket, "conversation.item.added")
+        events_until(socket, "conversation.item.added")
         socket.send_json({"type": "response.create"})
-        refused = until(socket, "error", "response.done")[-1]
+        refused = events_until(socket, "error", "response.done")[-1]
         assert refused["type"] == "error"
         assert refused["error"]["code"] == "budget_exceeded"
 
@@ -326,23 +274,12 @@ def test_a_spent_budget_refuses_the_sessions_transcriptions_and_responses(
 # --- the connection: admitted, counted and settled like any /v1 request -------------------
 
 
-def recorded(client: TestClient, key_id: str, requests: int) -> bool:
-    """Whether the key's usage comes to ``requests`` within a few seconds (a connection is
-    settled just after it closes)."""
-    deadline = time.monotonic() + 5
-    while True:
-        usage = client.get(f"/admin/keys/{key_id}/usage", headers=AUTH).json()
-        if usage["requests"] >= requests or time.monotonic() > deadline:
-            return bool(usage["requests"] == requests)
-        time.sleep(0.02)
-
-
 def test_a_session_holds_its_keys_concurrency_slot_until_it_closes() -> None:
     app = create_app(make_settings(models=VOICE_MODELS), backend=FakeBackend())
     with TestClient(app) as client:
-        created = new_key(client, max_concurrency=1)
+        created = create_key(client, max_concurrency=1)
         with client.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
-            until(socket, "session.created")
+            events_until(socket, "session.created")
             with (
                 pytest.raises(WebSocketDenialResponse) as refused,
                 client.websocket_connect("/v1/realtime", headers=bearer(created["key"])),
@@ -354,7 +291,7 @@ def test_a_session_holds_its_keys_concurrency_slot_until_it_closes() -> None:
         # Closed: it was one request in the key's usage, and its slot is free again.
         assert recorded(client, created["id"], 1)
         with client.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
-            until(socket, "session.created")
+            events_until(socket, "session.created")
         assert recorded(client, created["id"], 2)
         text = client.get("/metrics").text
     assert 'model="fake-chat",route="/v1/realtime",status="101"} 2.0' in text
@@ -409,20 +346,6 @@ async def test_a_refusal_is_a_close_under_a_server_without_denial_responses(app:
 # --- turns spoken with pauses -----------------------------------------------------------
 
 
-class LoudnessVAD:
-    """Stands in for Silero VAD: a window is speech when it is loud (``tone``), else
-    silence, so a test says exactly where the pauses are."""
-
-    def __init__(self, rate: int) -> None:
-        pass
-
-    def process(self, window: memoryview) -> float:
-        return 1.0 if np.abs(np.frombuffer(window, dtype=np.float32)).max() > 0.01 else 0.0
-
-    def reset(self) -> None:
-        pass
-
-
 def test_a_turn_with_many_pauses_costs_and_bills_a_few_times_its_audio(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -435,13 +358,13 @@ def test_a_turn_with_many_pauses_costs_and_bills_a_few_times_its_audio(
 
     monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)
     fake = FakeBackend()
-    with serve(fake) as client:
-        created = new_key(client)
+    with realtime_app(fake) as client:
+        created = create_key(client)
         with client.websocket_connect("/v1/realtime", headers=bearer(created["key"])) as socket:
-            until(socket, "session.created")
+            events_until(socket, "session.created")
             detection = {"type": "server_vad", "create_response": False}
             socket.send_json(update(audio={"input": {"turn_detection": detection}}))
-            until(socket, "session.updated")
+            events_until(socket, "session.updated")
             for pause in range(12):
                 socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
                 for _ in range(3):  # 300 ms of quiet: a guess, not the end of the turn
@@ -455,7 +378,7 @@ def test_a_turn_with_many_pauses_costs_and_bills_a_few_times_its_audio(
                     time.sleep(0.01)
             for _ in range(10):
                 socket.send_json({"type": "input_audio_buffer.append", "audio": silence(0.1)})
-            done = until(socket, "conversation.item.input_audio_transcription.completed")[-1]
+            done = events_until(socket, "conversation.item.input_audio_transcription.completed")[-1]
         usage = client.get(f"/admin/keys/{created['id']}/usage", headers=AUTH).json()
     turn_s = 12 * 1.3  # what was spoken and paused, before the silence that ended it
     heard = [call[1].size / 16_000 for call in fake.transcribe_calls]
@@ -478,32 +401,35 @@ def test_a_turn_with_many_pauses_costs_and_bills_a_few_times_its_audio(
     ],
 )
 def test_the_input_buffer_is_bounded(bound: dict[str, float], code: str) -> None:
-    with serve(**bound) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+    with (
+        realtime_app(**bound) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        events_until(socket, "session.created")
         # With the VAD on, silence is forgotten as it is judged: an open microphone never
         # fills the buffer.
         append = {"type": "input_audio_buffer.append", "audio": silence(0.1)}
         for _ in range(40):
             assert not [e for e in answer(socket, append) if e["type"] == "error"]
         socket.send_json(no_vad())
-        until(socket, "session.updated")
+        events_until(socket, "session.updated")
         socket.send_json({"type": "input_audio_buffer.clear"})
-        until(socket, "input_audio_buffer.cleared")
+        events_until(socket, "input_audio_buffer.cleared")
         socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
         error = refusal(socket, {"type": "input_audio_buffer.append", "audio": tone(1.0)})
         assert (error["code"], error["param"]) == (code, "audio")
         # The buffer is as it was before the refused append: one second.
         socket.send_json({"type": "input_audio_buffer.commit"})
-        done = until(socket, "conversation.item.done")[-1]["item"]
+        done = events_until(socket, "conversation.item.done")[-1]["item"]
         assert done["content"][0]["transcript"] == "Segment 1 says hello."
 
 
 def test_an_items_audio_is_bounded() -> None:
     with (
-        serve(max_audio_seconds=1.5) as client,
+        realtime_app(max_audio_seconds=1.5) as client,
         client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
     ):
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         content = [{"type": "input_text", "text": "Listen:"}, {"type": "input_audio"}]
         item = {"type": "message", "role": "user", "content": content}
         content[1]["audio"] = tone(2.0)
@@ -511,21 +437,21 @@ def test_an_items_audio_is_bounded() -> None:
         assert (error["code"], error["param"]) == ("audio_too_long", "item.content[1].audio")
         content[1]["audio"] = tone(1.0)
         socket.send_json({"type": "conversation.item.create", "item": item})
-        done = until(socket, "conversation.item.done")[-1]["item"]
+        done = events_until(socket, "conversation.item.done")[-1]["item"]
         # The transcript goes into the audio part, wherever it is.
         assert done["content"][1]["transcript"] == "Segment 1 says hello."
 
 
 def test_the_oldest_items_are_dropped_past_the_bounds() -> None:
     with (
-        serve(realtime_max_items=3, max_stored_kb=1) as client,
+        realtime_app(realtime_max_items=3, max_stored_kb=1) as client,
         client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
     ):
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         ids, events = [], []
         for text in ("one", "two", "three", "four", "x" * 600, "y" * 600):
             socket.send_json(message(text))
-            events += until(socket, "conversation.item.done")
+            events += events_until(socket, "conversation.item.done")
             ids.append(events[-1]["item"]["id"])
         events += answer(socket, {"type": "conversation.item.retrieve", "item_id": ids[5]})
         dropped = [e["item_id"] for e in events if e["type"] == "conversation.item.deleted"]
@@ -544,11 +470,11 @@ def test_deep_or_broken_json_events_get_an_error_and_the_session_goes_on(
     realtime: TestClient,
 ) -> None:
     with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         # 5,000 levels made the parser raise RecursionError, which ended the session.
         deep = '{"type": "session.update", "session": {"metadata": ' + "[" * 5000 + "]" * 5000
         socket.send_text(deep + "}}")
-        error = until(socket, "error")[-1]["error"]
+        error = events_until(socket, "error")[-1]["error"]
         assert error["code"] == "json_too_deep"
         assert "at most 128" in error["message"] and "GATEWAY_MAX_JSON_DEPTH" in error["message"]
         # 40,000 objects in one event (16 MB could hold millions): measured, not parsed.
@@ -557,26 +483,29 @@ def test_deep_or_broken_json_events_get_an_error_and_the_session_goes_on(
             '{"type": "conversation.item.create", "item": {"type": "message", "role": "user", '
             f'"content": [{many}]}}}}'
         )
-        error = until(socket, "error")[-1]["error"]
+        error = events_until(socket, "error")[-1]["error"]
         assert error["code"] == "json_too_complex"
         assert "GATEWAY_MAX_JSON_CONTAINERS" in error["message"]
         socket.send_text('{"type": "session.update", "session": }')
-        error = until(socket, "error")[-1]["error"]
+        error = events_until(socket, "error")[-1]["error"]
         # Where it broke, in the gateway's words (not Python's "Expecting value: ...").
         assert (error["code"], error["message"]) == (
             "invalid_json",
             "The event is not valid JSON (line 1, column 39).",
         )
         say_hi(socket)
-        assert until(socket, "conversation.item.done")[-1]["item"]["status"] == "completed"
+        assert events_until(socket, "conversation.item.done")[-1]["item"]["status"] == "completed"
 
 
 def test_queued_work_is_bounded() -> None:
     fake = FakeBackend(token_delay_s=0.05)
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+    with (
+        realtime_app(fake) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        events_until(socket, "session.created")
         say_hi(socket)
-        until(socket, "conversation.item.done")
+        events_until(socket, "conversation.item.done")
         create = {"type": "response.create", "response": {"conversation": "none"}}
         events = [e for _ in range(20) for e in answer(socket, create)]
         errors = [e["error"]["code"] for e in events if e["type"] == "error"]
@@ -588,10 +517,13 @@ def test_queued_work_is_bounded() -> None:
 
 def test_an_out_of_band_response_stays_out_of_the_conversation() -> None:
     fake = FakeBackend()
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+    with (
+        realtime_app(fake) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        events_until(socket, "session.created")
         socket.send_json(message("Tell me about dogs."))
-        dogs = until(socket, "conversation.item.done")[-1]["item"]["id"]
+        dogs = events_until(socket, "conversation.item.done")[-1]["item"]["id"]
         socket.send_json(
             {
                 "type": "response.create",
@@ -606,7 +538,7 @@ def test_an_out_of_band_response_stays_out_of_the_conversation() -> None:
                 },
             }
         )
-        events = until(socket, "response.done")
+        events = events_until(socket, "response.done")
         response = events[-1]["response"]
         assert response["metadata"] == {"purpose": "classify"}
         assert response["conversation_id"] is None
@@ -618,23 +550,26 @@ def test_an_out_of_band_response_stays_out_of_the_conversation() -> None:
         assert error["code"] == "item_not_found"
         # The conversation's own response answers the conversation alone.
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        assert until(socket, "response.done")[-1]["response"]["conversation_id"]
+        assert events_until(socket, "response.done")[-1]["response"]["conversation_id"]
         assert "cats" not in fake.calls[-1].prompt and "dogs" in fake.calls[-1].prompt
 
 
 def test_a_response_can_be_cancelled_by_its_id() -> None:
     fake = FakeBackend(token_delay_s=0.2)
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+    with (
+        realtime_app(fake) as client,
+        client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
+    ):
+        events_until(socket, "session.created")
         say_hi(socket)
-        until(socket, "conversation.item.done")
+        events_until(socket, "conversation.item.done")
         create = {"conversation": "none", "output_modalities": ["text"]}
         socket.send_json({"type": "response.create", "response": create})
-        created = until(socket, "response.created")[-1]["response"]["id"]
+        created = events_until(socket, "response.created")[-1]["response"]["id"]
         error = refusal(socket, {"type": "response.cancel", "response_id": "resp_other"})
         assert (error["code"], error["param"]) == ("response_cancel_not_active", "response_id")
         socket.send_json({"type": "response.cancel", "response_id": created})
-        assert until(socket, "response.done")[-1]["response"]["status"] == "cancelled"
+        assert events_until(socket, "response.done")[-1]["response"]["status"] == "cancelled"
 
 
 REFUSED: list[tuple[dict[str, Any], str, str]] = [
@@ -734,9 +669,9 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
 
 def test_every_field_is_honoured_or_refused_by_name(realtime: TestClient) -> None:
     with realtime.websocket_connect("/v1/realtime", headers=AUTH) as socket:
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         say_hi(socket)
-        until(socket, "conversation.item.done")
+        events_until(socket, "conversation.item.done")
         for event, code, param in REFUSED:
             error = refusal(socket, event)
             assert (error["code"] or error["type"], error["param"]) == (code, param), event
@@ -749,7 +684,7 @@ def test_every_field_is_honoured_or_refused_by_name(realtime: TestClient) -> Non
             audio={"input": {"noise_reduction": None}},
         )
         socket.send_json(accepted)
-        session = until(socket, "session.updated")[-1]["session"]
+        session = events_until(socket, "session.updated")[-1]["session"]
         assert session["tool_choice"] == "none"
         assert session["tracing"] == {"workflow_name": "Voice agent", "group_id": "g-1"}
 
@@ -765,14 +700,14 @@ def test_semantic_vad_ends_a_turn_after_the_silence_its_eagerness_maps_to(
 
     monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)
     with (
-        serve(FakeBackend()) as client,
+        realtime_app(FakeBackend()) as client,
         client.websocket_connect("/v1/realtime", headers=AUTH) as socket,
     ):
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         for eagerness, ends in (("low", False), ("high", True)):
             detection = {"type": "semantic_vad", "eagerness": eagerness}
             socket.send_json(update(audio={"input": {"turn_detection": detection}}))
-            session = until(socket, "session.updated")[-1]["session"]
+            session = events_until(socket, "session.updated")[-1]["session"]
             shown = session["audio"]["input"]["turn_detection"]
             assert (shown["type"], shown["eagerness"]) == ("semantic_vad", eagerness)
             socket.send_json({"type": "input_audio_buffer.append", "audio": tone(1.0)})
@@ -782,7 +717,7 @@ def test_semantic_vad_ends_a_turn_after_the_silence_its_eagerness_maps_to(
             kinds = [event["type"] for event in answer(socket, quiet)]
             assert ("input_audio_buffer.speech_stopped" in kinds) is ends, (eagerness, kinds)
             socket.send_json({"type": "input_audio_buffer.clear"})
-            until(socket, "input_audio_buffer.cleared")
+            events_until(socket, "input_audio_buffer.cleared")
         bad = {"type": "semantic_vad", "eagerness": "eager"}
         error = refusal(socket, update(audio={"input": {"turn_detection": bad}}))
         assert error["param"] == "session.audio.input.turn_detection.eagerness"

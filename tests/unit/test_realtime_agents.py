@@ -16,15 +16,14 @@ from starlette.testclient import TestClient, WebSocketDenialResponse
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.serving.g711 import decode, encode
-from tests.unit.conftest import ADMIN_KEY, make_settings
-from tests.unit.test_realtime import (
+from tests.support.inprocess import ADMIN_KEY, bearer, make_settings
+from tests.support.realtime import (
     LoudnessVAD,
-    bearer,
+    create_key,
+    events_until,
     message,
-    new_key,
+    realtime_app,
     refusal,
-    serve,
-    until,
     update,
 )
 
@@ -49,14 +48,14 @@ def events_of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def test_a_function_call_is_an_item_with_its_arguments_and_its_output_continues_the_turn() -> None:
     fake = FakeBackend()
     fake.replies = [hermes_call("get_weather", city="Paris"), "It is sunny in Paris."]
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-        until(ws, "session.created")
+    with realtime_app(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        events_until(ws, "session.created")
         ws.send_json(update(tools=[WEATHER], output_modalities=["text"]))
-        session = until(ws, "session.updated")[-1]["session"]
+        session = events_until(ws, "session.updated")[-1]["session"]
         assert session["tools"] == [WEATHER] and session["tool_choice"] == "auto"
         ws.send_json(message("What is the weather in Paris?"))
         ws.send_json({"type": "response.create"})
-        events = until(ws, "response.done")
+        events = events_until(ws, "response.done")
         # The tools reached the chat model's template; the call is not said as text.
         assert "get_weather" in fake.calls[-1].prompt
         assert not events_of(events, "response.output_text.delta")
@@ -84,10 +83,10 @@ def test_a_function_call_is_an_item_with_its_arguments_and_its_output_continues_
                 },
             }
         )
-        added = until(ws, "conversation.item.done")[-1]["item"]
+        added = events_until(ws, "conversation.item.done")[-1]["item"]
         assert added["type"] == "function_call_output"
         ws.send_json({"type": "response.create"})
-        answer = until(ws, "response.done")[-1]["response"]
+        answer = events_until(ws, "response.done")[-1]["response"]
         assert answer["output"][0]["content"][0]["text"] == "It is sunny in Paris."
         prompt = fake.calls[-1].prompt
         # The template saw the call and its result, in order.
@@ -101,13 +100,13 @@ def test_a_call_in_a_spoken_answer_is_not_spoken_and_parallel_calls_are_items() 
         + hermes_call("get_weather", city="Oslo")
         + hermes_call("get_weather", city="Rome")
     ]
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-        until(ws, "session.created")
+    with realtime_app(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        events_until(ws, "session.created")
         ws.send_json(update(tools=[WEATHER]))
-        until(ws, "session.updated")
+        events_until(ws, "session.updated")
         ws.send_json(message("Weather in Oslo and Rome?"))
         ws.send_json({"type": "response.create"})
-        events = until(ws, "response.done")
+        events = events_until(ws, "response.done")
         response = events[-1]["response"]
         kinds = [item["type"] for item in response["output"]]
         assert kinds == ["message", "function_call", "function_call"]
@@ -123,7 +122,7 @@ def test_a_call_in_a_spoken_answer_is_not_spoken_and_parallel_calls_are_items() 
         ]
         create = {"parallel_tool_calls": False, "output_modalities": ["text"]}
         ws.send_json({"type": "response.create", "response": create})
-        response = until(ws, "response.done")[-1]["response"]
+        response = events_until(ws, "response.done")[-1]["response"]
         assert [item["type"] for item in response["output"]] == ["function_call"]
 
 
@@ -131,26 +130,26 @@ def test_tool_choice_none_and_a_response_without_tools_say_the_text() -> None:
     fake = FakeBackend()
     text = hermes_call("get_weather", city="Paris")
     fake.replies = [text, text]
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-        until(ws, "session.created")
+    with realtime_app(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        events_until(ws, "session.created")
         ws.send_json(update(tools=[WEATHER], output_modalities=["text"]))
-        until(ws, "session.updated")
+        events_until(ws, "session.updated")
         ws.send_json(message("Hi"))
         for override in ({"tool_choice": "none"}, {"tools": []}):
             ws.send_json({"type": "response.create", "response": override})
-            response = until(ws, "response.done")[-1]["response"]
+            response = events_until(ws, "response.done")[-1]["response"]
             assert [item["type"] for item in response["output"]] == ["message"], override
 
 
 def test_input_transcription_arrives_in_deltas_then_completed() -> None:
-    with serve() as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-        until(ws, "session.created")
+    with realtime_app() as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        events_until(ws, "session.created")
         ws.send_json(update(audio={"input": {"turn_detection": None}}))
-        until(ws, "session.updated")
+        events_until(ws, "session.updated")
         pcm = (np.sin(np.arange(24_000 * 2) / 10) * 3000).astype("<i2").tobytes()
         ws.send_json({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
         ws.send_json({"type": "input_audio_buffer.commit"})
-        events = until(ws, "conversation.item.input_audio_transcription.completed")
+        events = events_until(ws, "conversation.item.input_audio_transcription.completed")
         deltas = events_of(events, "conversation.item.input_audio_transcription.delta")
         # The fake transcribes each started second as a segment: two deltas, in order.
         assert [d["delta"].strip() for d in deltas] == [
@@ -162,12 +161,12 @@ def test_input_transcription_arrives_in_deltas_then_completed() -> None:
 
 def test_g711_audio_goes_in_and_comes_out_at_8_khz() -> None:
     fake = FakeBackend()
-    with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-        until(ws, "session.created")
+    with realtime_app(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        events_until(ws, "session.created")
         formats = {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}}
         formats["output"] = {"format": {"type": "audio/pcmu"}}
         ws.send_json(update(audio=formats))
-        session = until(ws, "session.updated")[-1]["session"]
+        session = events_until(ws, "session.updated")[-1]["session"]
         assert session["audio"]["input"]["format"] == {"type": "audio/pcmu"}
         # 2 s of a tone as a phone sends it: 8,000 mu-law bytes a second.
         tone = (np.sin(2 * np.pi * 300 * np.arange(16_000) / 8000) * 8000).astype(np.int16)
@@ -178,12 +177,12 @@ def test_g711_audio_goes_in_and_comes_out_at_8_khz() -> None:
             }
         )
         ws.send_json({"type": "input_audio_buffer.commit"})
-        heard = until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+        heard = events_until(ws, "conversation.item.input_audio_transcription.completed")[-1]
         # Two seconds reached the transcription model (16 kHz): two segments.
         assert heard["transcript"].count("says hello") == 2
         assert abs(fake.transcribe_calls[-1][1].size - 32_000) < 400
         ws.send_json({"type": "response.create"})
-        events = until(ws, "response.done")
+        events = events_until(ws, "response.done")
         audio = b"".join(
             base64.b64decode(e["delta"]) for e in events_of(events, "response.output_audio.delta")
         )
@@ -203,9 +202,9 @@ def test_a_transcription_session_transcribes_turns_and_never_answers(
 
     monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)  # a tone is speech
     fake = FakeBackend()
-    with serve(fake) as client:
+    with realtime_app(fake) as client:
         # A key for the transcription model alone: enough for this session, not a conversation.
-        key = new_key(client, models=["fake-stt"])["key"]
+        key = create_key(client, models=["fake-stt"])["key"]
         with (
             pytest.raises(WebSocketDenialResponse) as refused,
             client.websocket_connect("/v1/realtime", headers=bearer(key)),
@@ -214,7 +213,7 @@ def test_a_transcription_session_transcribes_turns_and_never_answers(
         assert refused.value.status_code == 403
         url = "/v1/realtime?intent=transcription"
         with client.websocket_connect(url, headers=bearer(key)) as ws:
-            session = until(ws, "session.created")[-1]["session"]
+            session = events_until(ws, "session.created")[-1]["session"]
             assert (session["type"], session["object"]) == (
                 "transcription",
                 "realtime.transcription_session",
@@ -223,13 +222,13 @@ def test_a_transcription_session_transcribes_turns_and_never_answers(
             detection = {"type": "server_vad", "silence_duration_ms": 200}
             spec = {"type": "transcription", "audio": {"input": {"turn_detection": detection}}}
             ws.send_json({"type": "session.update", "session": spec})
-            until(ws, "session.updated")
+            events_until(ws, "session.updated")
             pcm = (np.sin(np.arange(24_000 * 2) / 10) * 3000).astype("<i2").tobytes()
             pcm += bytes(24_000 * 2)  # a second of silence: the VAD ends the turn
             for offset in range(0, len(pcm), 4800):
                 piece = base64.b64encode(pcm[offset : offset + 4800]).decode()
                 ws.send_json({"type": "input_audio_buffer.append", "audio": piece})
-            events = until(ws, "conversation.item.input_audio_transcription.completed")
+            events = events_until(ws, "conversation.item.input_audio_transcription.completed")
             kinds = [event["type"] for event in events]
             assert "input_audio_buffer.speech_stopped" in kinds
             assert "conversation.item.input_audio_transcription.delta" in kinds
@@ -242,7 +241,7 @@ def test_a_transcription_session_transcribes_turns_and_never_answers(
 
 
 def test_a_beta_client_is_refused_at_the_upgrade() -> None:
-    with serve() as client:
+    with realtime_app() as client:
         for headers, protocols in (
             ({**AUTH, "OpenAI-Beta": "realtime=v1"}, None),
             (dict(AUTH), ["realtime", "openai-beta.realtime-v1"]),  # (Starlette adds to it)
@@ -271,16 +270,16 @@ def test_an_openai_model_name_in_an_update_keeps_the_session_s_model() -> None:
         TestClient(create_app(settings, backend=FakeBackend())) as client,
         client.websocket_connect("/v1/realtime?model=fake-plain", headers=AUTH) as ws,
     ):
-        assert until(ws, "session.created")[-1]["session"]["model"] == "fake-plain"
+        assert events_until(ws, "session.created")[-1]["session"]["model"] == "fake-plain"
         transcription = {"model": "gpt-4o-mini-transcribe"}
         ws.send_json(
             update(model="gpt-realtime-2.1", audio={"input": {"transcription": transcription}})
         )
-        session = until(ws, "session.updated")[-1]["session"]
+        session = events_until(ws, "session.updated")[-1]["session"]
         assert session["model"] == "fake-plain"
         assert session["audio"]["input"]["transcription"]["model"] == "fake-stt"
         ws.send_json(update(model="fake-chat"))
-        assert until(ws, "session.updated")[-1]["session"]["model"] == "fake-chat"
+        assert events_until(ws, "session.updated")[-1]["session"]["model"] == "fake-chat"
 
 
 def test_every_client_event_type_has_its_handler() -> None:
@@ -292,7 +291,7 @@ def test_every_client_event_type_has_its_handler() -> None:
     async def nothing(*_: Any) -> Any:
         return None
 
-    with serve() as client:
+    with realtime_app() as client:
         realtime = client.app.state.services.realtime  # type: ignore[attr-defined]
         assert client.portal is not None
         config = client.portal.call(realtime.configure, "fake-chat", BOOTSTRAP_ADMIN)
@@ -304,12 +303,12 @@ def test_hostile_events_are_refused_before_they_cost() -> None:
     """What a hostile client sends is refused by its size, before it is decoded or read
     entry by entry: G.711 audio (each byte 6 of pcm16), a million-entry list, tools past
     GATEWAY_MAX_TOOLS_KB, an unknown field's name of megabytes (echoed cut short)."""
-    with serve() as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-        until(ws, "session.created")
+    with realtime_app() as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
+        events_until(ws, "session.created")
         ws.send_json(
             update(audio={"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None}})
         )
-        until(ws, "session.updated")
+        events_until(ws, "session.updated")
         # 3 MB of mu-law is 18 MB of pcm16: past the 15 MB buffer, refused undecoded.
         mu_law = base64.b64encode(bytes(3 * 1024 * 1024)).decode()
         error = refusal(ws, {"type": "input_audio_buffer.append", "audio": mu_law})
@@ -339,14 +338,14 @@ def test_a_transcription_session_never_answers_a_pause_ahead(
 
     monkeypatch.setattr(vad, "SileroVAD", LoudnessVAD)
     fake = FakeBackend()
-    with serve(fake) as client:
+    with realtime_app(fake) as client:
         url = "/v1/realtime?intent=transcription&model=fake-stt"
         with client.websocket_connect(url, headers=AUTH) as ws:
-            until(ws, "session.created")
+            events_until(ws, "session.created")
             detection = {"type": "server_vad", "silence_duration_ms": 1000}
             spec = {"type": "transcription", "audio": {"input": {"turn_detection": detection}}}
             ws.send_json({"type": "session.update", "session": spec})
-            until(ws, "session.updated")
+            events_until(ws, "session.updated")
             pcm = (np.sin(np.arange(24_000) / 10) * 3000).astype("<i2").tobytes()
             for chunk in (pcm, bytes(24_000 * 2 * 3 // 10)):  # speech, then a 300 ms pause
                 ws.send_json(
@@ -359,7 +358,7 @@ def test_a_transcription_session_never_answers_a_pause_ahead(
                     "audio": base64.b64encode(bytes(24_000 * 2)).decode(),
                 }
             )
-            until(ws, "conversation.item.input_audio_transcription.completed")
+            events_until(ws, "conversation.item.input_audio_transcription.completed")
         assert fake.transcribe_calls and not fake.calls and not fake.speech_calls
         with (
             pytest.raises(WebSocketDenialResponse) as refused,
@@ -383,18 +382,21 @@ def test_a_guess_that_missed_the_soft_end_of_a_word_is_not_the_transcript(
 
     def turn(tail: float) -> tuple[int, int]:
         fake = FakeBackend()
-        with serve(fake) as client, client.websocket_connect("/v1/realtime", headers=AUTH) as ws:
-            until(ws, "session.created")
+        with (
+            realtime_app(fake) as client,
+            client.websocket_connect("/v1/realtime", headers=AUTH) as ws,
+        ):
+            events_until(ws, "session.created")
             detection = {"type": "server_vad", "silence_duration_ms": 300, "create_response": False}
             ws.send_json(update(audio={"input": {"turn_detection": detection}}))
-            until(ws, "session.updated")
+            events_until(ws, "session.updated")
             speech = np.sin(np.arange(24_000) / 10) * 3000  # 1 s, about 0.09 of full scale
             soft = np.sin(np.arange(4_800) / 3) * tail * 32768  # 200 ms under the VAD's bar
             pcm = np.concatenate([speech, soft, np.zeros(24_000)]).astype("<i2").tobytes()
             for offset in range(0, len(pcm), 4800):
                 piece = base64.b64encode(pcm[offset : offset + 4800]).decode()
                 ws.send_json({"type": "input_audio_buffer.append", "audio": piece})
-            until(ws, "conversation.item.input_audio_transcription.completed")
+            events_until(ws, "conversation.item.input_audio_transcription.completed")
         calls = fake.transcribe_calls
         return len(calls), calls[-1][1].size
 

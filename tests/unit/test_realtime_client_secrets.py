@@ -17,17 +17,15 @@ from starlette.testclient import TestClient, WebSocketDenialResponse
 from gateway.backend.fake import FakeBackend
 from gateway.state.client_secrets import ONLY_REALTIME
 from gateway.state.keys import hash_key
-from tests.unit import conftest
-from tests.unit.conftest import ADMIN_KEY, REPLY
-from tests.unit.test_realtime import (
-    AUTH,
+from tests.support import inprocess
+from tests.support.inprocess import ADMIN_KEY, AUTH, REPLY, bearer
+from tests.support.realtime import (
     VOICE_MODELS,
-    bearer,
+    create_key,
+    events_until,
     message,
-    new_key,
+    realtime_app,
     recorded,
-    serve,
-    until,
 )
 
 PIRATE = "Answer like a pirate."
@@ -46,7 +44,7 @@ def fake() -> FakeBackend:
 
 @pytest.fixture
 def gateway(fake: FakeBackend) -> Iterator[TestClient]:
-    with serve(fake) as client:
+    with realtime_app(fake) as client:
         yield client
 
 
@@ -86,13 +84,13 @@ def test_a_secret_opens_one_session_configured_as_it_was_created(
     assert created.session.model == "fake-chat"
     with gateway.websocket_connect("/v1/realtime", subprotocols=browser(created.value)) as socket:
         assert socket.accepted_subprotocol == "realtime"
-        session = until(socket, "session.created")[-1]["session"]
+        session = events_until(socket, "session.created")[-1]["session"]
         assert session["instructions"] == PIRATE
         assert session["output_modalities"] == ["text"]
         assert session["audio"]["input"]["turn_detection"] is None
         socket.send_json(message("Hi"))
         socket.send_json({"type": "response.create"})
-        events = until(socket, "response.done")
+        events = events_until(socket, "response.done")
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert text == REPLY
     assert PIRATE in fake.calls[-1].prompt  # the model got the secret's instructions
@@ -116,7 +114,7 @@ def test_the_authorization_header_opens_it_too_and_model_must_match(gateway: Tes
     beta = refused(gateway, headers={**bearer(value), "OpenAI-Beta": "realtime=v1"})
     assert beta.json()["error"]["code"] == "unsupported_interface"
     with gateway.websocket_connect("/v1/realtime?model=fake-chat", headers=bearer(value)) as socket:
-        assert until(socket, "session.created")[-1]["session"]["model"] == "fake-chat"
+        assert events_until(socket, "session.created")[-1]["session"]["model"] == "fake-chat"
     assert refused(gateway, headers=bearer(value)).status_code == 401
 
 
@@ -126,16 +124,16 @@ def test_a_transcription_session_has_its_secret(gateway: TestClient, fake: FakeB
     assert created.status_code == 200, created.text
     assert created.json()["session"]["type"] == "transcription"
     with gateway.websocket_connect("/v1/realtime", headers=bearer(created.json()["value"])) as ws:
-        session = until(ws, "session.created")[-1]["session"]
+        session = events_until(ws, "session.created")[-1]["session"]
         assert session["object"] == "realtime.transcription_session"
         ws.send_json({"type": "response.create"})
-        assert until(ws, "error")[-1]["error"]["code"] == "invalid_event"
+        assert events_until(ws, "error")[-1]["error"]["code"] == "invalid_event"
 
 
 def test_an_expired_secret_is_refused(gateway: TestClient) -> None:
     value = mint(gateway, expires_after={"seconds": 10}).json()["value"]
-    assert conftest.REDIS is not None
-    store = redis.Redis.from_url(conftest.REDIS.url)
+    assert inprocess.REDIS is not None
+    store = redis.Redis.from_url(inprocess.REDIS.url)
     record = f"gw:client_secret:{hash_key(value)}"
     assert 9 <= store.ttl(record) <= 10  # Redis drops it when expires_after has passed
     store.pexpire(record, 1)  # as if the 10 s had passed
@@ -162,13 +160,13 @@ def test_a_secret_is_refused_everywhere_but_the_realtime_websocket(gateway: Test
     assert admin.status_code == 401 and admin.json()["error"]["message"] == ONLY_REALTIME
     # None of that used it up.
     with gateway.websocket_connect("/v1/realtime", headers=bearer(value)) as socket:
-        assert until(socket, "session.created")
+        assert events_until(socket, "session.created")
 
 
 def test_the_creating_keys_models_apply() -> None:
-    with serve() as client:
+    with realtime_app() as client:
         # A key that may not use the speech model cannot create a spoken session...
-        chat_only = new_key(client, models=["fake-chat", "fake-stt"])["key"]
+        chat_only = create_key(client, models=["fake-chat", "fake-stt"])["key"]
         spoken = mint(client, chat_only)
         assert spoken.status_code == 403
         assert spoken.json()["error"]["code"] == "model_not_allowed"
@@ -202,23 +200,23 @@ def test_a_refused_field_is_named_and_nothing_is_created(gateway: TestClient) ->
 
 
 def test_the_session_is_the_creating_keys_request() -> None:
-    with serve() as client:
-        created = new_key(client, max_concurrency=1, models=VOICE_MODELS)
+    with realtime_app() as client:
+        created = create_key(client, max_concurrency=1, models=VOICE_MODELS)
         key, key_id = created["key"], created["id"]
         value = mint(client, key, session=TEXT_SESSION).json()["value"]
         stored = client.get("/v1/me", headers=bearer(key)).json()["storage"]["key"]["used_bytes"]
         assert stored > 512  # the record counts in the key's stored bytes until it is used
         with client.websocket_connect("/v1/realtime", headers=bearer(key)) as socket:
-            until(socket, "session.created")
+            events_until(socket, "session.created")
             # The key's one slot is taken: the secret is refused as the key would be, and
             # stays usable.
             busy = refused(client, subprotocols=browser(value))
             assert busy.status_code == 429
         with client.websocket_connect("/v1/realtime", subprotocols=browser(value)) as socket:
-            until(socket, "session.created")
+            events_until(socket, "session.created")
             socket.send_json(message("Hi"))
             socket.send_json({"type": "response.create"})
-            assert until(socket, "response.done")[-1]["response"]["status"] == "completed"
+            assert events_until(socket, "response.done")[-1]["response"]["status"] == "completed"
         me = client.get("/v1/me", headers=bearer(key)).json()
         assert me["storage"]["key"]["used_bytes"] == 0
         # The key's requests: the creation, its own session, the secret's session and its
@@ -229,7 +227,7 @@ def test_the_session_is_the_creating_keys_request() -> None:
 
 
 def test_a_key_revoked_since_refuses_its_secrets(gateway: TestClient) -> None:
-    created = new_key(gateway, models=VOICE_MODELS)
+    created = create_key(gateway, models=VOICE_MODELS)
     value = mint(gateway, created["key"]).json()["value"]
     assert gateway.delete(f"/admin/keys/{created['id']}", headers=AUTH).status_code == 200
     revoked = refused(gateway, headers=bearer(value))

@@ -12,8 +12,8 @@ import pytest
 
 from gateway.backend.fake import FakeBackend
 from gateway.serving.reasoning_parsers import ReasoningTokens, get_parser, parser_names, split
-from tests.shapes import CALL, WEATHER, City
-from tests.unit.conftest import USER_HI, assert_openai_error, chat_body, sse_json
+from tests.support.bodies import USER_HI, assert_openai_error, chat_body, sse_json
+from tests.support.shapes import CALL, WEATHER, City
 
 THOUGHT = "<think> I weigh it. </think> The answer."
 

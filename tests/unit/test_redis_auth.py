@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.redis_server import ONE_TRY, REDIS_CLI, REDIS_SERVER, free_ports, wait_until
-from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
+from tests.support.bodies import chat_body
+from tests.support.inprocess import AUTH, bearer, make_settings, serve
+from tests.support.redis_server import NOT_YET, ONE_TRY, REDIS_CLI, REDIS_SERVER, free_ports
+from tests.support.waiting import wait_until
 
 PASSWORD = secrets.token_hex(32)
 SERVICE = "gwmaster"
@@ -99,6 +101,7 @@ def start_sentinels(servers: Servers) -> tuple[int, list[int]]:
     wait_until(
         lambda: client(replica).info("replication")["master_link_status"] == "up",
         "the replica syncs",
+        retry_on=NOT_YET,
     )
     for port, requirepass in ((guarded, f"requirepass {PASSWORD}\n"), (open_, "")):
         conf = servers.directory / f"sentinel-{port}.conf"
@@ -113,6 +116,7 @@ def start_sentinels(servers: Servers) -> tuple[int, list[int]]:
         wait_until(
             lambda p=port, pw=password: client(p, pw).sentinel_master(SERVICE)["num-slaves"] == 1,
             f"the Sentinel on {port} sees the replica",
+            retry_on=NOT_YET,
         )
     return master, [guarded, open_]
 
@@ -139,7 +143,7 @@ async def test_a_cluster_whose_nodes_ask_for_the_password(servers: Servers) -> N
             *("--requirepass", PASSWORD, "--masterauth", PASSWORD),
         )
     for port in ports:
-        wait_until(lambda p=port: client(p).ping(), f"{port} answers")
+        wait_until(lambda p=port: client(p).ping(), f"{port} answers", retry_on=NOT_YET)
     # A few seconds at most, before the gateway runs: nothing else waits on this loop.
     subprocess.run(  # noqa: ASYNC221
         [REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
@@ -148,7 +152,11 @@ async def test_a_cluster_whose_nodes_ask_for_the_password(servers: Servers) -> N
         capture_output=True,
         timeout=60,
     )
-    wait_until(lambda: client(ports[0]).cluster("info")["cluster_state"] == "ok", "cluster ok")
+    wait_until(
+        lambda: client(ports[0]).cluster("info")["cluster_state"] == "ok",
+        "cluster ok",
+        retry_on=NOT_YET,
+    )
     nodes = ",".join(f"127.0.0.1:{p}" for p in ports)
     await served_with(f"redis+cluster://:{PASSWORD}@{nodes}")
     await refused_with(f"redis+cluster://{nodes}")

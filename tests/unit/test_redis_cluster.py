@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.backend.fake import FakeBackend
-from tests.redis_server import Cluster
-from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve, sse_json
+from tests.support.bodies import chat_body, sse_json
+from tests.support.inprocess import AUTH, bearer, make_settings, serve
+from tests.support.redis_server import Cluster
 
 # A three-master Redis Cluster: handed out with the long groups (tests/conftest.py).
 pytestmark = pytest.mark.long

@@ -10,7 +10,7 @@ import httpx
 
 from gateway.stack.replicas import Replica, ReplicaError, settings_env, stop_all
 from gateway.stack.triton_server import free_port
-from tests.unit.conftest import make_settings
+from tests.support.inprocess import make_settings
 
 
 def test_a_replica_whose_port_was_taken_starts_on_another(tmp_path: Path) -> None:

@@ -10,16 +10,16 @@ from typing import Any
 
 import httpx
 import openai
-import pydantic
 import pytest
 import redis
 
 from gateway.backend import ModelInfo
 from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
 from gateway.stack.redis_server import EmbeddedRedis
-from tests.unit.conftest import REPLY, assert_openai_error, new_key, sdk
+from tests.support.bodies import assert_openai_error, response_events
+from tests.support.inprocess import REPLY, new_key, sdk
+from tests.support.shapes import CALL, City
 
-CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -30,22 +30,6 @@ WEATHER = {
         "required": ["city"],
     },
 }
-
-
-class City(pydantic.BaseModel):
-    name: str
-    population: int
-
-
-def sse_events(text: str) -> list[dict[str, Any]]:
-    """The JSON events of a Responses stream (``event:`` + ``data:`` blocks, no [DONE])."""
-    events = []
-    for block in text.strip().split("\n\n"):
-        kind, data = block.split("\n")
-        payload = json.loads(data.removeprefix("data: "))
-        assert kind == f"event: {payload['type']}"
-        events.append(payload)
-    return events
 
 
 async def test_create_returns_a_message_item_usage_and_output_text(
@@ -149,7 +133,7 @@ async def test_stream_sends_the_event_sequence_in_order(
         "/v1/responses", json={"model": "fake-chat", "input": "Hi", "stream": True}
     )
     assert reply.status_code == 200
-    events = sse_events(reply.text)
+    events = response_events(reply.text)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     kinds = [e["type"] for e in events]
     deltas = kinds.count("response.output_text.delta")
@@ -207,7 +191,7 @@ async def test_streamed_function_call_events(http: httpx.AsyncClient, fake: Fake
         "/v1/responses",
         json={"model": "fake-chat", "input": "Weather?", "tools": [WEATHER], "stream": True},
     )
-    events = sse_events(reply.text)
+    events = response_events(reply.text)
     kinds = [e["type"] for e in events]
     assert "response.function_call_arguments.delta" in kinds
     done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
@@ -253,7 +237,7 @@ async def test_error_after_the_stream_started(http: httpx.AsyncClient, fake: Fak
     reply = await http.post(
         "/v1/responses", json={"model": "fake-chat", "input": "Hi", "stream": True}
     )
-    events = sse_events(reply.text)
+    events = response_events(reply.text)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert events[-2]["message"]
     assert events[-1]["response"]["status"] == "failed"
@@ -560,7 +544,7 @@ async def test_an_answer_that_makes_the_record_too_large_is_not_stored(
     body = {"model": _long_model(fake), "input": "x" * 490_000}
     assert_openai_error(await http.post("/v1/responses", json=body), 400, param="store")
     streamed = await http.post("/v1/responses", json={**body, "stream": True})
-    events = sse_events(streamed.text)
+    events = response_events(streamed.text)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert "GATEWAY_MAX_STORED_KB" in events[-2]["message"]
     with pytest.raises(openai.NotFoundError):
@@ -658,7 +642,7 @@ async def test_streamed_logprobs_come_with_each_delta(
         "stream": True,
         "include": ["message.output_text.logprobs"],
     }
-    events = sse_events((await http.post("/v1/responses", json=body)).text)
+    events = response_events((await http.post("/v1/responses", json=body)).text)
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert all(len(d["logprobs"]) == 1 and d["logprobs"][0]["token"] == d["delta"] for d in deltas)
     done = next(e for e in events if e["type"] == "response.output_text.done")
@@ -688,7 +672,7 @@ async def test_max_tool_calls_keeps_the_first_calls(
     (call,) = one.output
     assert json.loads(call.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
     body = {"model": "fake-chat", "input": "Weather?", "tools": [WEATHER], "max_tool_calls": 1}
-    events = sse_events((await http.post("/v1/responses", json={**body, "stream": True})).text)
+    events = response_events((await http.post("/v1/responses", json={**body, "stream": True})).text)
     added = [e for e in events if e["type"] == "response.output_item.added"]
     assert len(added) == 1
     assert [i["type"] for i in events[-1]["response"]["output"]] == ["function_call"]
@@ -765,7 +749,7 @@ async def test_strict_function_arguments_that_break_the_schema_are_generated_aga
     reply = await http.post("/v1/responses", json=body)
     assert reply.status_code == 200, reply.text
     if stream:
-        events = sse_events(reply.text)
+        events = response_events(reply.text)
         deltas = [
             e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"
         ]

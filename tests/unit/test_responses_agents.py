@@ -16,9 +16,9 @@ from gateway.backend.fake import FakeBackend
 from gateway.serving.images import ImageReader
 from gateway.serving.reasoning import highest_effort
 from gateway.serving.responses.sealing import ReasoningSeal
-from tests.unit.conftest import assert_openai_error, new_key, sdk
-from tests.unit.test_images import VISION_TEMPLATE, data_url, picture
-from tests.unit.test_responses import sse_events
+from tests.support.bodies import assert_openai_error, response_events
+from tests.support.images import VISION_TEMPLATE, data_url, picture
+from tests.support.inprocess import new_key, sdk
 
 #: A reasoning model whose template shows earlier reasoning and reads reasoning_effort
 #: (naming its efforts as gpt-oss's templates do).
@@ -110,7 +110,7 @@ async def test_a_model_that_does_not_reason_returns_no_reasoning_item(
     reply = await http.post("/v1/responses", json=body)
     assert reply.status_code == 200, reply.text
     if stream:
-        done = [e for e in sse_events(reply.text) if e["type"] == "response.completed"]
+        done = [e for e in response_events(reply.text) if e["type"] == "response.completed"]
         output = done[0]["response"]["output"]
     else:
         output = reply.json()["output"]
@@ -128,7 +128,7 @@ async def test_the_sealed_reasoning_is_streamed_on_the_items_done_event(
         "store": False,
         "include": ["reasoning.encrypted_content"],
     }
-    events = sse_events((await http.post("/v1/responses", json=body)).text)
+    events = response_events((await http.post("/v1/responses", json=body)).text)
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done[0]["type"] == "reasoning" and done[0]["encrypted_content"]
 
@@ -221,7 +221,7 @@ async def test_namespace_functions_are_offered_and_their_calls_reported_as_opena
     # Streamed, the call's items carry the namespace too.
     fake.reply = CRM_CALL
     body = {"model": "fake-chat", "input": "Who is 7?", "tools": [CRM], "stream": True}
-    events = sse_events((await http.post("/v1/responses", json=body)).text)
+    events = response_events((await http.post("/v1/responses", json=body)).text)
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert (done[0]["name"], done[0]["namespace"]) == ("lookup", "crm")
 

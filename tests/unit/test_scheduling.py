@@ -27,15 +27,9 @@ from gateway.backend.pool import BackendPool
 from gateway.backend.scheduling import Policy, Ring, place
 from gateway.errors import OverloadedError
 from gateway.metrics import Metrics
-from tests.unit.conftest import (
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    serve,
-    until,
-)
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import bearer, make_settings, new_key, serve
+from tests.support.waiting import until
 
 OPTIONS = SamplingOptions(max_tokens=None)
 

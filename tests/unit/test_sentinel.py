@@ -18,8 +18,10 @@ import pytest
 import redis
 
 from gateway.state.redis import parse_sentinel_url
-from tests.redis_server import ONE_TRY, free_ports, wait_until
-from tests.unit.conftest import AUTH, bearer, chat_body, make_settings, serve
+from tests.support.bodies import chat_body
+from tests.support.inprocess import AUTH, bearer, make_settings, serve
+from tests.support.redis_server import NOT_YET, ONE_TRY, free_ports
+from tests.support.waiting import wait_until
 
 # A Sentinel set and its failover: handed out with the long groups (tests/conftest.py).
 pytestmark = pytest.mark.long
@@ -87,11 +89,17 @@ class SentinelSet:
             lambda: self._client(self.replica).info("replication")["master_link_status"] == "up",
             "the replica syncs",
             30,
+            retry_on=NOT_YET,
         )
         # A Sentinel fails over only to a replica it knows to be in sync (it learns of
         # replicas from the master's INFO, every 10 s).
         for port in self.sentinels:
-            wait_until(lambda p=port: self._sees_everyone(p), f"Sentinel {port} sees all", 30)
+            wait_until(
+                lambda p=port: self._sees_everyone(p),
+                f"Sentinel {port} sees all",
+                30,
+                retry_on=NOT_YET,
+            )
         return self
 
     def _sees_everyone(self, port: int) -> bool:
@@ -172,7 +180,7 @@ async def test_the_gateway_follows_a_failover_with_exact_limits(sentinels: Senti
         assert old == sentinels.master
         # Replication is asynchronous: once the replica has every write acknowledged so
         # far, the master is killed between two requests.
-        wait_until(sentinels.replicated, "the replica has every write", 30)
+        wait_until(sentinels.replicated, "the replica has every write", 30, retry_on=NOT_YET)
         sentinels.kill(old)
         killed = time.monotonic()
         for _ in range(600):  # about a minute at most

@@ -12,7 +12,8 @@ from gateway.errors import InvalidRequestError
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.redis import connect
 from gateway.state.sessions import Message, Session, SessionStore, Turn, estimate_tokens, plan
-from tests.unit.conftest import REPLY, assert_openai_error, bearer, chat_body, new_key
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import REPLY, bearer, new_key
 
 CHAT = "/v1/chat/completions"
 

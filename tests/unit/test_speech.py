@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 from dataclasses import replace
 
-import av
 import httpx
 import numpy as np
 import openai
@@ -15,23 +13,11 @@ import pytest
 
 from gateway.backend.fake import FakeBackend
 from gateway.serving.audio import FORMATS
-from tests.unit.conftest import assert_openai_error
+from tests.support.audio import decode
+from tests.support.bodies import assert_openai_error
 
 SPEECH = "/v1/audio/speech"
 TEXT = "One sentence. Two sentences. Three sentences."
-
-
-def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
-    """Samples (mono, float) and rate of encoded audio, decoded back with PyAV."""
-    if fmt == "pcm":
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768, 24_000
-    with av.open(io.BytesIO(data)) as container:
-        stream = container.streams.audio[0]
-        frames = [f.to_ndarray().reshape(-1) for f in container.decode(stream)]
-        samples = np.concatenate(frames).astype(np.float32)
-        if np.abs(samples).max() > 2:  # integer formats
-            samples /= 32768
-        return samples, stream.rate
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

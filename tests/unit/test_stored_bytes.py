@@ -22,14 +22,8 @@ from gateway.state import stored_bytes
 from gateway.state.item_index import entry_bytes
 from gateway.state.redis import connect
 from gateway.state.stored_bytes import MB, RECORD_OVERHEAD, StoredBytes, counter_keys
-from tests.unit.conftest import (
-    assert_openai_error,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    serve,
-)
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import bearer, make_settings, new_key, serve
 
 KEY_MB = 0.06  # 62,914 bytes: three 18 KB responses, not four
 PROJECT_MB = 0.08

@@ -19,18 +19,9 @@ from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.chat_completions import ChatCompletionStore, StoredChatCompletion
 from gateway.state.stored_bytes import RECORD_OVERHEAD
-from tests.shapes import CALL, WEATHER
-from tests.unit.conftest import (
-    REPLY,
-    USER_HI,
-    assert_openai_error,
-    chat_body,
-    make_settings,
-    new_key,
-    sdk,
-    serve,
-    sse_json,
-)
+from tests.support.bodies import USER_HI, assert_openai_error, chat_body, sse_json
+from tests.support.inprocess import REPLY, make_settings, new_key, sdk, serve
+from tests.support.shapes import CALL, WEATHER
 
 
 async def test_a_stored_completion_is_retrieved_with_its_metadata_and_messages(

@@ -21,7 +21,7 @@ from gateway.config import Settings
 from gateway.errors import InvalidRequestError
 from gateway.serving import structured
 from gateway.serving.structured import check_schema
-from tests.unit.conftest import assert_openai_error, chat_body
+from tests.support.bodies import assert_openai_error, chat_body
 
 LIMIT_KB: int = Settings.model_fields["max_schema_kb"].default
 

@@ -9,7 +9,8 @@ from gateway.backend.fake import FakeBackend
 from gateway.config import CHATML_TEMPLATE
 from gateway.errors import BackendError, InvalidRequestError
 from gateway.serving.templating import render_chat
-from tests.unit.conftest import assert_openai_error, chat_body, make_settings, serve
+from tests.support.bodies import assert_openai_error, chat_body
+from tests.support.inprocess import make_settings, serve
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
 #: What a client reads of a template that failed (Jinja's words go to the log).

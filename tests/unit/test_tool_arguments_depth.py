@@ -14,8 +14,8 @@ import pytest
 
 from gateway.backend.fake import FakeBackend
 from gateway.serving.tools import for_template
-from tests.shapes import WEATHER
-from tests.unit.conftest import assert_openai_error
+from tests.support.bodies import assert_openai_error
+from tests.support.shapes import WEATHER
 
 CHAT = "/v1/chat/completions"
 #: Arguments nested 5,000 deep: what made the parser raise RecursionError (a 500).
@@ -66,7 +66,7 @@ async def test_arguments_at_the_limit_reach_the_template_as_an_object(
 
 
 async def test_the_bound_is_the_setting(fake: FakeBackend) -> None:
-    from tests.unit.conftest import make_settings, serve
+    from tests.support.inprocess import make_settings, serve
 
     async with serve(make_settings(max_json_depth=8), fake) as (_, http, _sdk):
         body = {"model": "fake-chat", "messages": history(nested(9)), "tools": [WEATHER]}

@@ -15,17 +15,11 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.backend.fake import FakeBackend
 from gateway.tracing import traces_endpoint, triton_flags
-from tests.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
-from tests.unit.conftest import (
-    BASE_URL,
-    StreamingASGITransport,
-    bearer,
-    chat_body,
-    make_settings,
-    new_key,
-    serve,
-)
-from tests.unit.test_realtime import AUTH, VOICE_MODELS, say_hi, until
+from tests.support.asgi import StreamingASGITransport
+from tests.support.bodies import chat_body
+from tests.support.inprocess import AUTH, BASE_URL, bearer, make_settings, new_key, serve
+from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.support.realtime import VOICE_MODELS, events_until, say_hi
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -209,15 +203,15 @@ def test_a_realtime_session_has_its_span_and_one_per_response(receiver: OtlpRece
         TestClient(create_app(settings, backend=FakeBackend())) as client,
         client.websocket_connect("/v1/realtime?model=fake-chat", headers=AUTH) as socket,
     ):
-        until(socket, "session.created")
+        events_until(socket, "session.created")
         # The Agents SDK's trace settings name the session's span.
         tracing = {"workflow_name": "Voice agent", "group_id": "call-7", "metadata": {"a": 1}}
         socket.send_json({"type": "session.update", "session": {"tracing": tracing}})
-        until(socket, "session.updated")
+        events_until(socket, "session.updated")
         say_hi(socket)
-        until(socket, "conversation.item.done")
+        events_until(socket, "conversation.item.done")
         socket.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
-        done = until(socket, "response.done")[-1]["response"]
+        done = events_until(socket, "response.done")[-1]["response"]
         # The client closes; Starlette's test client cancels the app at once after (no
         # server does): the session first sees the close, as it would over a network.
         socket.close(1000)

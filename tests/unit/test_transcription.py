@@ -2,54 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import re
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
-from typing import Any
 
 import av
 import httpx
 import numpy as np
-import numpy.typing as npt
 import openai
 import pytest
-from fastapi import FastAPI
 
-from gateway.backend import Segment, TranscriptionOptions
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import (
-    AUTH,
-    BASE_URL,
-    asgi_scope,
-    assert_openai_error,
-    make_settings,
-    serve,
-)
+from tests.support.asgi import leave_once
+from tests.support.audio import tone_file
+from tests.support.backends import SlowTranscription
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import AUTH, BASE_URL, make_settings, serve
 
 URL = "/v1/audio/transcriptions"
-
-
-def tone_file(seconds: float, fmt: str = "wav", rate: int = 44_100) -> bytes:
-    """A stereo tone encoded with PyAV, as a user's recording would be."""
-    out = io.BytesIO()
-    with av.open(out, mode="w", format=fmt) as container:
-        codec = {"wav": "pcm_s16le", "mp3": "libmp3lame", "ogg": "libopus"}[fmt]
-        stream = container.add_stream(codec, rate=48_000 if fmt == "ogg" else rate)
-        stream.layout = "stereo"
-        samples = (np.sin(np.arange(int(seconds * stream.rate)) / 10) * 8000).astype(np.int16)
-        frame = av.AudioFrame.from_ndarray(
-            np.stack([samples, samples]).reshape(1, -1), format="s16", layout="stereo"
-        )
-        frame.sample_rate = stream.rate
-        for packet in stream.encode(frame):
-            container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return out.getvalue()
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "ogg"])
@@ -315,57 +286,6 @@ async def test_streamed_verbose_json_carries_segments_and_words(http: httpx.Asyn
     assert [w for d in deltas for w in d["words"]] == whole["words"]  # type: ignore[attr-defined]
     whole.pop("usage")
     assert done == {"type": "transcript.text.done", **whole}
-
-
-@dataclass
-class SlowTranscription(FakeBackend):
-    """Takes ``delay_s`` before each transcription's first segment; tells when one starts,
-    how many ran at once and how many were cancelled."""
-
-    delay_s: float = 1.0
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    running: int = 0
-    most: int = 0
-    cancelled: int = 0
-
-    async def transcribe(
-        self, model: str, audio: npt.NDArray[np.float32], options: TranscriptionOptions
-    ) -> AsyncGenerator[Segment, None]:
-        self.started.set()
-        self.running += 1
-        self.most = max(self.most, self.running)
-        try:
-            await asyncio.sleep(self.delay_s)
-            async for segment in super().transcribe(model, audio, options):
-                yield segment
-        except (GeneratorExit, asyncio.CancelledError):
-            self.cancelled += 1
-            raise
-        finally:
-            self.running -= 1
-
-
-async def leave_once(app: FastAPI, request: httpx.Request, when: asyncio.Event) -> int:
-    """Sends ``request`` to ``app`` as a server would, the client disconnecting once
-    ``when`` is set, before any answer; the status the app answered with."""
-    body = request.read()
-    scope = asgi_scope(request)
-    sent: list[dict[str, Any]] = []
-    read = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal read
-        if not read:
-            read = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await when.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await asyncio.wait_for(app(scope, receive, send), timeout=10)  # type: ignore[arg-type]
-    return int(next(m["status"] for m in sent if m["type"] == "http.response.start"))
 
 
 async def test_a_client_that_leaves_stops_its_transcription() -> None:

@@ -16,9 +16,10 @@ import pytest
 
 from gateway.backend import ModelInfo, Segment, TranscriptionOptions
 from gateway.backend.fake import FakeBackend
-from tests.unit.conftest import assert_openai_error, make_settings, new_key, sdk, serve
-from tests.unit.test_profiles import audio_model, decoded, spec, text_of
-from tests.unit.test_transcription import tone_file
+from tests.support.audio import tone_file
+from tests.support.bodies import assert_openai_error
+from tests.support.inprocess import make_settings, new_key, sdk, serve
+from tests.support.triton import audio_model, decoded, spec, text_of
 
 MULTI = ModelInfo(
     "fake-multi",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "compose" / "grafana" / "dashboards" / "gateway.json"
 ALERTS = ROOT / "compose" / "alerts.yml"
 

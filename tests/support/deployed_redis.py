@@ -15,8 +15,9 @@ from pathlib import Path
 import redis
 
 from gateway.state.redis import connect, ping
-from tests.redis_server import ONE_TRY, wait_until
-from tests.stack import free_port
+from tests.support.redis_server import NOT_YET, ONE_TRY
+from tests.support.stack import free_port
+from tests.support.waiting import wait_until
 
 #: The exit status of the deployments' Redis start script when the password is unfit.
 REFUSED = 64
@@ -99,7 +100,7 @@ def running(argv: Sequence[str], env: Mapping[str, str], directory: Path) -> Ite
         return True
 
     try:
-        wait_until(answers, "the deployment's Redis answers", 10)
+        wait_until(answers, "the deployment's Redis answers", 10, retry_on=NOT_YET)
         yield started
     finally:
         process.terminate()

@@ -1,9 +1,9 @@
 """Starts the real stack (``gateway up``: Redis, Triton from the nvidia-pytriton wheel and the
-gateway) as a subprocess on free ports, for integration tests and benchmarks."""
+gateway) as a subprocess on free ports, for integration tests and benchmarks: a test's stack
+is ``GatewayProcess(...).running()`` (a fixture's) or ``.ready()`` (one the test stops)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,8 +22,9 @@ import httpx
 import openai
 
 from gateway.stack.triton_server import free_port
+from tests.support.audio import silence, wav_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The admin key every test stack is started with (GATEWAY_ADMIN_KEY).
 ADMIN_KEY = "sk-gw-9fQ2wLx7Rk4Nv8Hc3Mb6Pz1Jd5Ty0Ga"
 
@@ -213,16 +213,31 @@ class GatewayProcess:
         )
         return self
 
-    @contextmanager
-    def running(self) -> Iterator[GatewayProcess]:
-        """Started and ready for the ``with`` block, stopped after it (a module's own
-        stack)."""
+    def ready(self, timeout_s: float = 300.0, path: str = "/health/ready") -> GatewayProcess:
+        """Started and answering 200 on ``path`` (stopped again if it never does); the
+        caller stops it. :meth:`running` is the same for a ``with`` block."""
         self.start()
         try:
-            self.wait_ready()
+            self.wait_ready(timeout_s, path)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @contextmanager
+    def running(
+        self, timeout_s: float = 300.0, path: str = "/health/ready", clean_exit: bool = False
+    ) -> Iterator[GatewayProcess]:
+        """Started and ready for the ``with`` block (a fixture's stack), stopped after it;
+        ``clean_exit``: the block having passed, the stop must be a clean one (SIGTERM ->
+        exit 0)."""
+        self.ready(timeout_s, path)
+        try:
             yield self
         finally:
-            self.stop()
+            code = self.stop()
+        if clean_exit:
+            assert code == 0, self.output()
 
     def output(self) -> str:
         return (self.run_dir / f"gateway-{self.port}.log").read_text(errors="replace")
@@ -254,19 +269,3 @@ class GatewayProcess:
                 self.process.wait()
         self.log.close()
         return self.process.returncode
-
-
-def silence(seconds: float, rate: int = 24_000) -> bytes:
-    """``seconds`` of pcm16 silence."""
-    return bytes(int(rate * seconds) * 2)
-
-
-def wav_bytes(pcm: bytes, rate: int = 24_000) -> bytes:
-    """24 kHz pcm16 (OpenAI's ``pcm``) as a WAV file."""
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(pcm)
-    return buffer.getvalue()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -14,7 +12,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gateway.stack.redis_server import EmbeddedRedis, EmbeddedRedisError
-from tests.stack import free_port
+from tests.support.stack import free_port
+from tests.support.waiting import wait_until
 
 
 def redis_server(directory: Path) -> EmbeddedRedis:
@@ -42,25 +41,12 @@ def start_again(server: EmbeddedRedis) -> EmbeddedRedis:
 #: A client's retries when polling a server that may not be up yet: none (redis-py's default
 #: retries a refused connection with a back-off of seconds; the poll tries again anyway).
 ONE_TRY = Retry(NoBackoff(), 0)
+#: What polling a Redis that is not up yet raises (or a field it has not set yet): another
+#: try of :func:`tests.support.waiting.wait_until`.
+NOT_YET = (redis.RedisError, redis.exceptions.RedisClusterException, KeyError)
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
-
-
-def wait_until(check: Callable[[], object], what: str, timeout_s: float = 20) -> None:
-    """Waits for ``check()`` to be true; a Redis error (or a field not there yet) while
-    waiting is another try."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return
-        except (redis.RedisError, redis.exceptions.RedisClusterException, KeyError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s (last: {last!r})")
 
 
 def free_ports(count: int) -> list[int]:
@@ -113,6 +99,7 @@ class Cluster:
             wait_until(
                 lambda p=port: redis.Redis(port=p, socket_timeout=1, retry=ONE_TRY).ping(),
                 f"{port} answers",
+                retry_on=NOT_YET,
             )
         subprocess.run(
             [
@@ -127,7 +114,11 @@ class Cluster:
             timeout=60,
         )
         self.client = redis.RedisCluster(host="127.0.0.1", port=self.ports[0])
-        wait_until(lambda: self.client.cluster_info()["cluster_state"] == "ok", "cluster state ok")
+        wait_until(
+            lambda: self.client.cluster_info()["cluster_state"] == "ok",
+            "cluster state ok",
+            retry_on=NOT_YET,
+        )
 
     @property
     def url(self) -> str:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright
 
-from tests.stack import GatewayProcess, wav_bytes
+from tests.support.audio import wav_bytes
+from tests.support.stack import GatewayProcess
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
