@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     """Models the embedded Triton loads at start; ``/health/ready`` waits for all of them."""
     run_dir: Path = Path(".run")
     """Where the embedded Triton's logs and backend directory go."""
+    triton_exit_timeout_s: int = Field(30, ge=0, le=3600)
+    """``gateway up``'s Triton: how long it waits at shutdown for its models to finish what
+    they run and unload (``--exit-timeout-secs``, Triton's default), before it exits anyway.
+    A model that never answers a request (TensorRT-LLM's LLM API model answers no aborted
+    non-streamed request) holds the stop this long."""
     triton_start_timeout_s: float = Field(300.0, gt=0)
     """How long ``gateway up`` waits for Triton and its models to become ready."""
 

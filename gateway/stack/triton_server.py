@@ -179,9 +179,13 @@ class EmbeddedTriton:
         metrics_port: int,
         host: str = "127.0.0.1",
         trace_url: str | None = None,
+        exit_timeout_s: int = 30,
     ) -> None:
         """``trace_url``: the OTLP/HTTP URL Triton sends its spans to, joining the
-        gateway's traces (:func:`gateway.tracing.triton_flags`); None: no tracing."""
+        gateway's traces (:func:`gateway.tracing.triton_flags`); None: no tracing.
+        ``exit_timeout_s``: how long Triton waits at shutdown for its models to finish and
+        unload (``--exit-timeout-secs``)."""
+        self.exit_timeout_s = exit_timeout_s
         self.repository = repository.resolve()
         self.models = models
         self.run_dir = run_dir.resolve()
@@ -230,6 +234,7 @@ class EmbeddedTriton:
             "--allow-metrics=true",
             "--allow-gpu-metrics=false",
             "--log-verbose=0",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
             *(triton_flags(self.trace_url) if self.trace_url else ()),
         ]
         log = self.log_path.open("ab")
@@ -285,7 +290,8 @@ class EmbeddedTriton:
                     last_note = time.monotonic()
                 time.sleep(0.2)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stops the server: SIGTERM (Triton unloads models gracefully), SIGKILL after the
-        timeout."""
-        processes.stop(self.process, signal.SIGTERM, timeout_s)
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stops the server: SIGTERM (Triton unloads models gracefully, for up to its exit
+        timeout), SIGKILL a few seconds after that."""
+        wait = timeout_s if timeout_s is not None else self.exit_timeout_s + 5.0
+        processes.stop(self.process, signal.SIGTERM, wait)

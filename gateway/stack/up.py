@@ -125,6 +125,7 @@ def _triton(settings: Settings) -> EmbeddedTriton | None:
         metrics_port=settings.triton_metrics_port,
         host=host or "127.0.0.1",
         trace_url=traces_endpoint(settings.otlp_traces_endpoint),
+        exit_timeout_s=settings.triton_exit_timeout_s,
     )
     print(
         f"Starting Triton with models {', '.join(settings.models)} (log: {triton.log_path})",

@@ -557,10 +557,7 @@ async def test_a_phone_call_in_mu_law_is_heard_and_answered_in_mu_law(
     assert events[-1].response.audio.output.format.type == "audio/pcmu"
 
 
-@pytest.mark.parametrize(
-    "sentence",
-    ["Tell me about the planets.", "Where are my glasses?", "Please spell the word cats."],
-)
+@pytest.mark.parametrize("sentence", ["Please spell the word cats."])  # ends in a soft "s"
 async def test_a_turn_at_real_time_pace_is_heard_as_its_whole_clip(
     stack: GatewayProcess, sentence: str
 ) -> None:

@@ -199,6 +199,9 @@ class GatewayProcess:
             "GATEWAY_ADMIN_KEY": self.admin_key,
             "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "GATEWAY_NGINX_INTERNAL_PORT": str(self.nginx_internal_port),
+            # A test stack's Triton stops within seconds: the LLM API stand-in, as upstream,
+            # never answers an aborted non-streamed request, which held every stop 30 s.
+            "GATEWAY_TRITON_EXIT_TIMEOUT_S": "3",
             "PYTHONUNBUFFERED": "1",
             **self.env,
         }
