@@ -8,9 +8,10 @@ the top of its file.
 
 A line ``--! include <name>`` in a script is replaced by the script ``<name>``, so scripts
 share code without copies (the budget scripts share ``budget_common.lua``; a key's end of
-request runs ``limits_finish.lua`` and ``budget_settle.lua`` in one script). ``constants``
-replace a bare name in the text (``HISTORY_S``) by its value, where the value is Python's
-to decide.
+request runs ``limits_finish.lua`` and ``budget_settle.lua`` in one script,
+``finish_and_settle.lua``; includes nest). The keyword arguments of :func:`register` (its
+constants) replace a bare name in the text (``HISTORY_S``) by its value, where the value is
+Python's to decide.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ an assistant's ``refusal`` stands for its empty content.
 
 The schemas live by endpoint family: :mod:`.common` (what several share), :mod:`.chat`,
 :mod:`.completions`, :mod:`.embeddings`, :mod:`.models` and :mod:`.audio`; every name is
-importable from here (the Responses API's are in :mod:`gateway.serving.responses.protocol`).
+importable from here. The Responses API's schemas are in
+:mod:`gateway.serving.responses.protocol`, the Realtime client events in
+:mod:`gateway.serving.realtime.protocol` (each endpoint family's protocol module).
 """
 
 from gateway.serving.protocol.audio import (
