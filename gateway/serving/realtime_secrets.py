@@ -56,16 +56,18 @@ class RealtimeSecrets:
 
     async def create(
         self, key: ApiKey, presented: str, request: ClientSecretRequest
-    ) -> ClientSecretCreated:
+    ) -> tuple[ClientSecretCreated, str]:
         """A secret that opens one session of ``key`` (``presented``: that key as the
         caller sent it; only its hash is kept) with ``request.session`` applied to the
-        defaults. A refused field raises before anything is stored."""
+        defaults, and the model the request is counted under. A refused field raises
+        before anything is stored."""
         config = await self.realtime.configure(None, key, request.session)
         value, record = await self.store.create(
             key.id, presented, config.model, request.session, request.expires_after.seconds
         )
         session = config.to_json(f"sess_{secrets.token_hex(24)}")
-        return ClientSecretCreated(value=value, expires_at=record.expires_at, session=session)
+        created = ClientSecretCreated(value=value, expires_at=record.expires_at, session=session)
+        return created, config.usage_model
 
     async def session_of(
         self, secret: ClientSecret, requested_model: str | None

@@ -128,6 +128,9 @@ def test_a_transcription_session_has_its_secret(gateway: TestClient, fake: FakeB
         assert session["object"] == "realtime.transcription_session"
         ws.send_json({"type": "response.create"})
         assert events_until(ws, "error")[-1]["error"]["code"] == "invalid_event"
+    # Without transcription events too (its session shows no transcription model).
+    quiet = {"type": "transcription", "audio": {"input": {"transcription": None}}}
+    assert mint(gateway, session=quiet).status_code == 200
 
 
 def test_an_expired_secret_is_refused(gateway: TestClient) -> None:

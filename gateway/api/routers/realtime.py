@@ -60,8 +60,7 @@ async def realtime(
     )
     if secret is not None:  # every check passed: the secret is used up (one session)
         await services.realtime_secrets.store.consume(presented or "")
-    config = session.config
-    admission.model = config.model if config.answers else config.transcription_model
+    admission.model = session.config.usage_model
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     await connection.serve(session)
 

@@ -4,8 +4,6 @@ key: a client secret cannot create another."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from fastapi.responses import Response
 
@@ -27,19 +25,7 @@ async def create_client_secret(
     admission: AdmissionDep,
     presented: PresentedKey,
 ) -> Response:
-    created = await services.realtime_secrets.create(admission.key, presented or "", body)
-    # (A transcription session has no chat model: its transcription model names it.)
-    session = created.session
-    admission.model = str(
-        session.get("model") or session["audio"]["input"]["transcription"]["model"]
+    created, admission.model = await services.realtime_secrets.create(
+        admission.key, presented or "", body
     )
     return Response(created.model_dump_json(), media_type="application/json")
-
-
-def _model_of(session: dict[str, Any]) -> str | None:
-    """The model a secret's session uses: its chat model, or a transcription session's
-    transcription model."""
-    if session.get("model"):
-        return str(session["model"])
-    transcription = session.get("audio", {}).get("input", {}).get("transcription") or {}
-    return transcription.get("model")

@@ -91,6 +91,12 @@ class SessionConfig:
     def answers(self) -> bool:
         return self.kind == "realtime"
 
+    @property
+    def usage_model(self) -> str:
+        """The model the session's usage is counted under: its chat model, or a
+        transcription session's transcription model."""
+        return self.model if self.answers else self.transcription_model
+
     def _detection(self) -> dict[str, Any] | None:
         if self.vad is None:
             return None
