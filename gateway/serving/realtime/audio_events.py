@@ -173,7 +173,7 @@ class AudioEvents:
                 code="input_audio_buffer_full",
             )
         check_seconds(size, bounds, "audio")
-        pcm = self.client_audio.pcm16(data, "audio", bounds.buffer_bytes)
+        pcm = self.client_audio.pcm16(data, "audio")
         if not pcm:
             return []
         audio = self.buffer.append(pcm)

@@ -49,17 +49,9 @@ class ClientAudio:
         sent = base64_chars * 3 // 4
         return sent * _PCM_BYTES_PER_S // G711_RATE if self._reader is not None else sent
 
-    def pcm16(self, value: str, param: str, most: int) -> bytes:
-        """An append's base64 as 24 kHz pcm16 (CPU work: run it in a thread); refused
-        (``audio_too_long``) before it is decoded when it would be more than ``most`` bytes."""
-        size = self.pcm16_bytes(len(value))
-        if size > most:
-            raise ClientEventError(
-                f"{param} would be {size:,} bytes of 24 kHz pcm16; at most {most:,} are "
-                "taken (GATEWAY_REALTIME_MAX_BUFFER_MB).",
-                param=param,
-                code="audio_too_long",
-            )
+    def pcm16(self, value: str, param: str) -> bytes:
+        """An append's base64 as 24 kHz pcm16 (CPU work: run it in a thread). The caller
+        bounds it first, by :meth:`pcm16_bytes`."""
         data = decode_b64(value, param, whole_samples=self._reader is None)
         if self._reader is None:
             return data

@@ -92,8 +92,16 @@ class Conversation:
     def _decode(self, data: str, param: str, input_format: str) -> Audio:
         """An ``input_audio`` part's audio, as 16 kHz samples (CPU work: run in a thread)."""
         client = ClientAudio(input_format)
-        check_seconds(client.pcm16_bytes(len(data)), self.bounds, param)
-        pcm = client.pcm16(data, param, self.bounds.buffer_bytes)
+        size, most = client.pcm16_bytes(len(data)), self.bounds.buffer_bytes
+        check_seconds(size, self.bounds, param)
+        if size > most:  # as much as the input audio buffer holds, checked undecoded
+            raise ClientEventError(
+                f"{param} would be {size:,} bytes of 24 kHz pcm16; at most {most:,} are "
+                "taken (GATEWAY_REALTIME_MAX_BUFFER_MB).",
+                param=param,
+                code="audio_too_long",
+            )
+        pcm = client.pcm16(data, param)
         return pcm_to_stt(pcm)
 
     def index(self, item_id: str, param: str) -> int:

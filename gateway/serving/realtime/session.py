@@ -111,6 +111,17 @@ class RealtimeServices:
         ``requested_model`` (a transcription session's for ``intent=transcription``), then
         ``session`` (a ``session.update``'s session, as a client secret holds it) applied.
         A refused field raises (a 400 naming it), and a model the key may not use a 403."""
+        config, _ = await self._starting(requested_model, key, session, intent)
+        return config
+
+    async def _starting(
+        self,
+        requested_model: str | None,
+        key: ApiKey,
+        session: dict[str, Any] | None,
+        intent: str | None,
+    ) -> tuple[SessionConfig, str]:
+        """:meth:`configure`'s settings, and the speech model they were checked with."""
         spec = session_spec(session) if session is not None else None
         transcribing = intent == "transcription" or (
             spec is not None and spec.type == "transcription"
@@ -134,7 +145,7 @@ class RealtimeServices:
             configurator = Configurator(self.catalog, self.bounds, info.name, self.model_for)
             config = await configurator.configured(config, spec)
         require(key, config.uses(info.name))
-        return config
+        return config, info.name
 
     async def open(
         self,
@@ -147,9 +158,8 @@ class RealtimeServices:
     ) -> RealtimeSession:
         """A session of ``key`` (403 unless it may use the models the session will), whose
         requests ``admit`` lets in, configured as :meth:`configure` says."""
-        config = await self.configure(requested_model, key, session, intent)
-        info = await self.models.info("speech")
-        return RealtimeSession(self, config, info.name, key, admit, send)
+        config, speech_model = await self._starting(requested_model, key, session, intent)
+        return RealtimeSession(self, config, speech_model, key, admit, send)
 
     async def settle(self, admission: Admission) -> None:
         """Records what a session's request used (never raises)."""

@@ -237,6 +237,14 @@ class _Answering(Strict):
         return value
 
 
+def _no_include(value: Any) -> Any:
+    """``include`` (of a realtime or a transcription session): refused when it asks for
+    anything."""
+    if value:
+        raise _refuse("Log probabilities of input transcriptions are not reported by this gateway.")
+    return value
+
+
 class RealtimeSessionSpec(_Answering):
     """A ``session.update``'s session (``type: "realtime"``)."""
 
@@ -247,14 +255,7 @@ class RealtimeSessionSpec(_Answering):
     tracing: Literal["auto"] | Tracing | None = None
     truncation: Any = None
 
-    @field_validator("include")
-    @classmethod
-    def _no_include(cls, value: Any) -> Any:
-        if value:
-            raise _refuse(
-                "Log probabilities of input transcriptions are not reported by this gateway."
-            )
-        return value
+    _no_include = field_validator("include")(_no_include)
 
     @field_validator("truncation")
     @classmethod
@@ -294,7 +295,7 @@ class TranscriptionSessionSpec(Strict):
     audio: TranscriptionAudio | None = None
     include: list[str] | None = Field(None, max_length=MAX_LIST)
 
-    _no_include = field_validator("include")(RealtimeSessionSpec._no_include.__func__)  # type: ignore[attr-defined]
+    _no_include = field_validator("include")(_no_include)
 
 
 SessionSpec = Annotated[
