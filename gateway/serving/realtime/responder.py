@@ -211,6 +211,15 @@ class Responder:
             "content_index": 0,
         }
 
+    def _call_where(self, call: _Call) -> dict[str, Any]:
+        """Where a call's argument events point (as :meth:`_where` for the message)."""
+        return {
+            "response_id": self.response.id,
+            "item_id": call.item.id,
+            "output_index": call.output_index,
+            "call_id": call.item.call_id,
+        }
+
     async def run(self) -> None:
         """Admits and makes the response, and sends its events up to its items' ``done``
         (:meth:`done` sends the last). Cancelled, it ends ``cancelled`` with what it had
@@ -320,11 +329,8 @@ class Responder:
                 call.item.arguments += piece.arguments
                 await self.emit(
                     "response.function_call_arguments.delta",
-                    response_id=self.response.id,
-                    item_id=call.item.id,
-                    output_index=call.output_index,
-                    call_id=call.item.call_id,
                     delta=piece.arguments,
+                    **self._call_where(call),
                 )
 
     async def _end_call(self, status: str = "completed") -> None:
@@ -334,12 +340,9 @@ class Responder:
         call.item.status = status
         await self.emit(
             "response.function_call_arguments.done",
-            response_id=self.response.id,
-            item_id=call.item.id,
-            output_index=call.output_index,
-            call_id=call.item.call_id,
             name=call.item.name,
             arguments=call.item.arguments,
+            **self._call_where(call),
         )
         await self._output_done(call.item)
 
