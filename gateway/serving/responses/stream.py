@@ -256,10 +256,13 @@ class StreamWriter:
         self.generation_run = run
         parser = chat.tools.new_parser() if chat.tools is not None else None
         snapshot = response_object(prepared, "in_progress", [])
-        yield self.event("response.created", response=snapshot)
-        yield self.event("response.in_progress", response=snapshot)
         finish = "stop"
+        # Held from the first event: the generations run already, and closing these events
+        # before the first chunk is read (a cancel while the first events are logged) must
+        # stop them too, not leave them to the garbage collector.
         async with aclosing(pieces):
+            yield self.event("response.created", response=snapshot)
+            yield self.event("response.in_progress", response=snapshot)
             async for index, chunk in pieces:
                 if chunk is None:
                     continue
