@@ -33,7 +33,7 @@ MODELS = {
 }
 #: Generated cases per operation (schemathesis adds its own boundary cases: about two
 #: thousand requests in all, most of them refused).
-EXAMPLES = 10
+EXAMPLES = 5
 
 
 def _schema() -> dict[str, object]:

@@ -51,7 +51,8 @@ from gateway.errors import InvalidRequestError, RateLimitError
 from gateway.serving import generation
 from gateway.serving.protocol import Usage
 from gateway.serving.responses.background_readers import LOST, BackgroundReaders, log_entry
-from gateway.serving.responses.conversion import message_item, response_object, stored_record
+from gateway.serving.responses.conversion import response_object, stored_record
+from gateway.serving.responses.items import MessageItem, OutputItem
 from gateway.serving.responses.protocol import PreparedResponse
 from gateway.serving.responses.service import ResponsesService
 from gateway.serving.responses.stream import StreamWriter
@@ -139,7 +140,7 @@ class _Finishing:
         self.job = job
 
     async def __call__(
-        self, prepared: PreparedResponse, status: str, output: list[dict[str, Any]], usage: Usage
+        self, prepared: PreparedResponse, status: str, output: list[OutputItem], usage: Usage
     ) -> dict[str, Any]:
         self.job.ending = True  # no cancel now: it ends as it claims, or as it fails
         if not await self.background.runs.claim(prepared.owner, prepared.id, status, "run"):
@@ -228,7 +229,7 @@ class BackgroundResponses(BackgroundReaders):
                 owner, log_entry(response_id), size, "background", "send background: false"
             )
             run = await self.responses.chat.reserve_run(prepared.chat, job.admission.meter)
-            await self.store.save(stored_record(prepared, queued), prepared.hold)
+            await self.store.save(stored_record(prepared, queued, []), prepared.hold)
             prepared.hold = None  # the record's now
         except BaseException:
             await asyncio.shield(self._abandon(job))
@@ -344,7 +345,7 @@ class BackgroundResponses(BackgroundReaders):
         self,
         job: _Job,
         status: str,
-        output: list[dict[str, Any]],
+        output: list[OutputItem],
         usage: Usage | None = None,
         error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
@@ -352,7 +353,7 @@ class BackgroundResponses(BackgroundReaders):
         deleted meanwhile (the record deleted again)."""
         response = response_object(job.prepared, status, output, usage, error)
         response["background"] = True
-        if not await self._save_unless_deleted(stored_record(job.prepared, response)):
+        if not await self._save_unless_deleted(stored_record(job.prepared, response, output)):
             raise _Stopped
         return response
 
@@ -437,9 +438,10 @@ class BackgroundResponses(BackgroundReaders):
             logger.warning("%d background responses did not stop in time", len(late))
 
 
-def _so_far(writer: StreamWriter) -> list[dict[str, Any]]:
+def _so_far(writer: StreamWriter) -> list[OutputItem]:
     """The output written so far: the items done, and the text of a message cut short."""
     item = writer.open
-    if item is None or item["type"] != "message":
+    if not isinstance(item, MessageItem):
         return writer.output
-    return [*writer.output, message_item(item["id"], item["text"], "incomplete", writer.logprobs)]
+    cut = MessageItem.done(item.id, writer.open_text, "incomplete", writer.logprobs)
+    return [*writer.output, cut]

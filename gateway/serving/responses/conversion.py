@@ -17,6 +17,14 @@ from gateway.backend import TokenLogprob
 from gateway.errors import InvalidRequestError
 from gateway.serving.chat import PreparedChat
 from gateway.serving.protocol import ChatCompletionRequest, ParamNames, Usage
+from gateway.serving.responses.items import (
+    FunctionCallItem,
+    MessageItem,
+    OutputItem,
+    ReasoningItem,
+    dump,
+    dump_all,
+)
 from gateway.serving.responses.protocol import (
     ContentPart,
     InputItem,
@@ -131,7 +139,7 @@ def input_messages(
         kind = item.type or ("message" if item.role else None)
         if kind == "reasoning":
             reasoning = _reasoning_of(item, param)
-            stored.append(reasoning_item(item.id or new_id("rs"), reasoning, "completed"))
+            stored.append(dump(ReasoningItem.done(item.id or new_id("rs"), reasoning)))
             continue
         if kind == "message":
             if item.role not in ("user", "system", "developer", "assistant"):
@@ -321,62 +329,10 @@ def output_logprobs(chat: PreparedChat, tokens: list[TokenLogprob]) -> list[dict
     return [item.model_dump() for item in logprob_items(tokens, chat.logprobs)]
 
 
-def message_item(
-    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
-    return {
-        "id": item_id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [part] if status != "in_progress" else [],
-    }
-
-
-def reasoning_item(
-    item_id: str, text: str, status: str, sealed: str | None = None
-) -> dict[str, Any]:
-    """A reasoning model's reasoning, whole (no summary is made), with the reasoning sealed
-    as ``encrypted_content`` when the request asked for it (``sealed``)."""
-    part = {"type": "reasoning_text", "text": text}
-    item = {
-        "id": item_id,
-        "type": "reasoning",
-        "status": status,
-        "summary": [],
-        "content": [part] if status != "in_progress" else [],
-    }
-    if sealed is not None:
-        item["encrypted_content"] = sealed
-    return item
-
-
-def call_item(
-    item_id: str,
-    call_id: str,
-    name: str,
-    arguments: str,
-    status: str,
-    names: ToolNames | None = None,
-) -> dict[str, Any]:
-    """A ``function_call`` item; ``name`` as the model called it (a namespace's function
-    is reported by its ``name`` and ``namespace``, see :class:`ToolNames`)."""
-    fields = names.item_fields(name) if names is not None else {"name": name}
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        **fields,
-        "arguments": arguments,
-    }
-
-
 def response_object(
     prepared: PreparedResponse,
     status: str,
-    output: list[dict[str, Any]],
+    output: list[OutputItem],
     usage: Usage | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -396,7 +352,7 @@ def response_object(
         "max_output_tokens": request.max_output_tokens,
         "max_tool_calls": request.max_tool_calls,
         "model": request.model,
-        "output": output,
+        "output": dump_all(output),
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
         "conversation": (
@@ -440,24 +396,25 @@ def _stored_tools(request: ResponsesRequest) -> list[dict[str, Any]]:
     return [{"type": t.type, "name": getattr(t, "name", None)} for t in request.tools or []]
 
 
-def stored_record(prepared: PreparedResponse, response: dict[str, Any]) -> StoredResponse:
-    """What is stored of a response: the object (its tools as :func:`_stored_tools` keeps
-    them), the conversation it answered as items, and the conversation with its answer as
-    chat messages (what a continuation reads)."""
-    output = response["output"]
+def stored_record(
+    prepared: PreparedResponse, response: dict[str, Any], output: list[OutputItem]
+) -> StoredResponse:
+    """What is stored of a response (``output``: its items): the object (its tools as
+    :func:`_stored_tools` keeps them), the conversation it answered as items, and the
+    conversation with its answer as chat messages (what a continuation reads)."""
     reply: dict[str, Any] = {"role": "assistant", "content": None}
-    texts = [p["text"] for item in output if item["type"] == "message" for p in item["content"]]
+    texts = [p.text for item in output if isinstance(item, MessageItem) for p in item.content]
     calls = [
         {
-            "id": item["call_id"],
+            "id": item.call_id,
             "type": "function",
             "function": {
-                "name": ToolNames.chat_name(item["name"], item.get("namespace")),
-                "arguments": item["arguments"],
+                "name": ToolNames.chat_name(item.name, item.namespace),
+                "arguments": item.arguments,
             },
         }
         for item in output
-        if item["type"] == "function_call"
+        if isinstance(item, FunctionCallItem)
     ]
     if texts:
         reply["content"] = "".join(texts)

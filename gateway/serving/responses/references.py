@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequestError, NotFoundError
 from gateway.serving.responses.conversion import input_messages
+from gateway.serving.responses.items import OutputItem, dump_all
 from gateway.serving.responses.protocol import InputItem, PreparedResponse, ResponsesRequest
 from gateway.state.conversations import ConversationStore, ConversationTurn, StoredConversation
 from gateway.state.responses import ResponseStore
@@ -172,10 +173,10 @@ class References:
             grown = conversation.model_copy(update={"items": [*conversation.items, *items]})
             self.conversations.check(grown, "conversation")
 
-    async def append_turn(self, prepared: PreparedResponse, output: list[dict[str, Any]]) -> None:
+    async def append_turn(self, prepared: PreparedResponse, output: list[OutputItem]) -> None:
         """Appends the response's own input items and its output to its conversation."""
         turn = prepared.conversation
         if turn is None:
             return
-        items = [*prepared.input_items[turn.earlier :], *output]
+        items = [*prepared.input_items[turn.earlier :], *dump_all(output)]
         await self.conversations.append(prepared.owner, turn.id, items, "conversation", turn=True)

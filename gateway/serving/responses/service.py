@@ -26,15 +26,19 @@ from gateway.serving.protocol import Usage
 from gateway.serving.responses import truncation
 from gateway.serving.responses.conversion import (
     RESPONSES_NAMES,
-    call_item,
     chat_request,
     image_names,
     input_messages,
-    message_item,
     output_logprobs,
-    reasoning_item,
     response_object,
     stored_record,
+)
+from gateway.serving.responses.items import (
+    FunctionCallItem,
+    MessageItem,
+    OutputItem,
+    ReasoningItem,
+    Status,
 )
 from gateway.serving.responses.protocol import PreparedResponse, ResponsesRequest
 from gateway.serving.responses.references import References
@@ -114,7 +118,7 @@ class ResponsesService:
         if request.store is not False:
             # What is known before generating (all but the answer) must fit the store, and
             # the key's and project's quotas.
-            known = stored_record(prepared, response_object(prepared, "in_progress", []))
+            known = stored_record(prepared, response_object(prepared, "in_progress", []), [])
             prepared.hold = await self.store.hold(known)
         return prepared
 
@@ -159,14 +163,14 @@ class ResponsesService:
         self,
         prepared: PreparedResponse,
         status: str,
-        output: list[dict[str, Any]],
+        output: list[OutputItem],
         usage: Usage,
     ) -> dict[str, Any]:
         """The final response object; stored (with ``store``) before it is returned."""
         response = response_object(prepared, status, output, usage)
         await self.references.append_turn(prepared, output)  # conversation=, before storing
         if prepared.request.store is not False:
-            await self.store.save(stored_record(prepared, response), prepared.hold)
+            await self.store.save(stored_record(prepared, response, output), prepared.hold)
             prepared.hold = None  # it is the record's now
         return response
 
@@ -179,19 +183,16 @@ class ResponsesService:
             (result,) = await run.collect(pieces=chat.reasoner is not None)
             reply = await self.chat.answer(chat, run, 0, result, prepared.request.max_tool_calls)
             content, calls = reply.content, reply.calls
-            status = "incomplete" if result.finish_reason == "length" else "completed"
-            output = []
+            status: Status = "incomplete" if result.finish_reason == "length" else "completed"
+            output: list[OutputItem] = []
             if reply.reasoning is not None:
-                output.append(
-                    reasoning_item(
-                        new_id("rs"), reply.reasoning, "completed", prepared.sealed(reply.reasoning)
-                    )
-                )
+                sealed = prepared.sealed(reply.reasoning)
+                output.append(ReasoningItem.done(new_id("rs"), reply.reasoning, sealed))
             if content or not calls:
                 logprobs = output_logprobs(chat, result.logprobs)
-                output.append(message_item(new_id("msg"), content or "", status, logprobs))
+                output.append(MessageItem.done(new_id("msg"), content or "", status, logprobs))
             for call in calls:
-                item = call_item(
+                item = FunctionCallItem.called(
                     new_id("fc"),
                     call.id,
                     call.name,

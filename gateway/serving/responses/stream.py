@@ -17,12 +17,16 @@ from gateway.serving import generation
 from gateway.serving.chat.stream import StrictArguments
 from gateway.serving.protocol import Usage
 from gateway.serving.reasoning_parsers import ReasoningTokens
-from gateway.serving.responses.conversion import (
-    call_item,
-    message_item,
-    output_logprobs,
-    reasoning_item,
-    response_object,
+from gateway.serving.responses.conversion import output_logprobs, response_object
+from gateway.serving.responses.items import (
+    FunctionCallItem,
+    MessageItem,
+    OutputItem,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+    Status,
+    dump,
 )
 from gateway.serving.responses.protocol import PreparedResponse
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta
@@ -30,7 +34,7 @@ from gateway.state.responses import new_id
 
 #: Makes the final response object from its status, output and usage, and stores it
 #: (:meth:`~gateway.serving.responses.service.ResponsesService.finish`).
-Finish = Callable[[PreparedResponse, str, list[dict[str, Any]], Usage], Awaitable[dict[str, Any]]]
+Finish = Callable[[PreparedResponse, str, list[OutputItem], Usage], Awaitable[dict[str, Any]]]
 
 
 class StreamWriter:
@@ -43,10 +47,11 @@ class StreamWriter:
         self.strict_arguments = strict_arguments
         self.finish = finish
         self.sequence = 0
-        self.output: list[dict[str, Any]] = []
-        self.open: dict[str, Any] | None = None
-        """The item being written: reasoning or a message (its text so far), or a function
-        call."""
+        self.output: list[OutputItem] = []
+        self.open: OutputItem | None = None
+        """The item being written: reasoning or a message (in its ``in_progress`` form,
+        its text so far in :attr:`open_text`), or a function call (its arguments so far)."""
+        self.open_text = ""
         self.pending: list[TokenLogprob] = []
         """Log probabilities of tokens not yet sent with a text delta."""
         self.logprobs: list[dict[str, Any]] = []
@@ -75,38 +80,35 @@ class StreamWriter:
         tools = self.prepared.chat.tools
         open_ = self.open
         return (
-            tools is not None
-            and open_ is not None
-            and open_["type"] == "function_call"
-            and self.call_name in tools.strict
+            isinstance(open_, FunctionCallItem)
+            and tools is not None
+            and (self.call_name in tools.strict)
         )
 
-    def _opened(self, kind: str) -> bool:
-        return self.open is not None and self.open["type"] == kind
-
-    async def _part(self, item: dict[str, Any], part: dict[str, Any]) -> list[str]:
+    async def _part(
+        self, item: MessageItem | ReasoningItem, part: OutputText | ReasoningText
+    ) -> list[str]:
         """Events that close the open item and open ``item``, with its one content ``part``."""
         events = await self._close("completed")
-        self.open = item
+        self.open, self.open_text = item, ""
         index = self._index()
-        events.append(self.event("response.output_item.added", output_index=index, item=dict(item)))
-        item["text"] = ""
-        ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        events.append(self.event("response.content_part.added", **ids, part=part))
+        events.append(self.event("response.output_item.added", output_index=index, item=dump(item)))
+        ids = {"item_id": item.id, "output_index": index, "content_index": 0}
+        events.append(self.event("response.content_part.added", **ids, part=part.model_dump()))
         return events
 
     def _part_delta(self, kind: str, text: str, **fields: Any) -> str:
         """The open item's text grows by ``text``: its ``kind`` of delta event."""
         assert self.open is not None
-        self.open["text"] += text
-        ids = {"item_id": self.open["id"], "output_index": self._index(), "content_index": 0}
+        self.open_text += text
+        ids = {"item_id": self.open.id, "output_index": self._index(), "content_index": 0}
         return self.event(kind, **ids, delta=text, **fields)
 
     async def _text(self, text: str) -> list[str]:
         events = []
-        if not self._opened("message"):
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            events = await self._part(message_item(new_id("msg"), "", "in_progress"), part)
+        if not isinstance(self.open, MessageItem):
+            opened = MessageItem.opened(new_id("msg"))
+            events = await self._part(opened, OutputText(text=""))
             self.logprobs = []
         if not text:
             return events
@@ -116,9 +118,9 @@ class StreamWriter:
 
     async def _reasoning(self, text: str) -> list[str]:
         events = []
-        if not self._opened("reasoning"):
-            part = {"type": "reasoning_text", "text": ""}
-            events = await self._part(reasoning_item(new_id("rs"), "", "in_progress"), part)
+        if not isinstance(self.open, ReasoningItem):
+            opened = ReasoningItem.opened(new_id("rs"))
+            events = await self._part(opened, ReasoningText(text=""))
         self.pending = []  # a reasoning_text part carries no log probabilities
         return [*events, self._part_delta("response.reasoning_text.delta", text)]
 
@@ -136,7 +138,7 @@ class StreamWriter:
             if piece.id is not None:
                 events += await self._close("completed")
                 self.call_name = piece.name or ""
-                self.open = call_item(
+                self.open = FunctionCallItem.called(
                     new_id("fc"),
                     piece.id,
                     self.call_name,
@@ -151,24 +153,24 @@ class StreamWriter:
                     self.event(
                         "response.output_item.added",
                         output_index=self._index(),
-                        item=dict(self.open),
+                        item=dump(self.open),
                     )
                 )
-            if piece.arguments and self.open is not None and self.open["type"] == "function_call":
-                self.open["arguments"] += piece.arguments
+            if piece.arguments and isinstance(self.open, FunctionCallItem):
+                self.open.arguments += piece.arguments
                 if self._strict():
                     continue
                 events.append(
                     self.event(
                         "response.function_call_arguments.delta",
-                        item_id=self.open["id"],
+                        item_id=self.open.id,
                         output_index=self._index(),
                         delta=piece.arguments,
                     )
                 )
         return events
 
-    async def _close(self, status: str) -> list[str]:
+    async def _close(self, status: Status) -> list[str]:
         """Ends the open item with its ``.done`` events and adds it to the output."""
         strict = self._strict()
         item, self.open = self.open, None
@@ -176,10 +178,10 @@ class StreamWriter:
             return []
         index = self._index()
         events = []
-        if strict:
+        if isinstance(item, FunctionCallItem) and strict:
             assert self.generation_run is not None
-            call = ParsedCall(item["call_id"], self.call_name, item["arguments"], self.call_at)
-            item["arguments"] = await self.strict_arguments(
+            call = ParsedCall(item.call_id, self.call_name, item.arguments, self.call_at)
+            item.arguments = await self.strict_arguments(
                 self.prepared.chat,
                 self.generation_run,
                 0,
@@ -190,39 +192,39 @@ class StreamWriter:
             events.append(
                 self.event(
                     "response.function_call_arguments.delta",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=index,
-                    delta=item["arguments"],
+                    delta=item.arguments,
                 )
             )
-        if item["type"] == "reasoning":
-            text = item["text"]
-            item = reasoning_item(item["id"], text, "completed", self.prepared.sealed(text))
-            (part,) = item["content"]
-            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            events.append(self.event("response.reasoning_text.done", **ids, text=part["text"]))
+        text = self.open_text
+        if isinstance(item, ReasoningItem):
+            item = ReasoningItem.done(item.id, text, self.prepared.sealed(text))
+            ids = {"item_id": item.id, "output_index": index, "content_index": 0}
+            events.append(self.event("response.reasoning_text.done", **ids, text=text))
+            part = item.content[0].model_dump()
             events.append(self.event("response.content_part.done", **ids, part=part))
-        elif item["type"] == "message":
+        elif isinstance(item, MessageItem):
             logprobs = self.logprobs + self._take_logprobs()
-            item = message_item(item["id"], item["text"], status, logprobs)
-            (part,) = item["content"]
-            ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            item = MessageItem.done(item.id, text, status, logprobs)
+            ids = {"item_id": item.id, "output_index": index, "content_index": 0}
             events.append(
-                self.event("response.output_text.done", **ids, text=part["text"], logprobs=logprobs)
+                self.event("response.output_text.done", **ids, text=text, logprobs=logprobs)
             )
+            part = item.content[0].model_dump()
             events.append(self.event("response.content_part.done", **ids, part=part))
         else:
             events.append(
                 self.event(
                     "response.function_call_arguments.done",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
+                    name=item.name,
+                    arguments=item.arguments,
                 )
             )
-            item["status"] = "completed"
-        events.append(self.event("response.output_item.done", output_index=index, item=item))
+            item.status = "completed"
+        events.append(self.event("response.output_item.done", output_index=index, item=dump(item)))
         self.output.append(item)
         return events
 
@@ -285,9 +287,10 @@ class StreamWriter:
         if parser is not None:
             for item in await self._delta(parser.finish()):
                 yield item
-        status = "incomplete" if finish == "length" else "completed"
-        kinds = [item["type"] for item in [*self.output, self.open] if item is not None]
-        if "message" not in kinds and "function_call" not in kinds:  # an answer, if empty
+        status: Status = "incomplete" if finish == "length" else "completed"
+        items = [*self.output, self.open]
+        if not any(isinstance(item, MessageItem | FunctionCallItem) for item in items):
+            # an answer, if empty
             for item in await self._text(""):
                 yield item
         for item in await self._close(status):
