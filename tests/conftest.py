@@ -16,6 +16,8 @@ import ssl
 
 import pytest
 
+from tests.support.stack import wait_stopped
+
 # Every httpx client (and so every openai SDK client) builds an SSL context and reads the CA
 # bundle into it, about 20 ms of CPU, though every server of the tests speaks plain HTTP:
 # the thousands the suite makes (a stack's readiness polled every 0.25 s, a client per
@@ -62,3 +64,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # workers' ends.
     ordered = sorted(groups.values(), key=lambda group: (not _long(group), -len(group)))
     items[:] = [item for group in ordered for item in group]
+
+
+def pytest_sessionfinish() -> None:
+    """The module stacks left stopping (``GatewayProcess.stop_soon``) are waited for: none
+    outlives the worker."""
+    wait_stopped()

@@ -238,7 +238,10 @@ class GatewayProcess:
         try:
             yield self
         finally:
-            code = self.stop()
+            if clean_exit:
+                code = self.stop()
+            else:
+                self.stop_soon()
         if clean_exit:
             assert code == 0, self.output()
 
@@ -260,6 +263,15 @@ class GatewayProcess:
                 time.sleep(0.25)
         raise RuntimeError(f"gateway up not ready after {timeout_s} s:\n{self.output()}")
 
+    def stop_soon(self) -> None:
+        """SIGTERM without waiting: the worker goes on with its next tests while the stack
+        drains and stops (3 to 5 s, mostly Triton unloading its models one stub at a time);
+        :func:`wait_stopped` waits for it when the worker's session ends."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        STOPPING.append(self)
+
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM, as a service manager would; returns the exit code."""
         assert self.process is not None
@@ -272,3 +284,13 @@ class GatewayProcess:
                 self.process.wait()
         self.log.close()
         return self.process.returncode
+
+
+#: The stacks told to stop and not waited for (:meth:`GatewayProcess.stop_soon`).
+STOPPING: list[GatewayProcess] = []
+
+
+def wait_stopped() -> None:
+    """Waits for (or kills) every stack :meth:`GatewayProcess.stop_soon` left stopping."""
+    while STOPPING:
+        STOPPING.pop().stop()
