@@ -25,16 +25,25 @@ Streaming sends OpenAI's event sequence, every event with a ``sequence_number``:
 is refused before generating when the input alone is too large, and otherwise fails the
 response rather than being stored in part.
 
-The package, each module importing only those listed before it (``stream`` names
-:class:`ResponsesService` for type checking only):
+The package, each module importing only those listed before it (``protocol`` names
+:class:`~gateway.serving.responses.tools.ToolNames` for type checking only):
 
 - :mod:`~gateway.serving.responses.protocol`: the request schema and the prepared request;
+- :mod:`~gateway.serving.responses.tools`: function and namespace tools (hosted ones
+  refused) and the names the model knows them by;
+- :mod:`~gateway.serving.responses.items`: the output items (message, reasoning,
+  function call) as typed models in openai-python's shapes;
 - :mod:`~gateway.serving.responses.conversion`: input items to chat messages, the request
-  to a chat request (both checked first) and its parameters' Responses names, output
-  items, the response object and its stored record;
+  to a chat request (both checked first) and its parameters' Responses names, the
+  response object and its stored record;
+- :mod:`~gateway.serving.responses.sealing`, :mod:`~gateway.serving.responses.references`,
+  :mod:`~gateway.serving.responses.truncation`: sealed reasoning, ``item_reference`` and
+  ``conversation=``, ``truncation: "auto"``;
 - :mod:`~gateway.serving.responses.stream`: the streamed event sequence;
 - :mod:`~gateway.serving.responses.service`: :class:`ResponsesService`, which prepares,
-  generates, streams and stores responses.
+  generates, streams and stores responses;
+- :mod:`~gateway.serving.responses.background_readers` and
+  :mod:`~gateway.serving.responses.background`: ``background: true`` responses.
 """
 
 from gateway.serving.responses.protocol import ResponsesRequest
