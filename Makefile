@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # The npm clients the integration tests drive: openai, the Vercel AI SDK, the Codex CLI (pinned by the lock file).
 JS_STAMP := tests/js/node_modules/.installed
 # llama-cpp-python is built from source; a native (-march=native) build crashed on some
-# CPUs, so build a portable one. pip caches the wheel after the first build.
+# CPUs, so build a portable one. uv caches the wheel (the --offline install below reuses it).
 export CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 
 .PHONY: run test test-unit lint bench screenshots system-deps
@@ -21,7 +21,7 @@ run: $(STAMP) system-deps
 # The suite on TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps the tests that share
 # a stack on one), with lint and mypy beside it (niced: it takes the CPU the tests leave);
 # lint's report is printed after the tests'.
-# The Python and the npm installs run side by side (-j 2: npm waits on the network, pip on
+# The Python and the npm installs run side by side (-j 2: npm waits on the network, uv on
 # the disk). The project's modules are compiled first: the suite starts some twenty Python
 # processes (workers, replicas, model stubs), which under PYTHONDONTWRITEBYTECODE would each
 # compile them again (the installed packages are compiled by the install, see $(STAMP)).
@@ -107,26 +107,28 @@ $(BIN)/python:
 	$(MAKE) system-deps
 	$(PYTHON) -m venv $(VENV)
 
-# uv installs the packages: it downloads them in parallel and builds llama-cpp-python from
-# source meanwhile (a fresh machine's install: 3 min 7 s measured on 2 cores, the build
-# being most of it), and installs what its cache holds in a second.
-$(BIN)/uv: | $(BIN)/python
-	$(BIN)/pip install -q uv==0.13.9
-
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json | system-deps
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 	touch $@
 
+# uv installs the Python packages: it downloads them in parallel and builds llama-cpp-python
+# from source meanwhile (`make run` on a fresh machine, the Debian packages already there:
+# serving after 3 min 14 s on 2 cores, the build most of it), and installs what its cache
+# holds in a second, compiling the bytecode on every core in 7 more (PYTHONDONTWRITEBYTECODE
+# or not, every process of the suite then finds it). It is installed into the venv by pip,
+# at the first install (a venv made before uv gets it at its next install: one already
+# installed needs no network to run).
 # --offline first: online, uv fetched llama-cpp-python's sdist again on every install here
 # and built it again (minutes) though its cache held the wheel; offline, a cached install
-# takes a second, and anything missing from the cache fails it at once, before installing,
-# and the online install follows. The bytecode is compiled at install, on every core
-# (PYTHONDONTWRITEBYTECODE or not, every process of the suite then finds it).
+# takes a second, anything missing from the cache fails it at once, before installing, and
+# the online install follows (so an error shown is the online install's).
+UV_VERSION := 0.13.9
 UV_INSTALL := $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode
 # kokoro_ja's reading frontend, without its declared dictionary (see pyproject.toml).
 JA_TEXT := pyopenjtalk-plus==0.4.1.post10 sudachipy==0.7.0
-$(STAMP): pyproject.toml | $(BIN)/uv
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(MAKE) system-deps
+	test -x $(BIN)/uv || $(BIN)/pip install -q uv==$(UV_VERSION)
 	$(UV_INSTALL) --offline -e ".[models,dev]" 2>/dev/null || $(UV_INSTALL) -e ".[models,dev]"
 	$(UV_INSTALL) --offline --no-deps $(JA_TEXT) 2>/dev/null || $(UV_INSTALL) --no-deps $(JA_TEXT)
 	touch $@

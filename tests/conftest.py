@@ -16,8 +16,6 @@ import ssl
 
 import pytest
 
-from tests.support.stack import wait_stopped
-
 # Every httpx client (and so every openai SDK client) builds an SSL context and reads the CA
 # bundle into it, about 20 ms of CPU, though every server of the tests speaks plain HTTP:
 # the thousands the suite makes (a stack's readiness polled every 0.25 s, a client per
@@ -69,4 +67,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_sessionfinish() -> None:
     """The module stacks left stopping (``GatewayProcess.stop_soon``) are waited for: none
     outlives the worker."""
+    from tests.support.stack import wait_stopped  # here: the controller starts no stack
+
     wait_stopped()

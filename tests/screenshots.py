@@ -87,7 +87,7 @@ def main() -> None:
         run_dir=ROOT / ".run" / "screenshots",
     )
     with (
-        gateway.running() as stack,
+        gateway.running(clean_exit=True) as stack,
         tempfile.TemporaryDirectory() as tmp,
         sync_playwright() as p,
     ):

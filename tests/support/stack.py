@@ -231,9 +231,10 @@ class GatewayProcess:
     def running(
         self, timeout_s: float = 300.0, path: str = "/health/ready", clean_exit: bool = False
     ) -> Iterator[GatewayProcess]:
-        """Started and ready for the ``with`` block (a fixture's stack), stopped after it;
-        ``clean_exit``: the block having passed, the stop must be a clean one (SIGTERM ->
-        exit 0)."""
+        """Started and ready for the ``with`` block (a fixture's stack), told to stop after
+        it (:meth:`stop_soon`: :func:`wait_stopped` waits for it at the pytest session's
+        end; outside pytest, call it yourself); ``clean_exit``: the stop is waited for at
+        once and, the block having passed, must be a clean one (SIGTERM -> exit 0)."""
         self.ready(timeout_s, path)
         try:
             yield self
@@ -292,5 +293,12 @@ STOPPING: list[GatewayProcess] = []
 
 def wait_stopped() -> None:
     """Waits for (or kills) every stack :meth:`GatewayProcess.stop_soon` left stopping."""
-    while STOPPING:
-        STOPPING.pop().stop()
+    try:
+        while STOPPING:
+            STOPPING[-1].stop()
+            STOPPING.pop()
+    finally:  # interrupted: the rest are killed, not left running
+        for stack in STOPPING:
+            if stack.process is not None and stack.process.poll() is None:
+                stack.process.kill()
+        STOPPING.clear()

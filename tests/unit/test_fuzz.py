@@ -4,6 +4,7 @@ request may get a server error, and every refusal is an OpenAI error body."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -31,9 +32,10 @@ MODELS = {
     "/v1/audio/transcriptions": "fake-stt",
     "/v1/audio/translations": "fake-stt",
 }
-#: Generated cases per operation (schemathesis adds its own boundary cases: about two
-#: thousand requests in all, most of them refused).
-EXAMPLES = 5
+#: Generated cases per operation (schemathesis adds its own boundary cases; most requests
+#: are refused); the cases are the same every run
+#: (``derandomize``): ``FUZZ_EXAMPLES=50`` for a deeper run.
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "5"))
 
 
 def _schema() -> dict[str, object]:
