@@ -16,7 +16,6 @@ import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -43,6 +42,7 @@ from agents.voice import (
 )
 
 from tests.support.audio import silence
+from tests.support.bodies import mock_say
 from tests.support.stack import GatewayProcess
 from tests.support.voice import voice_pipeline
 
@@ -54,11 +54,6 @@ PIECE = RATE // 10  # 100 ms of samples: a microphone's buffer
 #: What the model writes in the Hermes format (mock_chat's tool-call parser).
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ANSWER = "It is 21 degrees in Paris."
-
-
-def say(text: str) -> str:
-    """mock_chat's directive to answer ``text``."""
-    return f"[mock:say={quote(text, safe='')}]"
 
 
 def ws_url(stack: GatewayProcess, query: str) -> str:
@@ -73,11 +68,11 @@ async def test_realtime_agent_calls_its_tool_and_says_the_result(stack: GatewayP
     def get_weather(city: str) -> str:
         """The weather in a city."""
         cities.append(city)
-        return say(f"It is 21 degrees in {city}.")
+        return mock_say(f"It is 21 degrees in {city}.")
 
     agent = RealtimeAgent(
         name="Weather",
-        instructions=f"You tell the weather. {say(CALL)}",
+        instructions=f"You tell the weather. {mock_say(CALL)}",
         tools=[get_weather],
     )
     runner = RealtimeRunner(agent, config={"model_settings": {"output_modalities": ["text"]}})
@@ -115,16 +110,16 @@ async def test_realtime_agent_calls_its_tool_and_says_the_result(stack: GatewayP
     ends = [e for e in seen if isinstance(e, RealtimeToolEnd)]
     assert len(ends) == 1 and [e.type for e in seen].count("tool_start") == 1
     assert json.loads(ends[0].arguments) == {"city": "Paris"}
-    assert ends[0].output == say(ANSWER)
+    assert ends[0].output == mock_say(ANSWER)
     added = [e["item"] for e in server if e["type"] == "conversation.item.added"]
     outputs = [item["output"] for item in added if item["type"] == "function_call_output"]
-    assert outputs == [say(ANSWER)]
+    assert outputs == [mock_say(ANSWER)]
     # The session's history: the user's question, the call with its output, the answer.
     history = [e for e in seen if isinstance(e, RealtimeHistoryUpdated)][-1].history
     assert [item.type for item in history] == ["message", "function_call", "message"], history
     call, answer = history[1], history[2]
     assert isinstance(call, RealtimeToolCallItem) and call.name == "get_weather"
-    assert call.output == say(ANSWER)
+    assert call.output == mock_say(ANSWER)
     assert isinstance(answer, AssistantMessageItem)
     assert [part.text for part in answer.content if isinstance(part, AssistantText)] == [ANSWER]
 
@@ -164,7 +159,7 @@ async def session_events_until(
 async def test_voice_pipeline_with_streamed_audio_hears_and_answers(stack: GatewayProcess) -> None:
     set_tracing_disabled(True)
     question = stack.clear_speech("What is the capital of France?", heard="capital of France")
-    instructions = f"Answer in one short sentence. {say('Paris is the capital.')}"
+    instructions = f"Answer in one short sentence. {mock_say('Paris is the capital.')}"
     pipeline, heard = voice_pipeline(stack, instructions)
     microphone = StreamedAudioInput()  # type: ignore[no-untyped-call]
     result = await pipeline.run(microphone)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.bodies import mock_say
 from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.integration
 CODEX = Path(__file__).resolve().parents[1] / "js" / "node_modules" / ".bin" / "codex"
 #: What mock_chat answers a prompt without directives (triton_repo/mock_words.py).
 SENTENCE = "The quick brown fox jumps over the lazy dog."
-
-
-def say(text: str) -> str:
-    """A prompt that makes mock_chat answer ``text`` (its percent-encoded directive)."""
-    return "[mock:say=" + urllib.parse.quote(text, safe="") + "]"
 
 
 def configure(home: Path, stack: GatewayProcess, *, web_search: bool = False) -> None:
@@ -115,10 +110,10 @@ def test_codex_runs_the_tool_call_it_is_steered_to_make(
     # mock_chat writes a call of Codex's shell tool; the command writes a file and prints a
     # directive, so the answer after the call is the command's output: proof that Codex
     # sent the function_call_output back and the gateway put it in the prompt.
-    command = "echo codex-ran-this > proof.txt && echo " + say("Wrote proof.txt")
+    command = "echo codex-ran-this > proof.txt && echo " + mock_say("Wrote proof.txt")
     call = {"name": "exec_command", "arguments": {"cmd": command}}
     events, workspace, report = codex_exec(
-        stack, tmp_path, say(f"<tool_call>{json.dumps(call)}</tool_call>")
+        stack, tmp_path, mock_say(f"<tool_call>{json.dumps(call)}</tool_call>")
     )
     assert events[-1]["type"] == "turn.completed", report
     [ran] = items(events, "command_execution")

@@ -8,9 +8,7 @@ serves the images; ``localhost`` names the same server under a host that is not 
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import io
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,24 +17,14 @@ from typing import Any, ClassVar
 import httpx
 import openai
 import pytest
-from PIL import Image
 
+from tests.support.images import data_url, picture
 from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
 TRTLLM_VISION = ["ensemble_vision", "tensorrt_llm_bls_vision"]
 VISION = ["vllm_vision", *TRTLLM_VISION]
-
-
-def picture(width: int, height: int, encoding: str = "PNG") -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), "teal").save(buffer, format=encoding)
-    return buffer.getvalue()
-
-
-def data_url(data: bytes, media: str = "image/png") -> str:
-    return f"data:{media};base64,{base64.b64encode(data).decode()}"
 
 
 def asking(*urls: str) -> list[Any]:

@@ -1,4 +1,5 @@
-"""Stand-ins for a model server that several test modules use: ``FakeBackend`` made slow."""
+"""Stand-ins for a model server that several test modules use: ``FakeBackend`` made slow,
+or given a model without a context length."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gateway.backend import Segment, TranscriptionOptions
-from gateway.backend.fake import FakeBackend
+from gateway.backend import ModelInfo, Segment, TranscriptionOptions
+from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
 
 
 @dataclass
@@ -39,3 +40,10 @@ class SlowTranscription(FakeBackend):
             raise
         finally:
             self.running -= 1
+
+
+def long_model(fake: FakeBackend) -> str:
+    """Adds a chat model whose config states no context length (only the store bounds its
+    input) and returns its name."""
+    fake.model_list.append(ModelInfo("fake-long", "chat", True, TOOLS_TEMPLATE))
+    return "fake-long"

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 USER_HI = [{"role": "user", "content": "Hi"}]
+
+
+def mock_say(text: str) -> str:
+    """A prompt that makes ``mock_chat`` answer ``text`` (its percent-encoded directive)."""
+    return f"[mock:say={quote(text, safe='')}]"
 
 
 def chat_body(**fields: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import redis
 from gateway.backend import ModelInfo
 from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
 from gateway.stack.redis_server import EmbeddedRedis
+from tests.support.backends import long_model
 from tests.support.bodies import assert_openai_error, response_events
 from tests.support.inprocess import REPLY, new_key, sdk
 from tests.support.shapes import CALL, City
@@ -517,17 +518,11 @@ async def test_metadata_is_bounded_as_openai_bounds_it(
         assert error["param"].startswith("metadata")
 
 
-def _long_model(fake: FakeBackend) -> str:
-    """A chat model whose config states no context length: only the store bounds its input."""
-    fake.model_list.append(ModelInfo("fake-long", "chat", True, TOOLS_TEMPLATE))
-    return "fake-long"
-
-
 async def test_a_response_too_large_to_store_is_refused_before_generating(
     http: httpx.AsyncClient, fake: FakeBackend
 ) -> None:
     # Stored twice (as input items and as chat messages): about 1.2 MB of JSON.
-    body = {"model": _long_model(fake), "input": "x" * 600_000}
+    body = {"model": long_model(fake), "input": "x" * 600_000}
     error = assert_openai_error(await http.post("/v1/responses", json=body), 400, param="store")
     assert "GATEWAY_MAX_STORED_KB" in error["message"] and "1024 KB" in error["message"]
     assert fake.calls == []
@@ -541,7 +536,7 @@ async def test_an_answer_that_makes_the_record_too_large_is_not_stored(
     # The input fits the store (about 0.95 MB recorded); with the answer (50 KB, recorded
     # twice) the response does not.
     fake.reply = " ".join(["y" * 99] * 500)
-    body = {"model": _long_model(fake), "input": "x" * 490_000}
+    body = {"model": long_model(fake), "input": "x" * 490_000}
     assert_openai_error(await http.post("/v1/responses", json=body), 400, param="store")
     streamed = await http.post("/v1/responses", json={**body, "stream": True})
     events = response_events(streamed.text)

@@ -13,12 +13,12 @@ import openai
 import pytest
 import redis.asyncio
 
-from gateway.backend import ModelInfo
-from gateway.backend.fake import TOOLS_TEMPLATE, FakeBackend
+from gateway.backend.fake import FakeBackend
 from gateway.config import Settings
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.chat_completions import ChatCompletionStore, StoredChatCompletion
 from gateway.state.stored_bytes import RECORD_OVERHEAD
+from tests.support.backends import long_model
 from tests.support.bodies import USER_HI, assert_openai_error, chat_body, sse_json
 from tests.support.inprocess import REPLY, make_settings, new_key, sdk, serve
 from tests.support.shapes import CALL, WEATHER
@@ -213,19 +213,13 @@ async def test_metadata_is_bounded_as_openai_bounds_it(
         assert len(fake.calls) == before
 
 
-def _long_model(fake: FakeBackend) -> str:
-    """A chat model whose config states no context length: only the store bounds its input."""
-    fake.model_list.append(ModelInfo("fake-long", "chat", True, TOOLS_TEMPLATE))
-    return "fake-long"
-
-
 async def test_a_completion_too_large_to_store_is_refused_before_generating(
     http: httpx.AsyncClient, fake: FakeBackend
 ) -> None:
     settings_kb = Settings.model_fields["max_stored_kb"].default
     content = "x" * settings_kb * 1024
     body = chat_body(
-        model=_long_model(fake), store=True, messages=[{"role": "user", "content": content}]
+        model=long_model(fake), store=True, messages=[{"role": "user", "content": content}]
     )
     error = assert_openai_error(
         await http.post("/v1/chat/completions", json=body),
@@ -243,7 +237,7 @@ async def test_an_answer_too_large_to_store_ends_the_stream_with_an_error(
     fake.reply = " ".join(["y" * 99] * 100)  # 10 KB of answer on 1015 KB of messages
     content = "x" * 1015 * 1024
     body = chat_body(
-        model=_long_model(fake), store=True, messages=[{"role": "user", "content": content}]
+        model=long_model(fake), store=True, messages=[{"role": "user", "content": content}]
     )
     assert_openai_error(await http.post("/v1/chat/completions", json=body), 400, param="store")
     events = sse_json((await http.post("/v1/chat/completions", json={**body, "stream": True})).text)
