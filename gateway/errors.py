@@ -324,15 +324,50 @@ def request_id(request: Request) -> str:
     return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
+#: The routes whose errors take Anthropic's shape: the Messages API's clients read that.
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+#: Anthropic's error types by HTTP status.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    if status in _ANTHROPIC_TYPES:
+        return _ANTHROPIC_TYPES[status]
+    return "invalid_request_error" if status < 500 else "api_error"
+
+
+def anthropic_body(body: dict[str, Any], status: int, rid: str) -> dict[str, Any]:
+    """An OpenAI error body in Anthropic's shape (``{"type": "error", "error": {"type",
+    "message"}, "request_id"}``), its message naming the parameter."""
+    message, param = body["error"]["message"], body["error"].get("param")
+    if param and not message.startswith(param):  # no param in Anthropic's body: named here
+        message = f"{param}: {message}"
+    error = {"type": anthropic_type(status), "message": message}
+    return {"type": "error", "error": error, "request_id": rid}
+
+
 def _answer(
     request: Request, body: dict[str, Any], status: int, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     """An error response that names its request: the ``X-Request-ID`` header, and for a
     server error (whose details went only to the log) the id in the message as well, for
-    the client to quote."""
+    the client to quote. On :data:`ANTHROPIC_PATHS`, in Anthropic's shape."""
     rid = request_id(request)
     if status >= 500:
         body["error"]["message"] += f" (request id: {rid})"
+    if request.url.path.startswith(ANTHROPIC_PATHS):
+        body = anthropic_body(body, status, rid)
     return JSONResponse(
         body, status_code=status, headers={**(headers or {}), REQUEST_ID_HEADER: rid}
     )

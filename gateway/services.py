@@ -28,6 +28,7 @@ from gateway.serving.conversations import ConversationService
 from gateway.serving.embeddings import EmbeddingService
 from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.json_shape import JsonLimits
+from gateway.serving.messages import MessagesService
 from gateway.serving.realtime import RealtimeServices
 from gateway.serving.realtime_secrets import RealtimeSecrets
 from gateway.serving.request_bounds import RequestBounds
@@ -79,6 +80,7 @@ class Services:
     chat_completions: ChatCompletions
     completions: CompletionService
     responses: ResponsesService
+    messages: MessagesService
     background: BackgroundResponses
     conversations: ConversationService
     embeddings: EmbeddingService
@@ -198,6 +200,7 @@ def build_services(
             max_schema_kb=settings.max_schema_kb,
         ),
         responses=responses,
+        messages=MessagesService(chat, backend),
         background=BackgroundResponses(
             responses,
             BackgroundRuns(redis, settings.responses_ttl_s, settings.background_lease_s),

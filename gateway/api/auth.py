@@ -60,9 +60,12 @@ def _presented(credentials: HTTPAuthorizationCredentials | None) -> str | None:
 
 
 async def _key(connection: HTTPConnection, credentials: Credentials) -> str | None:
-    """The key the caller presented, if any."""
+    """The key the caller presented, if any: ``Authorization: Bearer``, else Anthropic's
+    ``x-api-key`` header (what the Anthropic SDKs and Claude Code send)."""
     if credentials:
         return _presented(credentials)
+    if api_key := connection.headers.get("x-api-key"):
+        return api_key
     protocols: list[str] = connection.scope.get("subprotocols", [])  # WebSockets only
     for protocol in protocols:
         if protocol.startswith(_KEY_PROTOCOL):

@@ -388,6 +388,11 @@ class Backend(Protocol):
         ``input_type`` is one of the model's ``input_types`` (None when it has none)."""
         ...
 
+    async def count_tokens(self, model: str, text: str) -> tuple[int, bool]:
+        """The tokens of ``text`` for ``model`` without generating, and whether the count
+        is an estimate (the model's tokenizer is not mounted: ``GATEWAY_TOKENIZERS``)."""
+        ...
+
     async def close(self) -> None:
         """Releases connections."""
         ...

@@ -269,6 +269,13 @@ class FakeBackend:
                 temperature=options.temperature,
             )
 
+    async def count_tokens(self, model: str, text: str) -> tuple[int, bool]:
+        """A word is a token, as the fake counts a prompt."""
+        self._check_up()
+        if not any(m.name == model for m in self.model_list):
+            raise ModelNotFoundError(model)
+        return len(text.split()), False
+
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
         """A bag of words hashed into :data:`EMBED_DIMENSIONS` values, normalized: texts that
         share words point the same way. A word is a token, plus two for the ends."""

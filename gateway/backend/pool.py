@@ -465,6 +465,15 @@ class BackendPool:
                 return embeddings
         raise AssertionError("the pool yields an answer or raises")
 
+    async def count_tokens(self, model: str, text: str) -> tuple[int, bool]:
+        async def one(backend: Backend) -> AsyncGenerator[tuple[int, bool], None]:
+            yield await backend.count_tokens(model, text)
+
+        async with aclosing(self._stream(model, one)) as answers:
+            async for counted in answers:
+                return counted
+        raise AssertionError("the pool yields an answer or raises")
+
     async def close(self) -> None:
         if self._checker is not None:
             self._checker.cancel()

@@ -485,6 +485,10 @@ class TritonBackend:
             tokens=tuple(tokens),
         )
 
+    async def count_tokens(self, model: str, text: str) -> tuple[int, bool]:
+        contract = await self.contract(model)
+        return contract.count(text), contract.tokenizer is None
+
     async def close(self) -> None:
         await self.streams.close()
         await self.client.close()

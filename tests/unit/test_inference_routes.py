@@ -13,6 +13,7 @@ def test_the_inference_routes_are_the_marked_ones() -> None:
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
+        "/v1/messages",
         "/v1/embeddings",
         "/v1/audio/speech",
         "/v1/audio/transcriptions",

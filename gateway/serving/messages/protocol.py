@@ -1,0 +1,203 @@
+"""The Anthropic Messages API's request (``POST /v1/messages`` and its ``count_tokens``), as
+the ``anthropic`` SDK sends it: every field of its ``MessageCreateParams`` is declared, and
+each is honoured, refused by name (:meth:`MessagesRequest.unsupported`) or accepted as
+metadata (:data:`METADATA_FIELDS`); a field the SDK does not define is an unrecognized
+argument (``extra="forbid"``), as on the OpenAI routes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.errors import InvalidRequestError
+from gateway.serving.protocol import MAX_STOP_CHARS
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Loose(BaseModel):
+    """A part whose newer fields the gateway passes over (a block's ``citations``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class CacheControl(Strict):
+    """A prompt-caching breakpoint: a hint (the engine's prefix cache needs none)."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(Loose):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class ImageSource(Strict):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+
+class ImageBlock(Loose):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl | None = None
+
+
+class ToolUseBlock(Loose):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(Loose):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock | ImageBlock] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ThinkingBlock(Loose):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class OtherBlock(Loose):
+    """A block type the gateway does not serve (documents, server tools' results...):
+    refused by name when the request is converted."""
+
+    type: str
+
+
+Block = Annotated[
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: str | Annotated[list[Block | OtherBlock], Field(min_length=1)]
+
+
+class Tool(Strict):
+    """A client tool (``type`` absent or ``custom``)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+    strict: bool | None = None
+    allowed_callers: list[str] | None = None
+    defer_loading: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+
+
+class ServerTool(BaseModel):
+    """One of Anthropic's server tools (``bash_*``, ``web_search_*``, ...): refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    name: str | None = None
+
+
+class ToolChoice(Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(Strict):
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
+    budget_tokens: int | None = Field(None, ge=1)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputFormat(Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Strict):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
+
+
+class Metadata(Strict):
+    user_id: str | None = Field(None, max_length=256)
+
+
+class Diagnostics(Strict):
+    previous_message_id: str | None = Field(None, max_length=256)
+
+
+#: Fields taken as metadata: hints and ids that change no answer (recorded nowhere else).
+METADATA_FIELDS = (
+    "cache_control",
+    "service_tier",
+    "speed",
+    "inference_geo",
+    "diagnostics",
+    "user_profile_id",
+    "workspace_id",
+)
+
+
+class CountTokensRequest(Strict):
+    """``POST /v1/messages/count_tokens``: what the prompt would be, without generating."""
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool | ServerTool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
+    speed: Literal["fast", "standard"] | None = None
+    user_profile_id: str | None = Field(None, max_length=256)
+    workspace_id: str | None = Field(None, max_length=256)
+
+
+class MessagesRequest(CountTokensRequest):
+    """``POST /v1/messages``."""
+
+    max_tokens: int = Field(ge=1)
+    #: At most 4, as the chat path's ``stop``; each at most ``MAX_STOP_CHARS``.
+    stop_sequences: (
+        Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=4)]
+        | None
+    ) = None
+    stream: bool | None = None
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    inference_geo: str | None = Field(None, max_length=64)
+    diagnostics: Diagnostics | None = None
+    container: dict[str, Any] | str | None = None
+    # Beyond the 2.14 SDK's types, as Anthropic's API reference and older SDKs send them.
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+
+    def unsupported(self) -> None:
+        """400 ``unsupported_parameter`` naming a field the gateway cannot honour: ignoring
+        it would change what the client relies on."""
+        if self.container is not None:
+            raise InvalidRequestError(
+                "container is for Anthropic's code execution tool, which this gateway does "
+                "not run; leave it out.",
+                param="container",
+                code="unsupported_parameter",
+            )

@@ -1,0 +1,140 @@
+"""A streamed message's events, as Anthropic sends them: ``message_start`` (with the input
+tokens, once the model has counted them), ``ping``, then per content block
+``content_block_start``, its deltas (``thinking_delta``, ``text_delta``,
+``input_json_delta``) and ``content_block_stop``, and finally ``message_delta`` (the
+``stop_reason`` and the usage) and ``message_stop``. A failure after the stream began ends it
+with an ``error`` event (the HTTP status is already sent)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from gateway.serving import generation
+from gateway.serving.chat import PreparedChat
+from gateway.serving.messages.conversion import stop_reason, usage
+from gateway.serving.reasoning_parsers import ReasoningTokens
+from gateway.serving.tool_parsers import ParserDelta
+
+
+def event(kind: str, **fields: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
+
+
+class MessageStream:
+    """Turns the backend's pieces into Messages events, one content block at a time."""
+
+    def __init__(self, chat: PreparedChat, message_id: str, model: str, thinking: bool) -> None:
+        self.chat = chat
+        self.message_id = message_id
+        self.model = model
+        self.thinking = thinking
+        """Whether the model's reasoning is shown (``thinking`` blocks); else it is dropped."""
+        self.index = -1
+        self.open: str | None = None
+        """The open block's type: ``text``, ``thinking`` or ``tool_use``."""
+        self.calls = 0
+        self.reasoner = chat.reasoning()
+        self.reasoning_tokens = ReasoningTokens()
+
+    def _start(self, block: dict[str, Any]) -> list[str]:
+        events = self._stop()
+        self.index += 1
+        self.open = block["type"]
+        events.append(event("content_block_start", index=self.index, content_block=block))
+        return events
+
+    def _stop(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [event("content_block_stop", index=self.index)]
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return event("content_block_delta", index=self.index, delta=delta)
+
+    def _text(self, text: str) -> list[str]:
+        events = [] if self.open == "text" else self._start({"type": "text", "text": ""})
+        return [*events, self._delta({"type": "text_delta", "text": text})]
+
+    def _reasoning(self, text: str) -> list[str]:
+        if not self.thinking:
+            return []
+        events = []
+        if self.open != "thinking":
+            events = self._start({"type": "thinking", "thinking": "", "signature": ""})
+        return [*events, self._delta({"type": "thinking_delta", "thinking": text})]
+
+    def _parsed(self, delta: ParserDelta) -> list[str]:
+        events = self._text(delta.content) if delta.content else []
+        for piece in delta.calls:
+            if piece.id is not None:
+                self.calls += 1
+                block = {"type": "tool_use", "id": piece.id, "name": piece.name or "", "input": {}}
+                events += self._start(block)
+            if piece.arguments and self.open == "tool_use":
+                partial = {"type": "input_json_delta", "partial_json": piece.arguments}
+                events.append(self._delta(partial))
+        return events
+
+    def _answer(self, text: str, parser: Any) -> list[str]:
+        return self._parsed(parser.feed(text) if parser is not None else ParserDelta(content=text))
+
+    def _feed(self, text: str, tokens: int, parser: Any) -> list[str]:
+        if self.reasoner is None:
+            return self._answer(text, parser)
+        told = self.reasoning_tokens.add(self.reasoner, text, tokens)
+        events = self._reasoning(told.reasoning) if told.reasoning else []
+        return events + (self._answer(told.content, parser) if told.content else [])
+
+    def _message_start(self, run: generation.GenerationRun) -> list[str]:
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0},
+        }
+        return [event("message_start", message=message), event("ping")]
+
+    async def events(
+        self, pieces: AsyncGenerator[generation.ChoiceChunk, None], run: generation.GenerationRun
+    ) -> AsyncGenerator[str, None]:
+        parser = self.chat.tools.new_parser() if self.chat.tools is not None else None
+        finish = "stop"
+        started = False
+        async with aclosing(pieces):
+            async for index, chunk in pieces:
+                if chunk is None:
+                    continue
+                run.add(index, chunk)  # counted before it is sent (a client may leave)
+                if not started:  # the first chunk carries the prompt's token count
+                    started = True
+                    for item in self._message_start(run):
+                        yield item
+                finish = chunk.finish_reason or finish
+                if chunk.text or (self.reasoner is not None and chunk.completion_tokens):
+                    for item in self._feed(chunk.text, chunk.completion_tokens, parser):
+                        yield item
+        if not started:
+            for item in self._message_start(run):
+                yield item
+        tail: list[str] = []
+        if self.reasoner is not None:
+            told = self.reasoner.finish()
+            tail += self._reasoning(told.reasoning) if told.reasoning else []
+            tail += self._answer(told.content, parser) if told.content else []
+            run.reasoning_tokens = self.reasoning_tokens.count
+        if parser is not None:
+            tail += self._parsed(parser.finish())
+        for item in [*tail, *self._stop()]:
+            yield item
+        counted = usage(run.usage())
+        delta = {"stop_reason": stop_reason(finish, self.calls > 0), "stop_sequence": None}
+        yield event("message_delta", delta=delta, usage=counted)
+        yield event("message_stop")

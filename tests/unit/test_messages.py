@@ -1,0 +1,265 @@
+"""/v1/messages (Anthropic's Messages API) through the official ``anthropic`` SDK against the
+fake backend (which answers ``fake.reply`` word by word) and a real Redis: text, system,
+multi-turn, streaming events, a tool round trip, thinking from a reasoning model,
+max_tokens, count_tokens, errors in Anthropic's shape, keys (``x-api-key``, a model
+allow-list) and fields refused by name."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import pytest
+from fastapi import FastAPI
+
+from gateway.backend.fake import FakeBackend
+from tests.support.inprocess import ADMIN_KEY, BASE_URL, REPLY, new_key
+from tests.support.shapes import CALL
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+HI = [{"role": "user", "content": "Hi there"}]
+
+
+@pytest.fixture
+async def plain(app: FastAPI) -> AsyncIterator[httpx2.AsyncClient]:
+    """A client on the app that sends no key of its own (the SDK sends ``x-api-key``);
+    httpx2, the fork of httpx the anthropic SDK is built on."""
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url=BASE_URL
+    ) as client:
+        yield client
+
+
+def claude(http: httpx2.AsyncClient, key: str = ADMIN_KEY) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=BASE_URL, api_key=key, http_client=http, max_retries=0)
+
+
+async def test_a_message_answers_with_text_usage_and_end_turn(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    message = await claude(plain).messages.create(
+        model="fake-chat", max_tokens=64, system="Be brief.", messages=HI
+    )
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id.startswith("msg_") and message.model == "fake-chat"
+    assert [block.type for block in message.content] == ["text"]
+    assert message.content[0].text == REPLY  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn"
+    assert message.usage.output_tokens == len(REPLY.split())
+    prompt = fake.calls[-1].prompt
+    assert prompt.index("Be brief.") < prompt.index("Hi there")
+
+
+async def test_max_tokens_cuts_the_answer_and_says_so(plain: httpx2.AsyncClient) -> None:
+    message = await claude(plain).messages.create(model="fake-chat", max_tokens=2, messages=HI)
+    assert message.stop_reason == "max_tokens"
+    assert message.usage.output_tokens == 2
+    assert message.content[0].text == " ".join(REPLY.split()[:2])  # type: ignore[union-attr]
+
+
+async def test_earlier_turns_reach_the_template_in_order(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    turns = [
+        {"role": "user", "content": [{"type": "text", "text": "My name is Ada."}]},
+        {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    await claude(plain).messages.create(model="fake-chat", max_tokens=16, messages=turns)
+    prompt = fake.calls[-1].prompt
+    assert prompt.index("My name is Ada.") < prompt.index("Hello Ada.") < prompt.index("my name?")
+
+
+async def test_a_stream_sends_anthropics_events_and_the_sdk_assembles_the_message(
+    plain: httpx2.AsyncClient,
+) -> None:
+    async with claude(plain).messages.stream(
+        model="fake-chat", max_tokens=64, messages=HI
+    ) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "content_block_stop" in kinds
+    assert kinds.count("text") == len(REPLY.split())  # one text delta a word
+    assert final.content[0].text == REPLY  # type: ignore[union-attr]
+    assert final.stop_reason == "end_turn"
+    assert final.usage.output_tokens == len(REPLY.split())
+
+
+async def test_a_tool_round_trip(plain: httpx2.AsyncClient, fake: FakeBackend) -> None:
+    client = claude(plain)
+    fake.reply = CALL
+    asked = await client.messages.create(
+        model="fake-chat", max_tokens=64, messages=HI, tools=[WEATHER]
+    )
+    assert asked.stop_reason == "tool_use"
+    (use,) = [block for block in asked.content if block.type == "tool_use"]
+    assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+    fake.reply = "It is sunny in Paris."
+    turns: list[Any] = [
+        *HI,
+        {"role": "assistant", "content": [block.model_dump() for block in asked.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+        },
+    ]
+    answer = await client.messages.create(
+        model="fake-chat", max_tokens=64, messages=turns, tools=[WEATHER]
+    )
+    assert answer.content[0].text == "It is sunny in Paris."  # type: ignore[union-attr]
+    prompt = fake.calls[-1].prompt
+    assert "get_weather" in prompt and "sunny" in prompt
+
+
+async def test_a_streamed_tool_call_comes_as_input_json(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = CALL
+    async with claude(plain).messages.stream(
+        model="fake-chat", max_tokens=64, messages=HI, tools=[WEATHER]
+    ) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert "input_json" in kinds
+    (use,) = final.content
+    assert use.type == "tool_use" and use.input == {"city": "Paris"}
+    assert final.stop_reason == "tool_use"
+
+
+async def test_tool_choice_any_forces_a_call_and_none_offers_no_tool(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    client = claude(plain)
+    fake.reply = CALL
+    forced = await client.messages.create(
+        model="fake-chat",
+        max_tokens=64,
+        messages=HI,
+        tools=[WEATHER],
+        tool_choice={"type": "any"},
+    )
+    assert forced.stop_reason == "tool_use"
+    fake.reply = REPLY
+    await client.messages.create(
+        model="fake-chat",
+        max_tokens=64,
+        messages=HI,
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+    )
+    assert "get_weather" not in fake.calls[-1].prompt
+
+
+async def test_thinking_shows_a_reasoning_models_reasoning_first(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = "<think>Two and two make four.</think>Four."
+    client = claude(plain)
+    thought = await client.messages.create(
+        model="fake-reasoner",
+        max_tokens=64,
+        messages=HI,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    assert [block.type for block in thought.content] == ["thinking", "text"]
+    assert thought.content[0].thinking == "Two and two make four."  # type: ignore[union-attr]
+    assert thought.content[1].text == "Four."  # type: ignore[union-attr]
+    plain_answer = await client.messages.create(model="fake-reasoner", max_tokens=64, messages=HI)
+    assert [block.type for block in plain_answer.content] == ["text"]
+    async with client.messages.stream(
+        model="fake-reasoner",
+        max_tokens=64,
+        messages=HI,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    ) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert "thinking" in kinds
+    assert [block.type for block in final.content] == ["thinking", "text"]
+
+
+async def test_count_tokens_counts_the_prompt_without_generating(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    generated = len(fake.calls)
+    counted = await claude(plain).messages.count_tokens(model="fake-chat", messages=HI)
+    assert counted.input_tokens > 0
+    assert len(fake.calls) == generated
+    more = await claude(plain).messages.count_tokens(
+        model="fake-chat", messages=HI, system="A much longer system prompt than none at all."
+    )
+    assert more.input_tokens > counted.input_tokens
+
+
+async def test_errors_have_anthropics_shape(plain: httpx2.AsyncClient) -> None:
+    client = claude(plain)
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await client.messages.create(model="no-such-model", max_tokens=8, messages=HI)
+    assert missing.value.body["type"] == "error"  # type: ignore[index]
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.AuthenticationError) as unknown:
+        await claude(plain, "sk-gw-not-a-key").messages.create(
+            model="fake-chat", max_tokens=8, messages=HI
+        )
+    assert unknown.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    answer = await plain.post(
+        "/v1/messages",
+        json={"model": "fake-chat", "messages": HI},
+        headers={"x-api-key": ADMIN_KEY},
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in answer.json()["error"]["message"]
+
+
+async def test_a_keys_model_allow_list_applies(
+    http: httpx.AsyncClient, plain: httpx2.AsyncClient
+) -> None:
+    key = await new_key(http, models=["fake-plain"])
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
+        await claude(plain, key["key"]).messages.create(
+            model="fake-chat", max_tokens=8, messages=HI
+        )
+    assert refused.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"container": "cont_1"}, "container"),
+        (
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            "tools[0].type",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "document", "source": {"type": "text", "data": "x"}}],
+                    }
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+    ],
+)
+async def test_what_the_gateway_cannot_do_is_refused_by_name(
+    plain: httpx2.AsyncClient, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "fake-chat", "max_tokens": 8, "messages": HI, **extra}
+    answer = await plain.post("/v1/messages", json=body, headers={"x-api-key": ADMIN_KEY})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith(param), answer.text
