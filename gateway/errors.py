@@ -351,7 +351,7 @@ def anthropic_body(body: dict[str, Any], status: int, rid: str) -> dict[str, Any
     """An OpenAI error body in Anthropic's shape (``{"type": "error", "error": {"type",
     "message"}, "request_id"}``), its message naming the parameter."""
     message, param = body["error"]["message"], body["error"].get("param")
-    if param and not message.startswith(param):  # no param in Anthropic's body: named here
+    if param and param not in message:  # no param in Anthropic's body: named here
         message = f"{param}: {message}"
     error = {"type": anthropic_type(status), "message": message}
     return {"type": "error", "error": error, "request_id": rid}

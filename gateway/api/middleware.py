@@ -52,7 +52,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway import outages
 from gateway.api.bodies import BodyGate, declared_length
 from gateway.api.dependencies import services_of
-from gateway.errors import GatewayError, PayloadTooLargeError, error_body
+from gateway.errors import (
+    ANTHROPIC_PATHS,
+    REQUEST_ID_HEADER,
+    GatewayError,
+    PayloadTooLargeError,
+    anthropic_body,
+    error_body,
+)
 from gateway.metrics import Metrics
 from gateway.serving.json_shape import JsonLimits
 from gateway.state.admission import Admission
@@ -316,11 +323,12 @@ class GatewayMiddleware:
         """The 401 (or 503) for a large body without a valid key; None to go on."""
         if length is None or 0 <= length <= CHECKED_BODY_BYTES:
             return None
-        authorization = Headers(scope=scope).get("authorization", "")
-        scheme, _, presented = authorization.partition(" ")
+        headers = Headers(scope=scope)
+        scheme, _, presented = headers.get("authorization", "").partition(" ")
+        key = presented.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
         gatekeeper = services_of(scope).gatekeeper
         try:
-            await gatekeeper.check(presented.strip() if scheme.lower() == "bearer" else None)
+            await gatekeeper.check(key)
         except GatewayError as exc:
             return exc
         return None
@@ -330,7 +338,7 @@ class GatewayMiddleware:
     ) -> None:
         """Sends ``error``; with ``body_read`` false (what is left of the body was not read)
         the connection is closed after it."""
-        body = json.dumps(error.body()).encode()
+        body = json.dumps(_shaped(scope, error.body(), error.status_code)).encode()
         headers = [(b"content-type", b"application/json")]
         if not body_read:
             headers.append((b"connection", b"close"))
@@ -344,7 +352,10 @@ class GatewayMiddleware:
         """The 503 of a draining process, after the body was read and dropped."""
         await self.bodies.discard(receive, length)
         await send(_DRAINING_START)
-        await send({"type": "http.response.body", "body": _DRAINING_BODY})
+        body = _DRAINING_BODY
+        if scope["path"].startswith(ANTHROPIC_PATHS):
+            body = json.dumps(_shaped(scope, DRAINING_ERROR, 503)).encode()
+        await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels(self._route_of(scope), "", "503").inc()
 
 
@@ -444,3 +455,11 @@ def _reason(message: Message) -> str:
     except (ValueError, KeyError, TypeError):
         return "refused"
     return str(error)[:_CLOSE_REASON]
+
+
+def _shaped(scope: Scope, body: dict[str, Any], status: int) -> dict[str, Any]:
+    """An error body as the route's clients read it: Anthropic's on its routes."""
+    if not scope["path"].startswith(ANTHROPIC_PATHS):
+        return body
+    rid = Headers(scope=scope).get(REQUEST_ID_HEADER, "")
+    return anthropic_body({"error": dict(body["error"])}, status, rid)

@@ -263,3 +263,39 @@ async def test_what_the_gateway_cannot_do_is_refused_by_name(
     answer = await plain.post("/v1/messages", json=body, headers={"x-api-key": ADMIN_KEY})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["message"].startswith(param), answer.text
+
+
+async def test_an_anthropic_client_lists_the_chat_models_in_its_shape(
+    plain: httpx2.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    client = claude(plain)
+    listed = [model.id async for model in client.models.list()]
+    assert "fake-chat" in listed and "fake-embed" not in listed
+    one = await client.models.retrieve("fake-chat")
+    assert (one.type, one.id, one.display_name) == ("model", "fake-chat", "fake-chat")
+    openai_shape = (await http.get("/v1/models")).json()
+    assert openai_shape["object"] == "list"
+    assert any(model["id"] == "fake-embed" for model in openai_shape["data"])
+
+
+async def test_a_large_body_with_x_api_key_is_read_and_refusals_before_it_keep_the_shape(
+    plain: httpx2.AsyncClient,
+) -> None:
+    big = {"model": "fake-chat", "max_tokens": 8, "messages": HI, "system": "x " * 700_000}
+    # Over the size whose key is checked before the body is read: x-api-key is that key.
+    read = await plain.post("/v1/messages", json=big, headers={"x-api-key": ADMIN_KEY})
+    assert read.status_code == 400, read.text
+    assert read.json()["error"]["type"] == "invalid_request_error"
+    assert "context" in read.json()["error"]["message"]
+    unread = await plain.post("/v1/messages", json=big, headers={"x-api-key": "sk-gw-wrong"})
+    assert unread.status_code == 401
+    assert unread.json()["type"] == "error"
+    assert unread.json()["error"]["type"] == "authentication_error"
+    deep = '{"model": "fake-chat", "max_tokens": 8, "messages": ' + "[" * 200 + "]" * 200 + "}"
+    refused = await plain.post(
+        "/v1/messages",
+        content=deep,
+        headers={"x-api-key": ADMIN_KEY, "content-type": "application/json"},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["type"] == "invalid_request_error"

@@ -1,11 +1,13 @@
-"""GET /v1/models and /v1/models/{id}: the loaded models that serve an OpenAI task; and
-GET /v1/me: the caller's own key."""
+"""GET /v1/models and /v1/models/{id}: the loaded models that serve an OpenAI task (in
+Anthropic's shape, its chat models only, for a client that sends ``anthropic-version``: the
+Anthropic SDKs do); and GET /v1/me: the caller's own key."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 
 from gateway.api.auth import CallerDep
 from gateway.api.dependencies import ServicesDep
@@ -58,8 +60,20 @@ def _public(info: ModelInfo, created: int) -> Model:
     )
 
 
-@router.get("/models")
-async def list_models(services: ServicesDep, caller: CallerDep) -> ModelList:
+#: Anthropic's SDKs send their API version on every request: its clients get its shapes.
+AnthropicVersion = Annotated[str | None, Header(alias="anthropic-version")]
+
+
+def _anthropic(info: ModelInfo, created: int) -> dict[str, Any]:
+    """A model as Anthropic's ``ModelInfo``."""
+    at = datetime.fromtimestamp(created, UTC).isoformat().replace("+00:00", "Z")
+    return {"type": "model", "id": info.name, "display_name": info.name, "created_at": at}
+
+
+@router.get("/models", response_model=None, responses={200: {"model": ModelList}})
+async def list_models(
+    services: ServicesDep, caller: CallerDep, anthropic_version: AnthropicVersion = None
+) -> Any:
     """The loaded models the caller's key may use, read from Triton now (not from the cache
     inference requests use), so every replica shows a load or unload at once."""
     catalog = services.catalog
@@ -68,6 +82,10 @@ async def list_models(services: ServicesDep, caller: CallerDep) -> ModelList:
         for m in (await catalog.refresh()).values()
         if m.ready and m.task is not None and caller.may_use(m.name)
     ]
+    if anthropic_version is not None:
+        data = [_anthropic(m, catalog.created) for m in models if m.task == "chat"]
+        first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+        return {"data": data, "has_more": False, "first_id": first, "last_id": last}
     return ModelList(data=[_public(m, catalog.created) for m in models])
 
 
@@ -95,10 +113,17 @@ async def me(caller: CallerDep, services: ServicesDep) -> Me:
     return Me(**caller.model_dump(), **status)
 
 
-@router.get("/models/{model_id:path}")
-async def retrieve_model(model_id: str, services: ServicesDep, caller: CallerDep) -> Model:
+@router.get("/models/{model_id:path}", response_model=None, responses={200: {"model": Model}})
+async def retrieve_model(
+    model_id: str,
+    services: ServicesDep,
+    caller: CallerDep,
+    anthropic_version: AnthropicVersion = None,
+) -> Any:
     catalog = services.catalog
     model = (await catalog.refresh()).get(model_id)
     if model is None or not model.ready or model.task is None or not caller.may_use(model_id):
         raise ModelNotFoundError(model_id)
+    if anthropic_version is not None and model.task == "chat":
+        return _anthropic(model, catalog.created)
     return _public(model, catalog.created)
