@@ -88,6 +88,8 @@ def template_switches(
         _agree(switches, "reasoning_effort", value, names)
     elif "enable_thinking" in reads:
         _agree(switches, "enable_thinking", effort != "none", names)
+    elif names.effort_is_hint:
+        return switches
     elif effort != "none" or model.reasoning_parser is not None:
         raise InvalidRequestError(
             f"The model '{model.name}' takes no reasoning effort: its chat template reads "

@@ -94,10 +94,13 @@ _Problem = tuple[str, str, str]
 _checks: OrderedDict[bytes, _Problem | None] = OrderedDict()
 
 
-def check_schema(schema: Any, param: str, max_kb: int = DEFAULT_MAX_SCHEMA_KB) -> dict[str, Any]:
+def check_schema(
+    schema: Any, param: str, max_kb: int = DEFAULT_MAX_SCHEMA_KB, compiled: bool = True
+) -> dict[str, Any]:
     """A JSON Schema, or a 400 naming ``param`` that says what is wrong with it: not an
     object, nested deeper than :data:`MAX_SCHEMA_DEPTH`, larger than ``max_kb`` KB of JSON
-    (``settings.max_schema_kb``), a count over :data:`MAX_SCHEMA_COUNT`, more than
+    (``settings.max_schema_kb``), a count over :data:`MAX_SCHEMA_COUNT` (only for a schema
+    ``compiled`` into a grammar: the count is what a grammar builder expands), more than
     :data:`MAX_SCHEMA_PATTERNS` patterns or one RE2 cannot compile (the param then names
     the keyword's place), or invalid.
     Callers: ``response_format`` (and Responses ``text.format``) through
@@ -120,7 +123,7 @@ def check_schema(schema: Any, param: str, max_kb: int = DEFAULT_MAX_SCHEMA_KB) -
             param=param,
             code="schema_too_large",
         )
-    problem = _schema_problem(canonical)
+    problem = _schema_problem(canonical, compiled)
     if problem is not None:
         where, message, code = problem
         raise InvalidRequestError(message, param=f"{param}.{where}" if where else param, code=code)
@@ -143,16 +146,16 @@ def _nests_deeper(value: Any, limit: int) -> bool:
     return True
 
 
-def _schema_problem(canonical: str) -> _Problem | None:
+def _schema_problem(canonical: str, compiled: bool = True) -> _Problem | None:
     """What is wrong with a schema (None when nothing is), remembered for the latest
     distinct schemas by a hash of their canonical JSON: the metaschema check costs about
     2 ms, and agents send the same tools on every call."""
-    digest = hashlib.sha256(canonical.encode()).digest()
+    digest = hashlib.sha256(canonical.encode() + (b"c" if compiled else b"")).digest()
     if digest in _checks:
         _checks.move_to_end(digest)
         return _checks[digest]
     schema = json.loads(canonical)
-    problem = _bounds_problem(schema)
+    problem = _bounds_problem(schema, compiled)
     if problem is None:
         try:
             Draft202012Validator.check_schema(schema, format_checker=_SCHEMA_FORMATS)
@@ -203,13 +206,13 @@ def _where(path: tuple[str, ...]) -> str:
     return where if len(where) <= _PROBLEM_CHARS else where[: _PROBLEM_CHARS - 1] + "…"
 
 
-def _bounds_problem(schema: dict[str, Any]) -> _Problem | None:
-    """A count over :data:`MAX_SCHEMA_COUNT`, more than :data:`MAX_SCHEMA_PATTERNS`
-    patterns, or a pattern RE2 cannot compile."""
+def _bounds_problem(schema: dict[str, Any], counts: bool = True) -> _Problem | None:
+    """A count over :data:`MAX_SCHEMA_COUNT` (with ``counts``), more than
+    :data:`MAX_SCHEMA_PATTERNS` patterns, or a pattern RE2 cannot compile."""
     seen: set[str] = set()
     for path, key, value in _keywords(schema):
         count = isinstance(value, int | float) and not isinstance(value, bool)
-        if key in _COUNT_KEYWORDS and count and value > MAX_SCHEMA_COUNT:
+        if counts and key in _COUNT_KEYWORDS and count and value > MAX_SCHEMA_COUNT:
             return (
                 _where(path),
                 f"{key} is {value:,}; the gateway takes at most {MAX_SCHEMA_COUNT:,} "

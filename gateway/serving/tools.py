@@ -174,6 +174,7 @@ def setup(
                 param=choice_param,
             )
         return _NO_TOOLS
+    forced = choice == "required" or isinstance(choice, NamedToolChoice)
     declared: list[str] = []
     for index, tool in enumerate(request.tools):
         where = names.tool.format(index)
@@ -183,7 +184,10 @@ def setup(
             )
         declared.append(tool.function.name)
         if tool.function.parameters is not None:
-            check_schema(tool.function.parameters, f"{where}.parameters", max_schema_kb)
+            # A tool only shown to the model builds no grammar: its counts (Claude Code's
+            # tools ask for maxLength 524,288) are bounded only when it may be compiled.
+            compiled = forced or bool(tool.function.strict)
+            check_schema(tool.function.parameters, f"{where}.parameters", max_schema_kb, compiled)
     if choice == "none":
         return _NO_TOOLS
     shown = [tool.model_dump(exclude_none=True) for tool in request.tools]

@@ -30,6 +30,7 @@ SAMPLES: dict[str, Any] = {
     "diagnostics": {"previous_message_id": None},
     "user_profile_id": "profile_1",
     "workspace_id": "workspace_1",
+    "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
 }
 HI = [{"role": "user", "content": "Hi"}]
 

@@ -384,7 +384,7 @@ NO_JSON = {"model": "fake-no-json"}
             None,
         ),
         (
-            {"tools": [{**WEATHER, "parameters": DEEP}]},
+            {"tools": [{**WEATHER, "parameters": DEEP}], "tool_choice": "required"},
             "tools[0].parameters.properties.a.maxLength",
             "schema_too_large",
             None,

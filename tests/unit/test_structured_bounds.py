@@ -361,3 +361,17 @@ def test_the_mock_models_example_still_fits_ordinary_schemas() -> None:
     }
     value = json_example.example(schema)
     assert len(value["city"]) == 20 and len(value["tags"]) == 3
+
+
+async def test_a_tool_only_shown_to_the_model_may_ask_for_large_counts(
+    http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    # Claude Code's tools ask for maxLength 524,288: no grammar is built for a tool that is
+    # neither forced nor strict, so its counts are not bounded; forced, they are.
+    schema = {"type": "object", "properties": {"script": {"type": "string", "maxLength": 524_288}}}
+    shown = await http.post("/v1/chat/completions", json=chat_body(tools=[tool(schema)]))
+    assert shown.status_code == 200, shown.text
+    forced = await http.post(
+        "/v1/chat/completions", json=chat_body(tools=[tool(schema)], tool_choice="required")
+    )
+    assert_openai_error(forced, 400, code="schema_too_large")

@@ -47,6 +47,7 @@ MESSAGES_NAMES = ParamNames(
     json_schema="output_config.format",
     messages="messages",
     reasoning_effort="output_config.effort",
+    effort_is_hint=True,
 )
 
 

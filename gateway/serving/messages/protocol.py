@@ -186,6 +186,8 @@ class MessagesRequest(CountTokensRequest):
     inference_geo: str | None = Field(None, max_length=64)
     diagnostics: Diagnostics | None = None
     container: dict[str, Any] | str | None = None
+    # Beta fields (the SDK's ``client.beta.messages``; Claude Code sends context_management).
+    context_management: dict[str, Any] | None = None
     # Beyond the 2.14 SDK's types, as Anthropic's API reference and older SDKs send them.
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

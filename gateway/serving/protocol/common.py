@@ -227,6 +227,9 @@ class ParamNames:
     """The ``json_schema`` format (its ``schema`` below it)."""
     messages: str = "messages"
     reasoning_effort: str = "reasoning_effort"
+    effort_is_hint: bool = False
+    """An effort a model cannot take is passed over, not refused (Anthropic's
+    ``output_config.effort``, which Claude Code sends whatever the model)."""
     image_parts: tuple[str, ...] = ()
     """The request's image parts, in order (a converted request's names for them; empty:
     ``messages.[i].content.[j]``)."""
