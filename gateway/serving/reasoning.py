@@ -51,7 +51,9 @@ def template_switches(
     ``reasoning_effort`` as the template takes it (``reasoning_effort`` itself, else
     ``enable_thinking``: false for ``none``, true otherwise). A variable the template does
     not read, or a ``reasoning_effort`` it has no switch for, is a 400 naming it; but
-    ``none`` asks nothing of a model that does not reason (no ``reasoning_parser``)."""
+    ``none`` asks nothing of a model that does not reason (no ``reasoning_parser``), and an
+    effort given as a hint (``names.effort_is_hint``: Anthropic's ``output_config.effort``)
+    is passed over."""
     reads = template_variables(template)
     switches: dict[str, Any] = {}
     kwargs = request.chat_template_kwargs or {}

@@ -9,7 +9,8 @@ enforced or refused, never ignored.
 
 A client's schema is bounded before anything walks it recursively or expands it (see
 :func:`check_schema`): its size (``settings.max_schema_kb``), its nesting
-(:data:`MAX_SCHEMA_DEPTH`), the counts it asks for (:data:`MAX_SCHEMA_COUNT`), and its
+(:data:`MAX_SCHEMA_DEPTH`), the counts it asks for (:data:`MAX_SCHEMA_COUNT`; a tool's
+only when its call may be compiled, forced or strict), and its
 patterns (:data:`MAX_SCHEMA_PATTERNS`), which must compile with RE2. A strict tool's
 arguments are checked in :func:`arguments_problem` with RE2 (linear time: no pattern
 backtracks for hours on the event loop) and within :data:`STRICT_CHECK_S`.

@@ -299,3 +299,16 @@ async def test_a_large_body_with_x_api_key_is_read_and_refusals_before_it_keep_t
     )
     assert refused.status_code == 400
     assert refused.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_tools_anthropic_only_fields_are_accepted(plain: httpx2.AsyncClient) -> None:
+    tool = {
+        **WEATHER,
+        "type": "custom",
+        "eager_input_streaming": True,
+        "cache_control": {"type": "ephemeral"},
+    }
+    message = await claude(plain).messages.create(
+        model="fake-chat", max_tokens=8, messages=HI, tools=[tool]
+    )
+    assert message.content[0].type == "text"

@@ -122,7 +122,8 @@ class ChatService:
         ``names`` do: by default the request's own, else those of the request it was
         converted from. ``read_images`` false: the request's images are neither fetched
         nor checked (a trial of what fits the context, see
-        :mod:`gateway.serving.responses.truncation`; never a request that is sent)."""
+        :mod:`gateway.serving.responses.truncation`, or a Messages ``count_tokens``; never a
+        request that is sent)."""
         problem = request.unsupported()
         if problem is not None:
             param, message = problem

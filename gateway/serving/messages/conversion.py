@@ -5,7 +5,7 @@ names what the client sent), and an answer to a message's content blocks and its
 
 What the request alone can tell is checked here first: a block or tool the gateway does not
 serve (documents, server tools), a ``tool_result`` that answers no ``tool_use``, an image
-source without its data, ``tool_choice`` naming no tool."""
+source without its data, a ``tool_choice`` of type ``tool`` without a ``name``."""
 
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ _CHAT_NAMES = {
     "reasoning_effort": "output_config.effort",
 }
 
-#: The Messages names of the parameters the chat path checks against the model.
+#: The Messages names of the parameters the chat path checks against the model (a tool's
+#: schema is named by the chat path's word for it, ``tools[i].parameters``: its
+#: ``input_schema``).
 MESSAGES_NAMES = ParamNames(
     max_tokens="max_tokens",
     tools="tools",
-    tool="tools.[{}]",
+    tool="tools[{}]",
     tool_choice="tool_choice",
     response_format="output_config.format",
     json_schema="output_config.format",
@@ -151,7 +153,7 @@ def chat_messages(request: CountTokensRequest) -> list[dict[str, Any]]:
                 thinking.append(block.thinking)
             elif block.type in _SERVED:
                 raise InvalidRequestError(
-                    f"A {message.role} turn cannot hold a '{block.type}' block.",
+                    f"An {message.role} turn cannot hold a '{block.type}' block.",
                     param=f"{where}.type",
                 )
             else:

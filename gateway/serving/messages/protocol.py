@@ -1,7 +1,8 @@
 """The Anthropic Messages API's request (``POST /v1/messages`` and its ``count_tokens``), as
 the ``anthropic`` SDK sends it: every field of its ``MessageCreateParams`` is declared, and
 each is honoured, refused by name (:meth:`MessagesRequest.unsupported`) or accepted as
-metadata (:data:`METADATA_FIELDS`); a field the SDK does not define is an unrecognized
+metadata (each field's class: docs/messages.md, checked by
+tests/unit/test_messages_fields.py); a field the SDK does not define is an unrecognized
 argument (``extra="forbid"``), as on the OpenAI routes."""
 
 from __future__ import annotations
@@ -99,9 +100,12 @@ class Tool(Strict):
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
     strict: bool | None = None
+    # Accepted, changing nothing here: who may call it (Anthropic's code execution), and
+    # how Anthropic loads and streams it.
     allowed_callers: list[str] | None = None
     defer_loading: bool | None = None
     input_examples: list[dict[str, Any]] | None = None
+    eager_input_streaming: bool | None = None
 
 
 class ServerTool(BaseModel):
@@ -141,18 +145,6 @@ class Metadata(Strict):
 
 class Diagnostics(Strict):
     previous_message_id: str | None = Field(None, max_length=256)
-
-
-#: Fields taken as metadata: hints and ids that change no answer (recorded nowhere else).
-METADATA_FIELDS = (
-    "cache_control",
-    "service_tier",
-    "speed",
-    "inference_geo",
-    "diagnostics",
-    "user_profile_id",
-    "workspace_id",
-)
 
 
 class CountTokensRequest(Strict):

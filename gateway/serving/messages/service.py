@@ -37,6 +37,8 @@ class PreparedMessage:
 
 
 class MessagesService:
+    """Prepares, generates and streams messages, and counts a request's tokens."""
+
     def __init__(self, chat: ChatService, backend: Backend) -> None:
         self.chat = chat
         self.backend = backend

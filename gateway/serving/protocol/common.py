@@ -213,7 +213,7 @@ class ParamNames:
     """What a request calls the parameters the chat path checks (see
     :meth:`gateway.serving.chat.ChatService.prepare`), so that an error names the one the
     client sent: a chat request's own names (:meth:`ChatCompletionRequest.param_names`), or
-    those of the request it was converted from (a Responses request's)."""
+    those of the request it was converted from (a Responses or Messages request's)."""
 
     max_tokens: str = "max_tokens"
     logprobs: str = "logprobs"
