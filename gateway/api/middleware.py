@@ -325,7 +325,8 @@ class GatewayMiddleware:
             return None
         headers = Headers(scope=scope)
         scheme, _, presented = headers.get("authorization", "").partition(" ")
-        key = presented.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
+        bearer = presented.strip() if scheme.lower() == "bearer" else ""
+        key = bearer or headers.get("x-api-key")  # as gateway.api.auth reads it
         gatekeeper = services_of(scope).gatekeeper
         try:
             await gatekeeper.check(key)

@@ -487,7 +487,8 @@ class TritonBackend:
 
     async def count_tokens(self, model: str, text: str) -> tuple[int, bool]:
         contract = await self.contract(model)
-        return contract.count(text), contract.tokenizer is None
+        # A tokenizer takes about a second a megabyte: off the event loop.
+        return await asyncio.to_thread(contract.count, text), contract.tokenizer is None
 
     async def close(self) -> None:
         await self.streams.close()

@@ -73,7 +73,8 @@ def _key_id(presented: str) -> str:
 
 def no_key() -> AuthenticationError:
     return AuthenticationError(
-        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
+        "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' (or, for "
+        "the Anthropic SDKs, 'x-api-key: <key>')."
     )
 
 

@@ -312,3 +312,29 @@ async def test_a_tools_anthropic_only_fields_are_accepted(plain: httpx2.AsyncCli
         model="fake-chat", max_tokens=8, messages=HI, tools=[tool]
     )
     assert message.content[0].type == "text"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_strict_tools_arguments_that_break_its_schema_are_generated_again(
+    plain: httpx2.AsyncClient, fake: FakeBackend, stream: bool
+) -> None:
+    fake.replies = [
+        '<tool_call> {"name": "get_weather", "arguments": {"town": 5}} </tool_call>',
+        '{"city": "Lyon"}',
+    ]
+    strict = {**WEATHER, "strict": True}
+    client = claude(plain)
+    if stream:
+        async with client.messages.stream(
+            model="fake-chat", max_tokens=64, messages=HI, tools=[strict]
+        ) as events:
+            partial = [e.partial_json async for e in events if e.type == "input_json"]
+            message = await events.get_final_message()
+        assert partial == ['{"city": "Lyon"}']  # held back until checked
+    else:
+        message = await client.messages.create(
+            model="fake-chat", max_tokens=64, messages=HI, tools=[strict]
+        )
+    (use,) = message.content
+    assert use.type == "tool_use" and use.input == {"city": "Lyon"}
+    assert len(fake.calls) == 2

@@ -152,8 +152,9 @@ def chat_messages(request: CountTokensRequest) -> list[dict[str, Any]]:
             elif isinstance(block, ThinkingBlock) and message.role == "assistant":
                 thinking.append(block.thinking)
             elif block.type in _SERVED:
+                article = "An" if message.role == "assistant" else "A"
                 raise InvalidRequestError(
-                    f"An {message.role} turn cannot hold a '{block.type}' block.",
+                    f"{article} {message.role} turn cannot hold a '{block.type}' block.",
                     param=f"{where}.type",
                 )
             else:

@@ -79,7 +79,9 @@ class MessagesService:
         run = await self.chat.reserve_run(chat, meter)
         pieces = await run.stream()
         thinking = wants_thinking(prepared.request)
-        writer = MessageStream(chat, prepared.id, prepared.request.model, thinking)
+        writer = MessageStream(
+            chat, prepared.id, prepared.request.model, thinking, self.chat.strict_arguments
+        )
         return _guarded(writer.events(pieces, run))
 
     async def count_tokens(self, request: CountTokensRequest) -> dict[str, Any]:

@@ -14,9 +14,10 @@ from typing import Any
 
 from gateway.serving import generation
 from gateway.serving.chat import PreparedChat
+from gateway.serving.chat.stream import StrictArguments
 from gateway.serving.messages.conversion import stop_reason, usage
 from gateway.serving.reasoning_parsers import ReasoningTokens
-from gateway.serving.tool_parsers import ParserDelta
+from gateway.serving.tool_parsers import ParsedCall, ParserDelta
 
 
 def event(kind: str, **fields: Any) -> str:
@@ -26,8 +27,16 @@ def event(kind: str, **fields: Any) -> str:
 class MessageStream:
     """Turns the backend's pieces into Messages events, one content block at a time."""
 
-    def __init__(self, chat: PreparedChat, message_id: str, model: str, thinking: bool) -> None:
+    def __init__(
+        self,
+        chat: PreparedChat,
+        message_id: str,
+        model: str,
+        thinking: bool,
+        strict_arguments: StrictArguments,
+    ) -> None:
         self.chat = chat
+        self.strict_arguments = strict_arguments
         self.message_id = message_id
         self.model = model
         self.thinking = thinking
@@ -36,58 +45,86 @@ class MessageStream:
         self.open: str | None = None
         """The open block's type: ``text``, ``thinking`` or ``tool_use``."""
         self.calls = 0
+        self.call: ParsedCall | None = None
+        """The open ``tool_use`` block's call (its arguments so far)."""
+        self.text = ""
+        """Everything generated so far (a strict call's arguments continue it)."""
+        self.run: generation.GenerationRun | None = None
         self.reasoner = chat.reasoning()
         self.reasoning_tokens = ReasoningTokens()
 
-    def _start(self, block: dict[str, Any]) -> list[str]:
-        events = self._stop()
+    async def _start(self, block: dict[str, Any]) -> list[str]:
+        events = await self._stop()
         self.index += 1
         self.open = block["type"]
         events.append(event("content_block_start", index=self.index, content_block=block))
         return events
 
-    def _stop(self) -> list[str]:
+    async def _stop(self) -> list[str]:
+        """Ends the open block; a strict tool's call sends its arguments now, checked
+        against its schema (made again when they do not match)."""
         if self.open is None:
             return []
+        events = []
+        call, self.call = self.call, None
+        if call is not None and self._strict(call):
+            assert self.run is not None
+            used = self.run.completion_tokens
+            checked = await self.strict_arguments(self.chat, self.run, 0, call, self.text, used)
+            events.append(self._delta({"type": "input_json_delta", "partial_json": checked}))
         self.open = None
-        return [event("content_block_stop", index=self.index)]
+        return [*events, event("content_block_stop", index=self.index)]
+
+    def _strict(self, call: ParsedCall) -> bool:
+        tools = self.chat.tools
+        return tools is not None and call.name in tools.strict
 
     def _delta(self, delta: dict[str, Any]) -> str:
         return event("content_block_delta", index=self.index, delta=delta)
 
-    def _text(self, text: str) -> list[str]:
-        events = [] if self.open == "text" else self._start({"type": "text", "text": ""})
+    async def _text(self, text: str) -> list[str]:
+        events = [] if self.open == "text" else await self._start({"type": "text", "text": ""})
         return [*events, self._delta({"type": "text_delta", "text": text})]
 
-    def _reasoning(self, text: str) -> list[str]:
+    async def _reasoning(self, text: str) -> list[str]:
         if not self.thinking:
             return []
         events = []
         if self.open != "thinking":
-            events = self._start({"type": "thinking", "thinking": "", "signature": ""})
+            events = await self._start({"type": "thinking", "thinking": "", "signature": ""})
         return [*events, self._delta({"type": "thinking_delta", "thinking": text})]
 
-    def _parsed(self, delta: ParserDelta) -> list[str]:
-        events = self._text(delta.content) if delta.content else []
+    async def _parsed(self, delta: ParserDelta) -> list[str]:
+        events = await self._text(delta.content) if delta.content else []
         for piece in delta.calls:
             if piece.id is not None:
                 self.calls += 1
-                block = {"type": "tool_use", "id": piece.id, "name": piece.name or "", "input": {}}
-                events += self._start(block)
-            if piece.arguments and self.open == "tool_use":
+                name = piece.name or ""
+                block = {"type": "tool_use", "id": piece.id, "name": name, "input": {}}
+                events += await self._start(block)
+                at = piece.at
+                if at is not None and self.reasoner is not None:
+                    at += self.reasoner.content_at or 0
+                self.call = ParsedCall(piece.id, name, "", at)
+            if piece.arguments and self.call is not None:
+                self.call.arguments += piece.arguments
+                if self._strict(self.call):
+                    continue  # sent once checked (_stop)
                 partial = {"type": "input_json_delta", "partial_json": piece.arguments}
                 events.append(self._delta(partial))
         return events
 
-    def _answer(self, text: str, parser: Any) -> list[str]:
-        return self._parsed(parser.feed(text) if parser is not None else ParserDelta(content=text))
+    async def _answer(self, text: str, parser: Any) -> list[str]:
+        delta = parser.feed(text) if parser is not None else ParserDelta(content=text)
+        return await self._parsed(delta)
 
-    def _feed(self, text: str, tokens: int, parser: Any) -> list[str]:
+    async def _feed(self, text: str, tokens: int, parser: Any) -> list[str]:
+        self.text += text
         if self.reasoner is None:
-            return self._answer(text, parser)
+            return await self._answer(text, parser)
         told = self.reasoning_tokens.add(self.reasoner, text, tokens)
-        events = self._reasoning(told.reasoning) if told.reasoning else []
-        return events + (self._answer(told.content, parser) if told.content else [])
+        events = await self._reasoning(told.reasoning) if told.reasoning else []
+        return events + (await self._answer(told.content, parser) if told.content else [])
 
     def _message_start(self, run: generation.GenerationRun) -> list[str]:
         message: dict[str, Any] = {
@@ -106,6 +143,7 @@ class MessageStream:
         self, pieces: AsyncGenerator[generation.ChoiceChunk, None], run: generation.GenerationRun
     ) -> AsyncGenerator[str, None]:
         parser = self.chat.tools.new_parser() if self.chat.tools is not None else None
+        self.run = run
         finish = "stop"
         started = False
         async with aclosing(pieces):
@@ -119,7 +157,7 @@ class MessageStream:
                         yield item
                 finish = chunk.finish_reason or finish
                 if chunk.text or (self.reasoner is not None and chunk.completion_tokens):
-                    for item in self._feed(chunk.text, chunk.completion_tokens, parser):
+                    for item in await self._feed(chunk.text, chunk.completion_tokens, parser):
                         yield item
         if not started:
             for item in self._message_start(run):
@@ -127,12 +165,12 @@ class MessageStream:
         tail: list[str] = []
         if self.reasoner is not None:
             told = self.reasoner.finish()
-            tail += self._reasoning(told.reasoning) if told.reasoning else []
-            tail += self._answer(told.content, parser) if told.content else []
+            tail += await self._reasoning(told.reasoning) if told.reasoning else []
+            tail += await self._answer(told.content, parser) if told.content else []
             run.reasoning_tokens = self.reasoning_tokens.count
         if parser is not None:
-            tail += self._parsed(parser.finish())
-        for item in [*tail, *self._stop()]:
+            tail += await self._parsed(parser.finish())
+        for item in [*tail, *await self._stop()]:
             yield item
         counted = usage(run.usage())
         delta = {"stop_reason": stop_reason(finish, self.calls > 0), "stop_sequence": None}
