@@ -14,18 +14,10 @@ import httpx
 import pytest
 
 from tests.support.bodies import mock_say
+from tests.support.shapes import CLAUDE_WEATHER
 from tests.support.stack import GatewayProcess
 
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
-WEATHER = {
-    "name": "get_weather",
-    "description": "Current weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +61,7 @@ def test_a_tool_round_trip_on_mock_chat(claude: anthropic.Anthropic) -> None:
         model="mock_chat",
         max_tokens=64,
         messages=ask(f"Weather? {mock_say(call)}"),
-        tools=[WEATHER],
+        tools=[CLAUDE_WEATHER],
     )
     assert asked.stop_reason == "tool_use"
     (use,) = [block for block in asked.content if block.type == "tool_use"]
@@ -77,7 +69,7 @@ def test_a_tool_round_trip_on_mock_chat(claude: anthropic.Anthropic) -> None:
     answer = claude.messages.create(
         model="mock_chat",
         max_tokens=64,
-        tools=[WEATHER],
+        tools=[CLAUDE_WEATHER],
         messages=[
             {"role": "user", "content": f"Weather? {mock_say('It is sunny in Paris.')}"},
             {"role": "assistant", "content": [block.model_dump() for block in asked.content]},

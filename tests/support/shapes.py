@@ -18,6 +18,13 @@ WEATHER = {
     },
 }
 
+#: The same tool as Anthropic's Messages API takes it (``tools`` of ``/v1/messages``).
+CLAUDE_WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": WEATHER["function"]["parameters"],
+}
+
 #: A call of :data:`WEATHER` as a Hermes-format model writes it.
 CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
 

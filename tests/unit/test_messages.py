@@ -17,17 +17,8 @@ from fastapi import FastAPI
 
 from gateway.backend.fake import FakeBackend
 from tests.support.inprocess import ADMIN_KEY, BASE_URL, REPLY, new_key
-from tests.support.shapes import CALL
+from tests.support.shapes import CALL, CLAUDE_WEATHER
 
-WEATHER = {
-    "name": "get_weather",
-    "description": "Current weather",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 HI = [{"role": "user", "content": "Hi there"}]
 
 
@@ -101,7 +92,7 @@ async def test_a_tool_round_trip(plain: httpx2.AsyncClient, fake: FakeBackend) -
     client = claude(plain)
     fake.reply = CALL
     asked = await client.messages.create(
-        model="fake-chat", max_tokens=64, messages=HI, tools=[WEATHER]
+        model="fake-chat", max_tokens=64, messages=HI, tools=[CLAUDE_WEATHER]
     )
     assert asked.stop_reason == "tool_use"
     (use,) = [block for block in asked.content if block.type == "tool_use"]
@@ -116,7 +107,7 @@ async def test_a_tool_round_trip(plain: httpx2.AsyncClient, fake: FakeBackend) -
         },
     ]
     answer = await client.messages.create(
-        model="fake-chat", max_tokens=64, messages=turns, tools=[WEATHER]
+        model="fake-chat", max_tokens=64, messages=turns, tools=[CLAUDE_WEATHER]
     )
     assert answer.content[0].text == "It is sunny in Paris."  # type: ignore[union-attr]
     prompt = fake.calls[-1].prompt
@@ -128,7 +119,7 @@ async def test_a_streamed_tool_call_comes_as_input_json(
 ) -> None:
     fake.reply = CALL
     async with claude(plain).messages.stream(
-        model="fake-chat", max_tokens=64, messages=HI, tools=[WEATHER]
+        model="fake-chat", max_tokens=64, messages=HI, tools=[CLAUDE_WEATHER]
     ) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_message()
@@ -147,7 +138,7 @@ async def test_tool_choice_any_forces_a_call_and_none_offers_no_tool(
         model="fake-chat",
         max_tokens=64,
         messages=HI,
-        tools=[WEATHER],
+        tools=[CLAUDE_WEATHER],
         tool_choice={"type": "any"},
     )
     assert forced.stop_reason == "tool_use"
@@ -156,7 +147,7 @@ async def test_tool_choice_any_forces_a_call_and_none_offers_no_tool(
         model="fake-chat",
         max_tokens=64,
         messages=HI,
-        tools=[WEATHER],
+        tools=[CLAUDE_WEATHER],
         tool_choice={"type": "none"},
     )
     assert "get_weather" not in fake.calls[-1].prompt
@@ -303,7 +294,7 @@ async def test_a_large_body_with_x_api_key_is_read_and_refusals_before_it_keep_t
 
 async def test_a_tools_anthropic_only_fields_are_accepted(plain: httpx2.AsyncClient) -> None:
     tool = {
-        **WEATHER,
+        **CLAUDE_WEATHER,
         "type": "custom",
         "eager_input_streaming": True,
         "cache_control": {"type": "ephemeral"},
@@ -322,7 +313,7 @@ async def test_a_strict_tools_arguments_that_break_its_schema_are_generated_agai
         '<tool_call> {"name": "get_weather", "arguments": {"town": 5}} </tool_call>',
         '{"city": "Lyon"}',
     ]
-    strict = {**WEATHER, "strict": True}
+    strict = {**CLAUDE_WEATHER, "strict": True}
     client = claude(plain)
     if stream:
         async with client.messages.stream(
