@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.hostile
 	$(BIN)/python -m tests.bench.stateless
 	$(BIN)/python -m tests.bench.llmapi
+	$(BIN)/python -m tests.bench.messages
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps
