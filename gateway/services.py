@@ -200,7 +200,7 @@ def build_services(
             max_schema_kb=settings.max_schema_kb,
         ),
         responses=responses,
-        messages=MessagesService(chat, backend),
+        messages=MessagesService(chat, backend, ReasoningSeal.from_settings(settings)),
         background=BackgroundResponses(
             responses,
             BackgroundRuns(redis, settings.responses_ttl_s, settings.background_lease_s),

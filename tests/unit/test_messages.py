@@ -329,3 +329,64 @@ async def test_a_strict_tools_arguments_that_break_its_schema_are_generated_agai
     (use,) = message.content
     assert use.type == "tool_use" and use.input == {"city": "Lyon"}
     assert len(fake.calls) == 2
+
+
+async def test_thinking_is_signed_and_only_this_gateways_unchanged_signature_comes_back(
+    plain: httpx2.AsyncClient, http: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = "<think>Two and two make four.</think>Four."
+    client = claude(plain)
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    first = await client.messages.create(
+        model="fake-reasoner", max_tokens=64, messages=HI, thinking=thinking
+    )
+    block = first.content[0]
+    assert block.type == "thinking" and block.signature  # sealed, not readable
+    assert "Two and two" not in block.signature
+
+    def turns(thought: dict[str, Any]) -> list[Any]:
+        answer = {"role": "assistant", "content": [thought, {"type": "text", "text": "Four."}]}
+        return [*HI, answer, {"role": "user", "content": "And three?"}]
+
+    sent = block.model_dump()
+    again = await client.messages.create(
+        model="fake-reasoner", max_tokens=64, messages=turns(sent), thinking=thinking
+    )
+    assert again.stop_reason == "end_turn"
+    for changed, where in [
+        ({**sent, "thinking": "Two and two make five."}, "thinking"),
+        ({**sent, "signature": sent["signature"][:-4] + "AAAA"}, "signature"),
+    ]:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(
+                model="fake-reasoner", max_tokens=64, messages=turns(changed), thinking=thinking
+            )
+        assert refused.value.body["error"]["message"].startswith(  # type: ignore[index]
+            f"messages[1].content[0].{where}"
+        )
+    other = (await new_key(http))["key"]  # a signature is bound to the key it was made for
+    with pytest.raises(anthropic.BadRequestError):
+        await claude(plain, other).messages.create(
+            model="fake-reasoner", max_tokens=64, messages=turns(sent), thinking=thinking
+        )
+
+
+async def test_omitted_thinking_sends_the_signature_alone_whole_and_streamed(
+    plain: httpx2.AsyncClient, fake: FakeBackend
+) -> None:
+    fake.reply = "<think>Two and two make four.</think>Four."
+    client = claude(plain)
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}
+    whole = await client.messages.create(
+        model="fake-reasoner", max_tokens=64, messages=HI, thinking=thinking
+    )
+    (block, text) = whole.content
+    assert block.type == "thinking" and block.thinking == "" and block.signature
+    assert text.type == "text" and text.text == "Four."
+    async with client.messages.stream(
+        model="fake-reasoner", max_tokens=64, messages=HI, thinking=thinking
+    ) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert "thinking" not in kinds and "signature" in kinds
+    assert final.content[0].thinking == "" and final.content[0].signature  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ async def create_message(
     meter = admission.use_model(body.model)
     scheduling.start(admission.key.request_priority(None))
     messages = services.messages
-    prepared = await messages.prepare(body)
+    prepared = await messages.prepare(body, owner=admission.key.id)
     if body.stream:
         events = await messages.stream(prepared, meter)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -42,4 +42,4 @@ async def count_tokens(
     """The prompt's input tokens, without generating (the model's tokenizer where one is
     mounted, else an estimate: ``estimated`` says which)."""
     admission.use_model(body.model)
-    return await services.messages.count_tokens(body)
+    return await services.messages.count_tokens(body, owner=admission.key.id)

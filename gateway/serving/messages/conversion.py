@@ -10,6 +10,7 @@ source without its data, a ``tool_choice`` of type ``tool`` without a ``name``."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -105,11 +106,34 @@ def _tool_result_text(block: ToolResultBlock, param: str) -> str:
     return "\n".join(texts)
 
 
-def chat_messages(request: CountTokensRequest) -> list[dict[str, Any]]:
+#: Opens a ``thinking`` block's ``signature`` (the reasoning sealed in it), or raises a
+#: 400 naming the ``param`` given.
+Opener = Callable[[str, str], str]
+
+
+def _thinking(block: ThinkingBlock, param: str, opener: Opener | None) -> str:
+    """A ``thinking`` block's reasoning: the one sealed in its ``signature`` (the thinking
+    shown must be that one, or empty when its display was omitted), else its text as sent
+    (a block without a signature: from another server)."""
+    if not block.signature or opener is None:
+        return block.thinking
+    sealed = opener(block.signature, f"{param}.signature")
+    if block.thinking and block.thinking != sealed:
+        raise InvalidRequestError(
+            "This thinking block's text is not the one its signature seals: send thinking "
+            "blocks back unchanged.",
+            param=f"{param}.thinking",
+        )
+    return sealed
+
+
+def chat_messages(
+    request: CountTokensRequest, opener: Opener | None = None
+) -> list[dict[str, Any]]:
     """The conversation as chat messages: ``system`` first; a user turn's ``tool_result``
     blocks become tool messages (before the rest of the turn, as the chat templates want
     them right after the calls); an assistant turn's ``tool_use`` blocks its tool calls and
-    its ``thinking`` its reasoning."""
+    its ``thinking`` its reasoning (``opener`` opens a signed one)."""
     messages = _system(request)
     called: set[str] = set()
     for index, message in enumerate(request.messages):
@@ -150,7 +174,7 @@ def chat_messages(request: CountTokensRequest) -> list[dict[str, Any]]:
                     text = f"Error: {text}"
                 results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
             elif isinstance(block, ThinkingBlock) and message.role == "assistant":
-                thinking.append(block.thinking)
+                thinking.append(_thinking(block, where, opener))
             elif block.type in _SERVED:
                 article = "An" if message.role == "assistant" else "A"
                 raise InvalidRequestError(
@@ -215,14 +239,16 @@ def _tool_choice(request: CountTokensRequest) -> tuple[Any, bool | None]:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
 
 
-def chat_request(request: CountTokensRequest, max_tokens: int = 1) -> ChatCompletionRequest:
-    """The chat request ``request`` is served as (``max_tokens``: a count's, which
+def chat_request(
+    request: CountTokensRequest, opener: Opener | None = None
+) -> ChatCompletionRequest:
+    """The chat request ``request`` is served as (a count's asks for one token: it
     generates nothing)."""
     tool_choice, parallel = _tool_choice(request)
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": chat_messages(request),
-        "max_completion_tokens": max_tokens,
+        "messages": chat_messages(request, opener),
+        "max_completion_tokens": 1,
         "tools": chat_tools(request),
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel,
@@ -254,9 +280,15 @@ def chat_request(request: CountTokensRequest, max_tokens: int = 1) -> ChatComple
 
 
 def wants_thinking(request: CountTokensRequest) -> bool:
-    """Whether the answer shows the model's reasoning as ``thinking`` blocks."""
+    """Whether the answer has ``thinking`` blocks (shown, or only signed: :func:`omitted`)."""
     thinking = request.thinking
-    return thinking is not None and thinking.type != "disabled" and thinking.display != "omitted"
+    return thinking is not None and thinking.type != "disabled"
+
+
+def omitted(request: CountTokensRequest) -> bool:
+    """Whether a ``thinking`` block's text is left out (``display: "omitted"``): only its
+    ``signature`` is sent, from which the reasoning is taken when it comes back."""
+    return request.thinking is not None and request.thinking.display == "omitted"
 
 
 def stop_reason(finish_reason: str, calls: bool) -> str:

@@ -5,17 +5,19 @@ same backend calls, and answered as an Anthropic message, whole or streamed."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.backend import Backend
-from gateway.errors import GatewayError, anthropic_type
+from gateway.errors import GatewayError, InvalidRequestError, anthropic_type
 from gateway.serving.chat import ChatService, PreparedChat
 from gateway.serving.messages.conversion import (
     MESSAGES_NAMES,
+    Opener,
     chat_request,
+    omitted,
     stop_reason,
     tool_use_block,
     usage,
@@ -23,6 +25,7 @@ from gateway.serving.messages.conversion import (
 )
 from gateway.serving.messages.protocol import CountTokensRequest, MessagesRequest
 from gateway.serving.messages.stream import MessageStream, event
+from gateway.serving.responses.sealing import ReasoningSeal
 from gateway.state.limits import Meter
 from gateway.state.responses import new_id
 
@@ -34,19 +37,39 @@ class PreparedMessage:
     request: MessagesRequest
     chat: PreparedChat
     id: str
+    sign: Callable[[str], str]
+    """Seals a thinking block's reasoning as its ``signature``."""
 
 
 class MessagesService:
     """Prepares, generates and streams messages, and counts a request's tokens."""
 
-    def __init__(self, chat: ChatService, backend: Backend) -> None:
+    def __init__(self, chat: ChatService, backend: Backend, seal: ReasoningSeal) -> None:
         self.chat = chat
         self.backend = backend
+        self.seal = seal
+        """Seals a reasoning model's thinking as its block's ``signature`` (as Responses
+        seals ``encrypted_content``), and opens one sent back."""
 
-    async def prepare(self, request: MessagesRequest) -> PreparedMessage:
+    def _opener(self, owner: str) -> Opener:
+        def opened(signature: str, param: str) -> str:
+            try:
+                return self.seal.open(signature, owner, param)
+            except InvalidRequestError:
+                raise InvalidRequestError(
+                    "This thinking block's signature was not made by this gateway for this "
+                    "API key (or it was changed): send thinking blocks back as received.",
+                    param=param,
+                ) from None
+
+        return opened
+
+    async def prepare(self, request: MessagesRequest, owner: str = "") -> PreparedMessage:
         request.unsupported()
-        chat = await self.chat.prepare(chat_request(request), names=MESSAGES_NAMES)
-        return PreparedMessage(request, chat, new_id("msg"))
+        body = chat_request(request, self._opener(owner))
+        chat = await self.chat.prepare(body, names=MESSAGES_NAMES)
+        signer = self.seal.sealer(owner, request.model)
+        return PreparedMessage(request, chat, new_id("msg"), signer)
 
     async def create(self, prepared: PreparedMessage, meter: Meter | None = None) -> dict[str, Any]:
         chat = prepared.chat
@@ -55,7 +78,9 @@ class MessagesService:
         reply = await self.chat.answer(chat, run, 0, result)
         content: list[dict[str, Any]] = []
         if reply.reasoning and wants_thinking(prepared.request):
-            content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+            shown = "" if omitted(prepared.request) else reply.reasoning
+            signature = prepared.sign(reply.reasoning)
+            content.append({"type": "thinking", "thinking": shown, "signature": signature})
         if reply.content:
             content.append({"type": "text", "text": reply.content})
         content += [tool_use_block(call) for call in reply.calls]
@@ -80,16 +105,21 @@ class MessagesService:
         pieces = await run.stream()
         thinking = wants_thinking(prepared.request)
         writer = MessageStream(
-            chat, prepared.id, prepared.request.model, thinking, self.chat.strict_arguments
+            chat,
+            prepared.id,
+            prepared.request.model,
+            thinking,
+            self.chat.strict_arguments,
+            prepared.sign,
+            omitted(prepared.request),
         )
         return _guarded(writer.events(pieces, run))
 
-    async def count_tokens(self, request: CountTokensRequest) -> dict[str, Any]:
+    async def count_tokens(self, request: CountTokensRequest, owner: str = "") -> dict[str, Any]:
         """The prompt's tokens, by the model's tokenizer where one is mounted
         (``GATEWAY_TOKENIZERS``), else estimated; nothing is generated."""
-        chat = await self.chat.prepare(
-            chat_request(request), names=MESSAGES_NAMES, read_images=False
-        )
+        body = chat_request(request, self._opener(owner))
+        chat = await self.chat.prepare(body, names=MESSAGES_NAMES, read_images=False)
         tokens, estimated = await self.backend.count_tokens(chat.runs_on, chat.prompt)
         return {"input_tokens": tokens, "estimated": estimated}
 

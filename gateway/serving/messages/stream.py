@@ -1,14 +1,14 @@
 """A streamed message's events, as Anthropic sends them: ``message_start`` (with the input
 tokens, once the model has counted them), ``ping``, then per content block
-``content_block_start``, its deltas (``thinking_delta``, ``text_delta``,
-``input_json_delta``) and ``content_block_stop``, and finally ``message_delta`` (the
-``stop_reason`` and the usage) and ``message_stop``. A failure after the stream began ends it
-with an ``error`` event (the HTTP status is already sent)."""
+``content_block_start``, its deltas (``thinking_delta`` and a ``signature_delta`` at its
+end, ``text_delta``, ``input_json_delta``) and ``content_block_stop``, and finally
+``message_delta`` (the ``stop_reason`` and the usage) and ``message_stop``. A failure after
+the stream began ends it with an ``error`` event (the HTTP status is already sent)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -34,9 +34,17 @@ class MessageStream:
         model: str,
         thinking: bool,
         strict_arguments: StrictArguments,
+        sign: Callable[[str], str],
+        omitted: bool = False,
     ) -> None:
         self.chat = chat
         self.strict_arguments = strict_arguments
+        self.sign = sign
+        """Seals a thinking block's reasoning as its ``signature`` (``signature_delta``)."""
+        self.omitted = omitted
+        """Thinking blocks carry their signature only (``display: "omitted"``)."""
+        self.reasoning = ""
+        """The open thinking block's reasoning so far."""
         self.message_id = message_id
         self.model = model
         self.thinking = thinking
@@ -66,6 +74,9 @@ class MessageStream:
         if self.open is None:
             return []
         events = []
+        if self.open == "thinking":
+            signature = {"type": "signature_delta", "signature": self.sign(self.reasoning)}
+            events.append(self._delta(signature))
         call, self.call = self.call, None
         if call is not None and self._strict(call):
             assert self.run is not None
@@ -92,6 +103,10 @@ class MessageStream:
         events = []
         if self.open != "thinking":
             events = await self._start({"type": "thinking", "thinking": "", "signature": ""})
+            self.reasoning = ""
+        self.reasoning += text
+        if self.omitted:
+            return events
         return [*events, self._delta({"type": "thinking_delta", "thinking": text})]
 
     async def _parsed(self, delta: ParserDelta) -> list[str]:
