@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.bodies import mock_say
 from tests.support.shapes import CLAUDE_WEATHER
+from tests.support.shared_stack import UPLOAD_LIMIT_MB
 from tests.support.stack import GatewayProcess
 
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -111,3 +112,13 @@ def test_count_tokens_and_a_keys_allow_list(
         user.messages.create(model="mock_chat", max_tokens=8, messages=ask("Hi"))
     assert refused.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
     assert user.messages.create(model="smollm2", max_tokens=2, messages=ask("Hi")).content
+
+
+def test_nginxs_own_413_has_anthropics_shape(stack: GatewayProcess) -> None:
+    # Over nginx's cap (the gateway's request limit, UPLOAD_LIMIT_MB + 1 on this stack).
+    huge = b'{"model": "mock_chat", "x": "' + b"x" * ((UPLOAD_LIMIT_MB + 2) * 1024 * 1024) + b'"}'
+    headers = {"x-api-key": stack.admin_key, "content-type": "application/json"}
+    refused = httpx.post(stack.base_url + "/v1/messages", content=huge, headers=headers)
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "request_too_large"
