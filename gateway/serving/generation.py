@@ -206,8 +206,9 @@ class GenerationRun:
             await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
             raise
         if len(streams) == 1:
-            return _single(streams[0], firsts[0])
-        return _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+            return Started(_single(streams[0], firsts[0]), streams)
+        merged = _merged(streams, firsts + [_LATER] * (len(streams) - len(started)))
+        return Started(merged, streams)
 
 
 async def reserve_run(
@@ -326,6 +327,32 @@ async def texts(
                 yield text
     if reasoner is not None and (rest := reasoner.finish().content):
         yield rest
+
+
+class Started(AsyncGenerator[ChoiceChunk, None]):
+    """The chunks of generations that already run (their first chunk was awaited):
+    closing them stops every generation, even before the first chunk is read. An async
+    generator closed before it started runs none of its cleanup, so one returned unstarted
+    would leave the running streams to the garbage collector: a background response
+    stopped while its first events were logged went on generating."""
+
+    def __init__(
+        self, chunks: AsyncGenerator[ChoiceChunk, None], streams: list[AsyncGenerator[Any, None]]
+    ) -> None:
+        self._chunks = chunks
+        self._streams = streams
+
+    async def asend(self, value: None) -> ChoiceChunk:
+        return await self._chunks.asend(value)
+
+    async def athrow(self, *args: Any) -> ChoiceChunk:
+        return await self._chunks.athrow(*args)
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await asyncio.gather(*(s.aclose() for s in self._streams), return_exceptions=True)
 
 
 async def _single(
