@@ -1,6 +1,6 @@
-"""Anthropic's Messages API on a real stack of its own (nginx, two replicas, Triton with
-mock_chat and the reasoning model mock_qwen3, Redis: off the shared stack, whose group is the
-suite's longest) with the official ``anthropic`` SDK: text and its stream, max_tokens, a tool
+"""Anthropic's Messages API on the shared real stack (nginx, two replicas, Triton, Redis;
+the reasoning model mock_qwen3 loaded through the admin API) with the official ``anthropic``
+SDK: text and its stream, max_tokens, a tool
 round trip, thinking, count_tokens, a key's model allow-list and budget, nginx's 413, all in
 Anthropic's error shape; and Claude Code (npm ``@anthropic-ai/claude-code``, pinned in
 ``tests/js/package-lock.json``) configured as its docs show for a gateway:
@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,17 @@ import pytest
 
 from tests.support.bodies import mock_say
 from tests.support.shapes import CLAUDE_WEATHER
+from tests.support.shared_stack import UPLOAD_LIMIT_MB
 from tests.support.stack import GatewayProcess
 
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 
 
-#: The stack's GATEWAY_MAX_REQUEST_MB (nginx's cap): small, so that a body over it is cheap.
-REQUEST_MB = 2
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[GatewayProcess]:
-    limits = {"GATEWAY_MAX_REQUEST_MB": str(REQUEST_MB), "GATEWAY_MAX_AUDIO_UPLOAD_MB": "1"}
-    with GatewayProcess(models=["mock_chat", "mock_qwen3"], env=limits).running() as gateway:
-        yield gateway
-
-
 @pytest.fixture(scope="module")
 def claude(stack: GatewayProcess) -> anthropic.Anthropic:
+    with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=120) as http:
+        answer = http.post("/admin/models/mock_qwen3/load")
+        assert answer.status_code == 200, answer.text
     return anthropic.Anthropic(base_url=stack.base_url, api_key=stack.admin_key, max_retries=0)
 
 
@@ -145,8 +137,8 @@ def test_a_keys_budget_stops_it_in_anthropics_shape(stack: GatewayProcess) -> No
 
 
 def test_nginxs_own_413_has_anthropics_shape(stack: GatewayProcess) -> None:
-    # Over nginx's cap (the gateway's request limit on this stack).
-    huge = b'{"model": "mock_chat", "x": "' + b"x" * ((REQUEST_MB + 1) * 1024 * 1024) + b'"}'
+    # Over nginx's cap (the gateway's request limit, UPLOAD_LIMIT_MB + 1 on this stack).
+    huge = b'{"model": "mock_chat", "x": "' + b"x" * ((UPLOAD_LIMIT_MB + 2) * 1024 * 1024) + b'"}'
     headers = {"x-api-key": stack.admin_key, "content-type": "application/json"}
     refused = httpx.post(stack.base_url + "/v1/messages", content=huge, headers=headers)
     assert refused.status_code == 413, refused.text
