@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import re
 import time
@@ -366,7 +367,13 @@ async def quiet_until_speculating(
     sent = 0.0
     deadline = time.monotonic() + 60
     while metric(stack, "gateway_realtime_speculations_running") < 1:
-        assert time.monotonic() < deadline, "no answer was started ahead"
+        if time.monotonic() >= deadline:  # what the session said, for the failure's reader
+            said = []
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    event = await asyncio.wait_for(connection.recv(), 0.5)
+                    said.append(getattr(event, "transcript", None) or event.type)
+            raise AssertionError(f"no answer was started ahead; the session sent: {said}")
         if sent < most_s:
             await connection.input_audio_buffer.append(
                 audio=base64.b64encode(silence(0.1)).decode()
