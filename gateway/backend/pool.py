@@ -457,21 +457,20 @@ class BackendPool:
         return self._stream(model, lambda b: b.transcribe(model, audio, options))
 
     async def embed(self, model: str, texts: list[str], input_type: str | None) -> Embeddings:
-        async def one(backend: Backend) -> AsyncGenerator[Embeddings, None]:
-            yield await backend.embed(model, texts, input_type)
-
-        async with aclosing(self._stream(model, one)) as answers:
-            async for embeddings in answers:
-                return embeddings
-        raise AssertionError("the pool yields an answer or raises")
+        return await self._answer(model, lambda backend: backend.embed(model, texts, input_type))
 
     async def count_tokens(self, model: str, text: str) -> tuple[int, bool]:
-        async def one(backend: Backend) -> AsyncGenerator[tuple[int, bool], None]:
-            yield await backend.count_tokens(model, text)
+        return await self._answer(model, lambda backend: backend.count_tokens(model, text))
+
+    async def _answer(self, model: str, call: Callable[[Backend], Awaitable[T]]) -> T:
+        """One answer of ``call`` (not a stream), from a server as :meth:`_stream` picks it."""
+
+        async def one(backend: Backend) -> AsyncGenerator[T, None]:
+            yield await call(backend)
 
         async with aclosing(self._stream(model, one)) as answers:
-            async for counted in answers:
-                return counted
+            async for answer in answers:
+                return answer
         raise AssertionError("the pool yields an answer or raises")
 
     async def close(self) -> None:
