@@ -310,6 +310,26 @@ def tool_use_block(call: ParsedCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
 
 
+def message(
+    message_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    stopped: str | None,
+    counted: dict[str, Any],
+) -> dict[str, Any]:
+    """A message object (the whole answer, or ``message_start``'s, with no content yet)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stopped,
+        "stop_sequence": None,
+        "usage": counted,
+    }
+
+
 def usage(counted: Usage) -> dict[str, Any]:
     return {
         "input_tokens": counted.prompt_tokens,

@@ -4,7 +4,6 @@ same backend calls, and answered as an Anthropic message, whole or streamed."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from gateway.serving.messages.conversion import (
     MESSAGES_NAMES,
     Opener,
     chat_request,
+    message,
     omitted,
     stop_reason,
     tool_use_block,
@@ -26,10 +26,9 @@ from gateway.serving.messages.conversion import (
 from gateway.serving.messages.protocol import CountTokensRequest, MessagesRequest
 from gateway.serving.messages.stream import MessageStream, event
 from gateway.serving.responses.sealing import ReasoningSeal
+from gateway.serving.sse import failure
 from gateway.state.limits import Meter
 from gateway.state.responses import new_id
-
-logger = logging.getLogger("gateway")
 
 
 @dataclass
@@ -84,16 +83,8 @@ class MessagesService:
         if reply.content:
             content.append({"type": "text", "text": reply.content})
         content += [tool_use_block(call) for call in reply.calls]
-        return {
-            "id": prepared.id,
-            "type": "message",
-            "role": "assistant",
-            "model": prepared.request.model,
-            "content": content,
-            "stop_reason": stop_reason(result.finish_reason, bool(reply.calls)),
-            "stop_sequence": None,
-            "usage": usage(run.usage()),
-        }
+        stopped = stop_reason(result.finish_reason, bool(reply.calls))
+        return message(prepared.id, prepared.request.model, content, stopped, usage(run.usage()))
 
     async def stream(
         self, prepared: PreparedMessage, meter: Meter | None = None
@@ -132,10 +123,6 @@ async def _guarded(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, Non
             async for item in events:
                 yield item
         except Exception as exc:
-            if isinstance(exc, GatewayError):
-                logger.warning("messages stream failed: %s", exc.detail or exc.message)
-                status, message = exc.status_code, exc.message
-            else:
-                logger.exception("messages stream failed")
-                status, message = 500, "The server had an error while streaming."
+            message = failure(exc, "messages")["error"]["message"]  # logged there
+            status = exc.status_code if isinstance(exc, GatewayError) else 500
             yield event("error", error={"type": anthropic_type(status), "message": message})

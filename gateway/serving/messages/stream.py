@@ -15,7 +15,7 @@ from typing import Any
 from gateway.serving import generation
 from gateway.serving.chat import PreparedChat
 from gateway.serving.chat.stream import StrictArguments
-from gateway.serving.messages.conversion import stop_reason, usage
+from gateway.serving.messages.conversion import message, stop_reason, usage
 from gateway.serving.reasoning_parsers import ReasoningTokens
 from gateway.serving.tool_parsers import ParsedCall, ParserDelta
 
@@ -142,17 +142,9 @@ class MessageStream:
         return events + (await self._answer(told.content, parser) if told.content else [])
 
     def _message_start(self, run: generation.GenerationRun) -> list[str]:
-        message: dict[str, Any] = {
-            "id": self.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0},
-        }
-        return [event("message_start", message=message), event("ping")]
+        counted = {"input_tokens": run.prompt_tokens, "output_tokens": 0}
+        started = message(self.message_id, self.model, [], None, counted)
+        return [event("message_start", message=started), event("ping")]
 
     async def events(
         self, pieces: AsyncGenerator[generation.ChoiceChunk, None], run: generation.GenerationRun
