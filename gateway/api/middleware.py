@@ -46,7 +46,7 @@ from typing import Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import outages
@@ -54,11 +54,11 @@ from gateway.api.bodies import BodyGate, declared_length
 from gateway.api.dependencies import services_of
 from gateway.errors import (
     ANTHROPIC_PATHS,
-    REQUEST_ID_HEADER,
     GatewayError,
     PayloadTooLargeError,
     anthropic_body,
     error_body,
+    request_id,
 )
 from gateway.metrics import Metrics
 from gateway.serving.json_shape import JsonLimits
@@ -82,16 +82,23 @@ DRAINING_ERROR = error_body(
     "The gateway is shutting down; retry shortly.", "server_error", code="shutting_down"
 )
 _DRAINING_BODY = json.dumps(DRAINING_ERROR).encode()
-_DRAINING_START = {
-    "type": "http.response.start",
-    "status": 503,
-    "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(_DRAINING_BODY)).encode()),
-        (b"retry-after", b"1"),
-        (b"connection", b"close"),
-    ],
-}
+
+
+def _draining_start(body: bytes) -> Message:
+    """The start of a draining process's 503 with ``body``."""
+    return {
+        "type": "http.response.start",
+        "status": 503,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+            (b"connection", b"close"),
+        ],
+    }
+
+
+_DRAINING_START = _draining_start(_DRAINING_BODY)
 
 
 class Drain:
@@ -352,10 +359,11 @@ class GatewayMiddleware:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, length: int | None) -> None:
         """The 503 of a draining process, after the body was read and dropped."""
         await self.bodies.discard(receive, length)
-        await send(_DRAINING_START)
-        body = _DRAINING_BODY
-        if scope["path"].startswith(ANTHROPIC_PATHS):
+        start, body = _DRAINING_START, _DRAINING_BODY
+        if scope["path"].startswith(ANTHROPIC_PATHS):  # its own body, and so its length
             body = json.dumps(_shaped(scope, DRAINING_ERROR, 503)).encode()
+            start = _draining_start(body)
+        await send(start)
         await send({"type": "http.response.body", "body": body})
         self.metrics.requests.labels(self._route_of(scope), "", "503").inc()
 
@@ -462,5 +470,4 @@ def _shaped(scope: Scope, body: dict[str, Any], status: int) -> dict[str, Any]:
     """An error body as the route's clients read it: Anthropic's on its routes."""
     if not scope["path"].startswith(ANTHROPIC_PATHS):
         return body
-    rid = Headers(scope=scope).get(REQUEST_ID_HEADER, "")
-    return anthropic_body({"error": dict(body["error"])}, status, rid)
+    return anthropic_body(body, status, request_id(Request(scope)))

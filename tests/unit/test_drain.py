@@ -49,3 +49,15 @@ async def test_a_draining_gateway_finishes_streams_and_refuses_new_requests(
     assert text == fake.reply and done  # the stream in flight ran to its end
     assert drain.busy == 0
     assert fake.calls[-1].cancelled is False
+
+
+async def test_a_draining_gateway_refuses_an_anthropic_client_in_its_shape(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    app.state.drain.draining = True
+    body = {"model": "fake-chat", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    refused = await http.post("/v1/messages", json=body)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert int(refused.headers["content-length"]) == len(refused.content)
+    assert refused.json()["error"]["type"] == "overloaded_error"
+    assert refused.json()["request_id"]  # the same id the handlers give
