@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.shapes import WEATHER
 from tests.support.stack import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -155,19 +156,7 @@ def test_enum_values_the_sdk_advertises(stack: GatewayProcess) -> None:
         model="mock_chat",
         messages=[{"role": "user", "content": "Hi"}],
         service_tier="fast",
-        tools=[
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
-                        "required": ["city"],
-                    },
-                },
-            }
-        ],
+        tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     choice = reply.choices[0]
