@@ -184,7 +184,7 @@ class MockChat:
             cap = min(cap, params.max_tokens)
         limit = min(length, cap)
         finish = "length" if limit < length else "stop"
-        text = self.contract.StopText(params.stop)
+        text = self.contract.StopText(params.stop, params.include_stop_str_in_output)
         unsent_tokens = 0
         logprobs: list[dict[str, Any]] = []
         for i in range(limit):

@@ -41,6 +41,7 @@ KNOWN_SAMPLING_FIELDS = frozenset(
         "top_k",
         "seed",
         "stop",
+        "include_stop_str_in_output",
         "presence_penalty",
         "frequency_penalty",
         "logprobs",
@@ -69,6 +70,9 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    """As vLLM: the text ends with the stop string rather than before it (and nothing is
+    held back while it could still become one)."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
@@ -119,6 +123,11 @@ class SamplingParams:
             if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
                 raise InvalidRequest("stop must be a non-empty string or a list of them")
             out["stop"] = stop
+        keep = data.get("include_stop_str_in_output")
+        if keep is not None:
+            if not isinstance(keep, bool):
+                raise InvalidRequest("include_stop_str_in_output must be a boolean")
+            out["include_stop_str_in_output"] = keep
         return cls(**out)
 
 
@@ -249,10 +258,12 @@ def make_response(
 class StopText:
     """Generated text as it grows: bytes decoded once they form whole characters, cut
     before the first stop string, and passed on except for a tail that could still become
-    a stop string (as engines hold it back)."""
+    a stop string (as engines hold it back). ``keep`` (vLLM's ``include_stop_str_in_output``):
+    cut after it instead, and hold nothing back."""
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], keep: bool = False) -> None:
         self.stops = stops
+        self.keep = keep
         self.raw = b""
         self.text = ""
         self.sent = 0
@@ -265,15 +276,16 @@ class StopText:
             self.text = self.raw.decode("utf-8")
         except UnicodeDecodeError as exc:  # a character split across tokens: wait for it
             self.text = self.raw[: exc.start].decode("utf-8")
-        cut = min((self.text.find(s) for s in self.stops if s in self.text), default=-1)
-        if cut >= 0:
-            self.text = self.text[:cut]
+        found = [(self.text.find(s), s) for s in self.stops if s in self.text]
+        if found:
+            cut, stop = min(found, key=lambda f: f[0])
+            self.text = self.text[: cut + len(stop) if self.keep else cut]
             return True
         return False
 
     def ready(self) -> str:
         """New text that can be sent now."""
-        safe = len(self.text) - stop_prefix_len(self.text, self.stops)
+        safe = len(self.text) - (0 if self.keep else stop_prefix_len(self.text, self.stops))
         piece = self.text[self.sent : safe] if safe > self.sent else ""
         self.sent = max(self.sent, safe)
         return piece

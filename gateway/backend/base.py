@@ -216,16 +216,17 @@ class SamplingOptions:
     """The LoRA adapter to generate with (one of the model's ``adapters``); vLLM's name for
     it in ``sampling_parameters``, which the other profiles turn into their own input."""
 
-    def to_json(self) -> str:
-        """The ``sampling_parameters`` tensor: only the fields that are set. The constraint
-        is itself a JSON string there, as Triton's vLLM backend reads it."""
-        params = {
+    def to_json(self, **extra: object) -> str:
+        """The ``sampling_parameters`` tensor: only the fields that are set, and ``extra``.
+        The constraint is itself a JSON string there, as Triton's vLLM backend reads it."""
+        params: dict[str, object] = {
             name: value
             for name in _SAMPLING_FIELDS
             if (value := getattr(self, name)) is not None and value != []
         }
         if self.constraint is not None:
             params[self.constraint_key] = json.dumps(self.constraint)
+        params.update(extra)
         return json.dumps(params)
 
 
@@ -263,6 +264,9 @@ class GenerationChunk:
     """The tokens of ``text`` with their log probabilities, when they were asked for."""
     estimated: bool = False
     """A token count here was counted by the gateway (the model reports none)."""
+    stop_sequence: str | None = None
+    """On the last chunk: the stop string the gateway cut the text at; None for any other
+    end, and when the engine cut it (it does not say at which)."""
 
 
 @dataclass(frozen=True)

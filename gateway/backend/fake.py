@@ -189,18 +189,24 @@ class FakeBackend:
         logprobs = [_logprobs(p, i, options.logprobs) for i, p in enumerate(pieces)]
         finish = "length" if limit < len(words) else "stop"
         text = "".join(pieces)
+        matched = None  # the stop string cut at, as the gateway's TextReader tells it
         for stop in options.stop:
             if stop in text:
                 cut = text.index(stop)
                 pieces, finish = [text[:cut]], "stop"
-                text = text[:cut]
+                text, matched = text[:cut], stop
         prompt_tokens = len(prompt.split())
         try:
             if not stream:
                 self._maybe_fail(0)
                 call.tokens_sent = len(pieces)
                 yield GenerationChunk(
-                    text, finish, prompt_tokens, len(pieces), tuple(filter(None, logprobs))
+                    text,
+                    finish,
+                    prompt_tokens,
+                    len(pieces),
+                    tuple(filter(None, logprobs)),
+                    stop_sequence=matched,
                 )
                 return
             for i, piece in enumerate(pieces):
@@ -211,10 +217,15 @@ class FakeBackend:
                 last = i == len(pieces) - 1
                 lp = logprobs[i]
                 yield GenerationChunk(
-                    piece, finish if last else None, prompt_tokens, 1, (lp,) if lp else ()
+                    piece,
+                    finish if last else None,
+                    prompt_tokens,
+                    1,
+                    (lp,) if lp else (),
+                    stop_sequence=matched if last else None,
                 )
             if not pieces:
-                yield GenerationChunk("", finish, prompt_tokens, 0)
+                yield GenerationChunk("", finish, prompt_tokens, 0, stop_sequence=matched)
         except (GeneratorExit, asyncio.CancelledError):
             call.cancelled = True
             raise

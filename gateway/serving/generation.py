@@ -79,6 +79,8 @@ class Generated:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     pieces: list[tuple[str, int]] = field(default_factory=list)
     """The text as the model sent it, piece by piece, with each piece's tokens."""
+    stop_sequence: str | None = None
+    """The stop string the text ended at, when the gateway cut it there."""
 
 
 #: What :meth:`GenerationRun.stream` yields: a choice index and its next chunk, or None when
@@ -180,6 +182,7 @@ class GenerationRun:
                 result.pieces.append((chunk.text, chunk.completion_tokens))
                 result.logprobs.extend(chunk.logprobs)
                 finish = chunk.finish_reason or finish
+                result.stop_sequence = chunk.stop_sequence or result.stop_sequence
                 result.completion_tokens += chunk.completion_tokens
         result.text = "".join(text for text, _ in result.pieces)
         result.finish_reason = finish or "stop"

@@ -12,6 +12,7 @@ import json
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -134,6 +135,28 @@ def test_max_tokens_and_stop_keep_openais_meaning(sdk: openai.OpenAI, model: str
             text = reply.choices[0].message.content or ""
             assert reply.choices[0].finish_reason == "stop"
         assert text == "The quick brown", (model, stream)
+
+
+@pytest.mark.parametrize("model", [*VLLM, *TRTLLM])
+def test_an_anthropic_client_is_told_which_stop_sequence_ended_the_answer(
+    loaded: GatewayProcess, model: str
+) -> None:
+    """vLLM is asked to keep the stop string (include_stop_str_in_output, at every release),
+    TensorRT-LLM keeps it anyway: each time the gateway cuts the text itself and names the
+    stop sequence it met first."""
+    claude = anthropic.Anthropic(base_url=loaded.base_url, api_key=loaded.admin_key, max_retries=0)
+    asked: dict = {"model": model, "max_tokens": 64, "messages": HI}
+    for stream in (False, True):
+        stops = [" lazy", " fox"]
+        if stream:
+            with claude.messages.stream(**asked, stop_sequences=stops) as events:
+                message = events.get_final_message()
+        else:
+            message = claude.messages.create(**asked, stop_sequences=stops)
+        assert message.content[0].text == "The quick brown", (model, stream)  # type: ignore[union-attr]
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", " fox")
+    whole = claude.messages.create(**asked, stop_sequences=["never said"])
+    assert (whole.stop_reason, whole.stop_sequence) == ("end_turn", None)
 
 
 def test_n_choices_and_seeds_reach_every_release(sdk: openai.OpenAI) -> None:

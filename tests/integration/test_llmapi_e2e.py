@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.parse
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -71,13 +72,18 @@ def test_chat_answers_without_the_prompt_and_counts_usage_itself(
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_max_tokens_and_stop(sdk: openai.OpenAI, model: str) -> None:
+def test_max_tokens_and_stop(sdk: openai.OpenAI, stack: GatewayProcess, model: str) -> None:
     cut = sdk.chat.completions.create(model=model, messages=ask(), max_tokens=3)
     assert cut.choices[0].message.content == "The quick brown"
     assert cut.choices[0].finish_reason == "length"
     stopped = sdk.chat.completions.create(model=model, messages=ask(), stop=["fox"])
     assert stopped.choices[0].message.content == "The quick brown "
     assert stopped.choices[0].finish_reason == "stop"
+    claude = anthropic.Anthropic(base_url=stack.base_url, api_key=stack.admin_key, max_retries=0)
+    message = claude.messages.create(
+        model=model, max_tokens=64, messages=ask(), stop_sequences=["lazy", "fox"]
+    )
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "fox")
 
 
 def test_a_decoupled_deployment_streams_word_by_word_and_the_other_in_one_chunk(

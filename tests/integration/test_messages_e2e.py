@@ -65,6 +65,24 @@ def test_max_tokens_cuts_the_answer(claude: anthropic.Anthropic) -> None:
     assert len(message.content[0].text.split()) == 5  # type: ignore[union-attr]
 
 
+def test_a_stop_sequence_is_named_whole_and_streamed(claude: anthropic.Anthropic) -> None:
+    """mock_chat lists include_stop_str_in_output among its sampling_extensions: it keeps
+    the stop string, and the gateway cuts it and names it."""
+    asked: dict = {
+        "model": "mock_chat",
+        "max_tokens": 64,
+        "messages": ask("Tell me about dogs."),
+        "stop_sequences": ["dog", " jumps"],
+    }
+    message = claude.messages.create(**asked)
+    assert message.content[0].text == "The quick brown fox"  # type: ignore[union-attr]
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", " jumps")
+    with claude.messages.stream(**asked) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == "The quick brown fox" and final.stop_sequence == " jumps"
+
+
 def test_a_tool_round_trip_on_mock_chat(claude: anthropic.Anthropic) -> None:
     call = f"<tool_call>{json.dumps(CALL)}</tool_call>"
     asked = claude.messages.create(

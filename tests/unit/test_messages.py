@@ -59,6 +59,23 @@ async def test_max_tokens_cuts_the_answer_and_says_so(plain: httpx2.AsyncClient)
     assert message.content[0].text == " ".join(REPLY.split()[:2])  # type: ignore[union-attr]
 
 
+async def test_a_stop_sequence_ends_the_answer_and_is_named_whole_and_streamed(
+    plain: httpx2.AsyncClient,
+) -> None:
+    stop = REPLY.split()[3]
+    asked = {"model": "fake-chat", "max_tokens": 64, "messages": HI}
+    message = await claude(plain).messages.create(**asked, stop_sequences=["zzz", stop])
+    assert message.content[0].text == REPLY[: REPLY.index(stop)]  # type: ignore[union-attr]
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+    async with claude(plain).messages.stream(**asked, stop_sequences=[stop]) as stream:
+        deltas = [event async for event in stream if event.type == "message_delta"]
+        final = await stream.get_final_message()
+    assert (deltas[0].delta.stop_reason, deltas[0].delta.stop_sequence) == ("stop_sequence", stop)
+    assert final.content[0].text == message.content[0].text  # type: ignore[union-attr]
+    unmet = await claude(plain).messages.create(**asked, stop_sequences=["zzz"])
+    assert (unmet.stop_reason, unmet.stop_sequence) == ("end_turn", None)
+
+
 async def test_earlier_turns_reach_the_template_in_order(
     plain: httpx2.AsyncClient, fake: FakeBackend
 ) -> None:

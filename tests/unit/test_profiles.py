@@ -167,6 +167,29 @@ def test_a_vllm_contract_model_that_is_not_vllm_lists_the_extensions_it_takes() 
     assert not {"min_p", "repetition_penalty", "ignore_eos"} & takes
 
 
+@pytest.mark.parametrize(
+    ("extensions", "kept"),
+    [(None, True), ("top_k,include_stop_str_in_output", True), ("top_k", False)],
+)
+def test_vllm_keeps_stop_strings_for_the_gateway_to_cut_where_the_model_can(
+    extensions: str | None, kept: bool
+) -> None:
+    """vLLM is asked to keep the stop string, so the gateway cuts it and knows which one
+    ended the answer; a not-vLLM model that does not list the field cuts it itself."""
+    config = vllm("25.11") if extensions is None else vllm("25.11", sampling_extensions=extensions)
+    contract = contract_for(config)
+    assert contract is not None
+    options = SamplingOptions(max_tokens=5, stop=["END", "\n"])
+    inputs, rules = contract.generate("Hi", options, stream=True)
+    params = json.loads(text_of(decoded(inputs)["sampling_parameters"][2])[0])
+    assert params["stop"] == ["END", "\n"]
+    assert params.get("include_stop_str_in_output", False) is kept
+    assert rules.stops == (("END", "\n") if kept else ())
+    inputs, rules = contract.generate("Hi", SamplingOptions(max_tokens=5), stream=True)
+    assert "include_stop_str_in_output" not in text_of(decoded(inputs)["sampling_parameters"][2])[0]
+    assert rules.stops == ()
+
+
 def test_trtllm_takes_the_extensions_it_has_inputs_for_in_its_names() -> None:
     ensemble = trtllm_ensemble("random_seed")
     ensemble["input"] += [
@@ -208,7 +231,29 @@ def test_stop_word_kept_by_the_engine_is_cut_and_ends_the_stream() -> None:
     assert [p.text if p else "" for p in pieces] == ["Hello wor", "ld ", ""]
     assert text.done
     last = text.finish()
-    assert (last.text, last.finish_reason) == ("", "stop")
+    assert (last.text, last.finish_reason, last.stop_sequence) == ("", "stop", "END")
+
+
+@pytest.mark.parametrize(
+    ("pieces", "matched"),
+    [
+        (("Say STOP", " or END now"), "STOP"),  # the one met first in the text
+        (("Say EN", "D or STOP"), "END"),  # met across responses
+        (("Say ST", "OP"), "STOP"),
+        (("Say nothing", ""), None),  # the model's own end: no stop string
+    ],
+)
+def test_the_last_chunk_names_the_stop_string_the_text_was_cut_at(
+    pieces: tuple[str, ...], matched: str | None
+) -> None:
+    text = reader(stops=("END", "STOP"))
+    sent = "".join(p.text for p in (text.read(response(text_output=x)) for x in pieces) if p)
+    last = text.finish()
+    assert (sent + last.text, last.stop_sequence) == (
+        ("Say " if matched else "Say nothing"),
+        matched,
+    )
+    assert last.finish_reason == "stop"
 
 
 def test_cumulative_text_holds_back_a_split_character() -> None:

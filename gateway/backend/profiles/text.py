@@ -11,7 +11,8 @@ with everything. :class:`TextReader` turns any of them into the same chunks:
 - the prompt the model echoed is dropped;
 - text ends before the first stop string the gateway enforces, and :attr:`TextReader.done`
   says so (the caller then cancels the request); a tail that may still become a stop
-  string is held back until it cannot;
+  string is held back until it cannot; the last chunk names the stop string
+  (``stop_sequence``);
 - the last chunk has one of OpenAI's finish reasons (derived when the model sends none) and
   every token count the model did not report, counted by ``count`` and flagged estimated.
 """
@@ -77,6 +78,7 @@ class TextReader:
     _echo_left: str | None = None
     _finish: str | None = None
     _stopped: bool = False
+    _stop_sequence: str | None = None
     _prompt_tokens: int | None = None
     _completion_tokens: int = 0
     _counted_tokens: bool = False
@@ -172,9 +174,10 @@ class TextReader:
         if not stops:
             return
         # No stop string starts before what was sent (its start would have been held back).
-        found = [i for i in (self._text.find(s, self._sent) for s in stops) if i >= 0]
+        found = [(i, s) for s in stops if (i := self._text.find(s, self._sent)) >= 0]
         if found:
-            self._text = self._text[: min(found)]
+            at, self._stop_sequence = min(found, key=lambda f: f[0])
+            self._text = self._text[:at]
             self.done = self._stopped = True
 
     def _ready(self, final: bool) -> str:
@@ -212,6 +215,7 @@ class TextReader:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             estimated=estimated,
+            stop_sequence=self._stop_sequence if self._finish_reason() == "stop" else None,
         )
 
     def _finish_reason(self) -> str:

@@ -24,6 +24,13 @@ A LoRA adapter (one of the ``lora_adapters`` parameter) goes as ``lora_name`` in
 ``sampling_parameters`` (r24.05+); the backend refuses a name that is not in the
 ``multi_lora.json`` beside the model (``LoRA <name> is not supported, ...``).
 
+Stop strings go in ``sampling_parameters`` with ``include_stop_str_in_output`` (a
+``SamplingParams`` field in every release): the engine still stops at the first one, and the
+gateway cuts the text before it, so that it knows which one ended the answer (Anthropic's
+``stop_sequence``; vLLM's backend reports no ``stop_reason``). A model that speaks these
+tensors without being vLLM gets that field only when its ``sampling_extensions`` lists it;
+otherwise it cuts the stop string itself and the answer names none.
+
 Every request sends ``exclude_input_in_output`` where it exists; on a release without it,
 a non-streamed answer starts with the prompt, which is cut off. A model whose config says
 ``vision: true`` sees images: each goes as one base64 element of the ``image`` input
@@ -54,6 +61,7 @@ from gateway.backend.profiles.text import TextRules
 _CHAT_INPUTS = {"text_input", "sampling_parameters"}
 #: Every kind of vLLM's structured outputs.
 _CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
+_KEEP_STOPS = "include_stop_str_in_output"
 _SWITCHES = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
 
@@ -109,6 +117,13 @@ class VllmContract(Contract):
             taken.add("response_format")
         return frozenset(taken)
 
+    def keeps_stops(self) -> bool:
+        """Whether the engine takes ``include_stop_str_in_output``: vLLM always; a model
+        that lists its ``sampling_extensions``, when it lists this one."""
+        if "sampling_extensions" not in self.config.parameters:
+            return True
+        return _KEEP_STOPS in self.config.names("sampling_extensions")
+
     def image_input(self) -> ImageInput | None:
         if not (self.vision() and self.has("image")):
             return None
@@ -124,10 +139,13 @@ class VllmContract(Contract):
         self._images_refused(images)
         config = self.config
         streaming = self.streaming(stream)
+        kept = bool(options.stop) and self.keeps_stops()
         values: dict[str, object] = {
             "text_input": prompt,
             "stream": streaming,
-            "sampling_parameters": options.to_json(),
+            "sampling_parameters": (
+                options.to_json(include_stop_str_in_output=True) if kept else options.to_json()
+            ),
             "exclude_input_in_output": True,
         }
         if images:
@@ -144,6 +162,7 @@ class VllmContract(Contract):
         rules = TextRules(
             text_output="text_output",
             echo=prompt if echoed else None,
+            stops=tuple(options.stop) if kept else (),
             max_tokens=options.max_tokens,
             finish_output=self.output("finish_reason") if self.has(_SWITCHES[0]) else None,
             prompt_tokens_output=self.output("num_input_tokens")

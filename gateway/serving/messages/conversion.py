@@ -291,11 +291,14 @@ def omitted(request: CountTokensRequest) -> bool:
     return request.thinking is not None and request.thinking.display == "omitted"
 
 
-def stop_reason(finish_reason: str, calls: bool) -> str:
-    """Anthropic's ``stop_reason`` for the chat path's ``finish_reason``."""
+def stop_reason(finish_reason: str, calls: bool, stop_sequence: str | None) -> str:
+    """Anthropic's ``stop_reason`` for the chat path's ``finish_reason`` and the stop string
+    the text was cut at."""
     if calls:
         return "tool_use"
-    return "max_tokens" if finish_reason == "length" else "end_turn"
+    if finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_sequence is not None else "end_turn"
 
 
 def tool_use_block(call: ParsedCall) -> dict[str, Any]:
@@ -316,6 +319,7 @@ def message(
     content: list[dict[str, Any]],
     stopped: str | None,
     counted: dict[str, Any],
+    stop_sequence: str | None = None,
 ) -> dict[str, Any]:
     """A message object (the whole answer, or ``message_start``'s, with no content yet)."""
     return {
@@ -325,7 +329,7 @@ def message(
         "model": model,
         "content": content,
         "stop_reason": stopped,
-        "stop_sequence": None,
+        "stop_sequence": stop_sequence if stopped == "stop_sequence" else None,
         "usage": counted,
     }
 

@@ -83,8 +83,10 @@ class MessagesService:
         if reply.content:
             content.append({"type": "text", "text": reply.content})
         content += [tool_use_block(call) for call in reply.calls]
-        stopped = stop_reason(result.finish_reason, bool(reply.calls))
-        return message(prepared.id, prepared.request.model, content, stopped, usage(run.usage()))
+        stopped = stop_reason(result.finish_reason, bool(reply.calls), result.stop_sequence)
+        counted = usage(run.usage())
+        model = prepared.request.model
+        return message(prepared.id, model, content, stopped, counted, result.stop_sequence)
 
     async def stream(
         self, prepared: PreparedMessage, meter: Meter | None = None

@@ -152,6 +152,7 @@ class MessageStream:
         parser = self.chat.tools.new_parser() if self.chat.tools is not None else None
         self.run = run
         finish = "stop"
+        matched: str | None = None
         started = False
         async with aclosing(pieces):
             async for index, chunk in pieces:
@@ -163,6 +164,7 @@ class MessageStream:
                     for item in self._message_start(run):
                         yield item
                 finish = chunk.finish_reason or finish
+                matched = chunk.stop_sequence or matched
                 if chunk.text or (self.reasoner is not None and chunk.completion_tokens):
                     for item in await self._feed(chunk.text, chunk.completion_tokens, parser):
                         yield item
@@ -180,6 +182,10 @@ class MessageStream:
         for item in [*tail, *await self._stop()]:
             yield item
         counted = usage(run.usage())
-        delta = {"stop_reason": stop_reason(finish, self.calls > 0), "stop_sequence": None}
+        stopped = stop_reason(finish, self.calls > 0, matched)
+        delta = {
+            "stop_reason": stopped,
+            "stop_sequence": matched if stopped == "stop_sequence" else None,
+        }
         yield event("message_delta", delta=delta, usage=counted)
         yield event("message_stop")

@@ -228,7 +228,9 @@ class Reply:
         self.sender = sender
         self.n_in = n_in
         self.max_tokens = max_tokens
-        self.text = model.contract.StopText(request.params.stop)
+        self.text = model.contract.StopText(
+            request.params.stop, request.params.include_stop_str_in_output
+        )
         self.generated = self.reported = 0
         self.logprobs: list[dict[str, dict[str, Any]]] = []
 
