@@ -47,7 +47,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: $(STAMP)
+bench: $(STAMP) $(AIPERF_STAMP)
 	$(BIN)/python -m tests.bench.chat
 	$(BIN)/python -m tests.bench.batching
 	$(BIN)/python -m tests.bench.audio
@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench.stateless
 	$(BIN)/python -m tests.bench.llmapi
 	$(BIN)/python -m tests.bench.messages
+	$(BIN)/python -m tests.bench.aiperf
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps
@@ -132,4 +133,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	test -x $(BIN)/uv || $(BIN)/pip install -q uv==$(UV_VERSION)
 	$(UV_INSTALL) --offline -e ".[models,dev]" 2>/dev/null || $(UV_INSTALL) -e ".[models,dev]"
 	$(UV_INSTALL) --offline --no-deps $(JA_TEXT) 2>/dev/null || $(UV_INSTALL) --no-deps $(JA_TEXT)
+	touch $@
+
+# NVIDIA's benchmark client (tests/bench/aiperf.py), for `make bench` only: a virtualenv of
+# its own, as it brings pandas, transformers, dash and more that neither the gateway nor the
+# tests need (and `make test` installs nothing of it).
+AIPERF_VERSION := 0.13.0
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
+$(AIPERF_STAMP): | $(STAMP)
+	$(BIN)/uv venv -q --allow-existing --python $(BIN)/python $(AIPERF_VENV)
+	$(BIN)/uv pip install -q --python $(AIPERF_VENV)/bin/python aiperf==$(AIPERF_VERSION)
 	touch $@
