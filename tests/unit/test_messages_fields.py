@@ -1,5 +1,6 @@
 """docs/messages.md's field table checked against the pinned anthropic SDK and the app: every
-field of ``MessageCreateParams`` has exactly one row (honoured, refused or metadata), the
+field of ``MessageCreateParams`` and of its beta (``client.beta.messages``) has exactly one
+row (honoured, refused or metadata), the
 request model declares every row's field, a refused field is a 400 naming it, a metadata
 field is served, and a field the SDK does not define is unrecognized."""
 
@@ -13,9 +14,11 @@ from typing import Any
 import httpx2
 import pytest
 from anthropic.types import message_create_params
+from anthropic.types.beta import message_count_tokens_params as beta_count_params
+from anthropic.types.beta import message_create_params as beta_create_params
 from fastapi import FastAPI
 
-from gateway.serving.messages import MessagesRequest
+from gateway.serving.messages import CountTokensRequest, MessagesRequest
 from tests.support.inprocess import ADMIN_KEY, BASE_URL
 
 DOC = Path(__file__).parents[2] / "docs" / "messages.md"
@@ -31,6 +34,12 @@ SAMPLES: dict[str, Any] = {
     "user_profile_id": "profile_1",
     "workspace_id": "workspace_1",
     "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+    "betas": ["context-management-2025-06-27"],
+    "fallback_credit_token": "fct_1",
+    "fallbacks": "default",
+    "compaction": {"trigger": {"type": "input_tokens", "value": 100000}},
+    "mcp_servers": [{"type": "url", "url": "https://mcp.example.com/sse", "name": "example"}],
+    "thread": {"type": "create"},
 }
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -43,7 +52,9 @@ def _rows() -> dict[str, list[str]]:
 
 
 def _sdk_fields() -> set[str]:
-    return set(typing.get_type_hints(message_create_params.MessageCreateParamsNonStreaming))
+    standard = typing.get_type_hints(message_create_params.MessageCreateParamsNonStreaming)
+    beta = typing.get_type_hints(beta_create_params.MessageCreateParamsNonStreaming)
+    return set(standard) | set(beta)
 
 
 @pytest.mark.parametrize("field", sorted(_sdk_fields()))
@@ -92,3 +103,43 @@ async def test_a_made_up_field_is_unrecognized(plain: httpx2.AsyncClient) -> Non
     answer = await plain.post("/v1/messages", json=body)
     assert answer.status_code == 400
     assert answer.json()["error"]["message"] == "Unrecognized request argument supplied: made_up"
+
+
+async def test_a_beta_clients_billing_and_fallbacks_are_served_or_refused_by_value(
+    plain: httpx2.AsyncClient,
+) -> None:
+    asked = {"model": "fake-chat", "max_tokens": 8, "messages": HI}
+    served = {"billing_policy": {"type": "billing_policy", "bill_to": "self"}, "fallbacks": []}
+    assert (await plain.post("/v1/messages", json={**asked, **served})).status_code == 200
+    for field, value, param in [
+        ("billing_policy", {"type": "billing_policy", "bill_to": "user_profile"}, "bill_to"),
+        ("fallbacks", [{"model": "claude-opus-4-8"}], "fallbacks"),
+    ]:
+        answer = await plain.post("/v1/messages", json={**asked, field: value})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert (error["type"], error["message"].split(":")[0]) == (
+            "invalid_request_error",
+            f"{field}.{param}" if param == "bill_to" else field,
+        )
+
+
+async def test_count_tokens_takes_its_beta_fields_as_anthropic_does(
+    plain: httpx2.AsyncClient,
+) -> None:
+    """Its compaction is accepted and ignored (the count is the conversation's as sent);
+    mcp_servers is refused, as for a message."""
+    fields = set(typing.get_type_hints(beta_count_params.MessageCountTokensParams))
+    assert fields <= set(CountTokensRequest.model_fields)
+    asked = {"model": "fake-chat", "messages": HI}
+    plain_count = await plain.post("/v1/messages/count_tokens", json=asked)
+    compacted = await plain.post(
+        "/v1/messages/count_tokens", json={**asked, "compaction": SAMPLES["compaction"]}
+    )
+    assert compacted.status_code == 200, compacted.text
+    assert compacted.json()["input_tokens"] == plain_count.json()["input_tokens"]
+    refused = await plain.post(
+        "/v1/messages/count_tokens", json={**asked, "mcp_servers": SAMPLES["mcp_servers"]}
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"].startswith("mcp_servers")

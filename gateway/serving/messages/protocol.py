@@ -147,6 +147,15 @@ class Diagnostics(Strict):
     previous_message_id: str | None = Field(None, max_length=256)
 
 
+class BillingPolicy(Strict):
+    type: Literal["billing_policy"]
+    bill_to: Literal["self", "user_profile"] | None = None
+
+
+#: A beta's name (``betas``, which the SDK sends as the ``anthropic-beta`` header).
+BetaName = Annotated[str, Field(max_length=128)]
+
+
 class CountTokensRequest(Strict):
     """``POST /v1/messages/count_tokens``: what the prompt would be, without generating."""
 
@@ -161,6 +170,26 @@ class CountTokensRequest(Strict):
     speed: Literal["fast", "standard"] | None = None
     user_profile_id: str | None = Field(None, max_length=256)
     workspace_id: str | None = Field(None, max_length=256)
+    # Beta fields (the SDK's ``client.beta.messages``; Claude Code sends context_management).
+    betas: Annotated[list[BetaName], Field(max_length=64)] | None = None
+    billing_policy: BillingPolicy | None = None
+    compaction: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
+
+    def unsupported(self) -> None:
+        """400 ``unsupported_parameter`` naming a field the gateway cannot honour: ignoring
+        it would change what the client relies on."""
+        if self.mcp_servers:
+            _refuse(
+                "mcp_servers",
+                "Anthropic connects to remote MCP servers for the model; this gateway does "
+                "not: give their tools as client tools (tools) and run the calls yourself.",
+            )
+
+
+def _refuse(field: str, why: str) -> None:
+    raise InvalidRequestError(f"{field}: {why}", param=field, code="unsupported_parameter")
 
 
 class MessagesRequest(CountTokensRequest):
@@ -178,20 +207,46 @@ class MessagesRequest(CountTokensRequest):
     inference_geo: str | None = Field(None, max_length=64)
     diagnostics: Diagnostics | None = None
     container: dict[str, Any] | str | None = None
-    # Beta fields (the SDK's ``client.beta.messages``; Claude Code sends context_management).
-    context_management: dict[str, Any] | None = None
+    # Beta fields beyond count_tokens'.
+    fallback_credit_token: dict[str, Any] | str | None = None
+    fallbacks: list[dict[str, Any]] | Literal["default"] | None = None
+    thread: dict[str, Any] | None = None
     # Beyond the 2.14 SDK's types, as Anthropic's API reference and older SDKs send them.
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
 
     def unsupported(self) -> None:
-        """400 ``unsupported_parameter`` naming a field the gateway cannot honour: ignoring
-        it would change what the client relies on."""
+        super().unsupported()
         if self.container is not None:
+            _refuse(
+                "container",
+                "Anthropic's code execution containers; nothing here runs code: leave it out.",
+            )
+        if self.compaction is not None:
+            _refuse(
+                "compaction",
+                "a compaction request answers with a summary of the conversation (a "
+                "compaction block), which this gateway does not make: leave it out.",
+            )
+        if self.thread is not None:
+            _refuse(
+                "thread",
+                "this gateway holds no conversation for the Messages API: send the whole "
+                "conversation in messages (or use /v1/responses with previous_response_id).",
+            )
+        if self.billing_policy is not None and self.billing_policy.bill_to == "user_profile":
             raise InvalidRequestError(
-                "container is for Anthropic's code execution tool, which this gateway does "
-                "not run; leave it out.",
-                param="container",
-                code="unsupported_parameter",
+                "billing_policy.bill_to: requests are charged to the calling key here; "
+                "only 'self' is served.",
+                param="billing_policy.bill_to",
+                code="unsupported_value",
+            )
+        if isinstance(self.fallbacks, list) and self.fallbacks:
+            raise InvalidRequestError(
+                "fallbacks: no model here declines a request for policy reasons, so none "
+                "falls back; send 'default' or leave it out (as Anthropic refuses a list of "
+                "fallbacks for a model without them).",
+                param="fallbacks",
+                code="unsupported_value",
             )

@@ -111,6 +111,7 @@ class MessagesService:
     async def count_tokens(self, request: CountTokensRequest, owner: str = "") -> dict[str, Any]:
         """The prompt's tokens, by the model's tokenizer where one is mounted
         (``GATEWAY_TOKENIZERS``), else estimated; nothing is generated."""
+        request.unsupported()
         body = chat_request(request, self._opener(owner))
         chat = await self.chat.prepare(body, names=MESSAGES_NAMES, read_images=False)
         tokens, estimated = await self.backend.count_tokens(chat.runs_on, chat.prompt)
