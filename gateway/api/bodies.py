@@ -17,7 +17,8 @@ docstring).
   ``GATEWAY_MAX_JSON_DEPTH`` (the standard parser would recurse until it fails), or more
   objects and arrays or values than ``GATEWAY_MAX_JSON_CONTAINERS`` /
   ``GATEWAY_MAX_JSON_VALUES`` (each becomes a Python object), is a 400 in milliseconds with
-  nothing built from it.
+  nothing built from it. So is one holding a lone UTF-16 surrogate (``\\ud800`` alone, or
+  one encoded as UTF-8 bytes): the parser would make a string that nothing can encode later.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope
 
 from gateway.errors import InvalidRequestError
-from gateway.serving.json_shape import JsonLimits, json_shape
+from gateway.serving.json_shape import JsonLimits, json_shape, surrogate_refusal
 
 #: What :func:`declared_length` says of a chunked body: its length is not known before.
 CHUNKED = -1
@@ -146,13 +147,23 @@ class BodyGate:
         body = b"".join(chunks)
         del chunks
         if len(body) <= _SHAPED_INLINE_BYTES:
-            shape = json_shape(body, self.json_limits)
+            refused = self._refusal(body)
         else:
-            shape = await asyncio.to_thread(json_shape, body, self.json_limits)
-        refused = self.json_limits.refusal(shape, "The request body's JSON")
+            refused = await asyncio.to_thread(self._refusal, body)
+        if refused is not None:
+            return refused
+        return replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
+
+    def _refusal(self, body: bytes) -> InvalidRequestError | None:
+        """The 400 for a JSON body past :attr:`json_limits`, or holding a lone surrogate."""
+        refused = self.json_limits.refusal(json_shape(body, self.json_limits), _SUBJECT)
         if refused is not None:
             return InvalidRequestError(refused[0], code=refused[1])
-        return replaying([{"type": "http.request", "body": body, "more_body": False}], receive)
+        lone = surrogate_refusal(body, _SUBJECT)
+        return None if lone is None else InvalidRequestError(lone, code="invalid_json")
+
+
+_SUBJECT = "The request body's JSON"
 
 
 def replaying(messages: list[Message], receive: Receive) -> Receive:

@@ -156,6 +156,51 @@ def json_depth(text: bytes | str) -> int:
     return json_shape(text).depth
 
 
+_SURROGATE_ESCAPE = re.compile(rb"(\\+)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
+#: A surrogate's code point encoded as UTF-8 (never valid UTF-8; the parser lets it through).
+_ENCODED_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def lone_surrogate(text: bytes | str) -> int | None:
+    """Where ``text`` holds a UTF-16 surrogate that is not half of a pair (an escape such as
+    ``\\ud800`` without its other half right after or before it, or a surrogate encoded as
+    UTF-8 bytes): the offset in its UTF-8 bytes, or None. :func:`json.loads` makes such a
+    string, which then fails whatever encodes it (a prompt for the engine, a stored record,
+    a log line): a request body holding one is refused before it is parsed."""
+    data = _utf8(text)
+    encoded = _ENCODED_SURROGATE.search(data)
+    if encoded is not None:
+        return encoded.start()
+    if b"\\u" not in data:
+        return None
+    paired = -1
+    for match in _SURROGATE_ESCAPE.finditer(data):
+        if len(match.group(1)) % 2 == 0:
+            continue  # escaped backslashes, then the letters "ud800"
+        at = match.end(1) - 1
+        if match.group(2) in b"89abAB":  # high: its low half must follow at once
+            low = _SURROGATE_ESCAPE.match(data, match.end())
+            if low is not None and len(low.group(1)) == 1 and low.group(2) in b"cdefCDEF":
+                paired = low.start()
+                continue
+            return at
+        if match.start() != paired:
+            return at
+    return None
+
+
+def surrogate_refusal(text: bytes | str, subject: str) -> str | None:
+    """Why ``subject`` (``"The request body's JSON"``...) is refused when ``text`` holds a
+    lone surrogate (:func:`lone_surrogate`, code ``invalid_json``); None when it holds none."""
+    at = lone_surrogate(text)
+    if at is None:
+        return None
+    return (
+        f"{subject} holds a lone UTF-16 surrogate (byte {at}): a string's \\ud800 to "
+        "\\udfff escapes must come in pairs, and its bytes must be valid UTF-8."
+    )
+
+
 def _utf8(text: bytes | str) -> bytes:
     """``text`` as UTF-8 bytes, where every ASCII character is a byte of its own. Bytes are
     read as :func:`json.loads` reads them: UTF-8, or UTF-16/32 when their first bytes say so."""

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.backend.fake import FakeBackend
-from gateway.serving.json_shape import JsonLimits, json_shape
+from gateway.serving.json_shape import JsonLimits, json_shape, lone_surrogate
 from tests.support.asgi import asgi_scope
 from tests.support.bodies import assert_openai_error, chat_body
 from tests.support.inprocess import BASE_URL, make_settings, serve
@@ -197,3 +197,77 @@ async def test_bytes_that_are_no_text_are_a_400_not_a_500(http: httpx.AsyncClien
         headers={"content-type": "application/json"},
     )
     assert refused.status_code == 400, refused.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            chat_body(messages=[{"role": "user", "content": "Hi \\ud800 there"}]),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body(messages=[{"role": "user", "content": "a lone low half \\udfff"}]),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body(messages=[{"role": "user", "content": "halves reversed \\udc00\\ud800"}]),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body(messages=[{"role": "user", "content": "Hi \\ud800"}], stream=True),
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "fake-chat",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "\\uD83D"}],
+            },
+        ),
+        ("/v1/embeddings", {"model": "fake-chat", "input": "a \\udc00"}),
+        ("/v1/responses", {"model": "fake-chat", "input": "a \\udbff!"}),
+    ],
+)
+async def test_a_lone_surrogate_is_a_400_not_a_500(
+    http: httpx.AsyncClient, fake: FakeBackend, path: str, body: dict
+) -> None:
+    """Python's parser makes a string of a lone surrogate escape, which nothing can encode
+    afterwards (the prompt for the engine, a stored record): it was a 500 on every route."""
+    # The escapes are written into the JSON text as they come (json.dumps would escape
+    # their backslashes).
+    text = json.dumps(body).replace("\\\\u", "\\u")
+    refused = await http.post(path, content=text, headers={"content-type": "application/json"})
+    assert refused.status_code == 400, refused.text
+    assert "surrogate" in refused.text
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"\\ud83d\\ude00 a pair is one character"',
+        '"\\\\ud800 is an escaped backslash and letters"',
+        '"\\\\\\\\ud800 two of them"',
+        '"\U0001f600 as UTF-8"',
+        '"\\u00e9\\u4e2d"',
+    ],
+)
+def test_pairs_and_escaped_backslashes_are_no_lone_surrogates(text: str) -> None:
+    assert json.loads(text).encode("utf-8")  # the parser agrees: it encodes
+    assert lone_surrogate(text.encode()) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "at"),
+    [
+        (b'"ab\\ud800"', 3),
+        (b'"\\\\\\ud800"', 3),  # an escaped backslash, then the escape
+        (b'"\\ud800\\ud800"', 1),  # a high half followed by another high
+        (b'"x\\ude00"', 2),
+        (b'"x\xed\xa0\x80"', 2),  # the code point encoded as UTF-8 bytes
+    ],
+)
+def test_lone_surrogates_are_found_where_they_are(text: bytes, at: int) -> None:
+    assert lone_surrogate(text) == at

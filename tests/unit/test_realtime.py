@@ -493,6 +493,10 @@ def test_deep_or_broken_json_events_get_an_error_and_the_session_goes_on(
             "invalid_json",
             "The event is not valid JSON (line 1, column 39).",
         )
+        # A lone surrogate escape would make instructions nothing can encode into a prompt.
+        socket.send_text('{"type": "session.update", "session": {"instructions": "\\ud800"}}')
+        error = events_until(socket, "error")[-1]["error"]
+        assert error["code"] == "invalid_json" and "surrogate" in error["message"]
         say_hi(socket)
         assert events_until(socket, "conversation.item.done")[-1]["item"]["status"] == "completed"
 

@@ -23,7 +23,7 @@ from pydantic import Field, Tag, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails
 
 from gateway.errors import InvalidRequestError
-from gateway.serving.json_shape import JsonLimits, json_shape
+from gateway.serving.json_shape import JsonLimits, json_shape, surrogate_refusal
 from gateway.serving.realtime.specs import (
     MAX_ITEM_ID_CHARS,
     ClientItem,
@@ -224,6 +224,9 @@ def _decoded(raw: str | bytes, limits: JsonLimits) -> object:
     refused = limits.refusal(shape, "The event's JSON")
     if refused is not None:
         raise ClientEventError(refused[0], code=refused[1])
+    lone = surrogate_refusal(raw, "The event's JSON")
+    if lone is not None:
+        raise ClientEventError(lone, code="invalid_json")
     try:
         return json.loads(raw)
     except RecursionError:  # a bound set past what the parser can nest
