@@ -340,6 +340,39 @@ async def test_responses_input_image_refusals_name_the_part(
     assert fake.calls == []
 
 
+def anthropic_image(data: str) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "named"),
+    [
+        ("fake-chat", "iVBORw0KGgo=", "messages[2].content[1]: The model 'fake-chat' does not see"),
+        ("fake-vision", "!!not base64", "messages[2].content[1].source: "),
+        ("fake-jpeg-only", "iVBORw0KGgo=", "messages[2].content[2]: The request has 2 images"),
+    ],
+)
+async def test_messages_image_refusals_name_the_block_sent(
+    http: httpx.AsyncClient, fake: FakeBackend, model: str, data: str, named: str
+) -> None:
+    """An Anthropic request's image is named by its own block (the chat request it is served
+    as has a system message first and one part per block)."""
+    ok = data_url(picture(8, 8)).split(",", 1)[1]
+    images = [anthropic_image(data)] + ([anthropic_image(ok)] if model == "fake-jpeg-only" else [])
+    if model == "fake-jpeg-only":
+        images.reverse()
+    turns = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi"},
+        {"role": "user", "content": [{"type": "text", "text": "What is it?"}, *images]},
+    ]
+    body = {"model": model, "max_tokens": 8, "system": "Be brief.", "messages": turns}
+    refused = await http.post("/v1/messages", json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["message"].startswith(named), refused.text
+    assert fake.calls == []
+
+
 # -- fetching from allowed hosts (an httpx mock transport stands for the host) -------------
 
 

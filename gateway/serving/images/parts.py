@@ -81,9 +81,9 @@ def image_parts(messages: Sequence[ChatMessage], names: ParamNames) -> list[Imag
                 continue
             index = len(found)
             converted = index < len(names.image_parts)
-            if converted:  # a Responses input_image: image_url is its URL, detail beside it
+            if converted:  # a Responses input_image (detail beside its URL) or Messages image
                 param = names.image_parts[index]
-                url_param, detail_param = f"{param}.image_url", f"{param}.detail"
+                url_param, detail_param = f"{param}.{names.image_url}", f"{param}.detail"
             else:
                 param = f"{names.messages}.[{i}].content.[{j}]"
                 url_param, detail_param = f"{param}.image_url.url", f"{param}.image_url.detail"

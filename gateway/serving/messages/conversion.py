@@ -51,6 +51,7 @@ MESSAGES_NAMES = ParamNames(
     messages="messages",
     reasoning_effort="output_config.effort",
     effort_is_hint=True,
+    image_url="source",
 )
 
 
@@ -237,6 +238,18 @@ def _tool_choice(request: CountTokensRequest) -> tuple[Any, bool | None]:
             )
         return {"type": "function", "function": {"name": choice.name}}, parallel
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
+
+
+def image_names(request: CountTokensRequest) -> tuple[str, ...]:
+    """The request's image blocks as it names them, in the order the chat request holds
+    them (``ParamNames.image_parts``: an image's error names the block sent)."""
+    return tuple(
+        f"messages[{i}].content[{j}]"
+        for i, message in enumerate(request.messages)
+        if not isinstance(message.content, str)
+        for j, block in enumerate(message.content)
+        if isinstance(block, ImageBlock)
+    )
 
 
 def chat_request(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.backend import Backend
@@ -16,6 +16,7 @@ from gateway.serving.messages.conversion import (
     MESSAGES_NAMES,
     Opener,
     chat_request,
+    image_names,
     message,
     omitted,
     stop_reason,
@@ -66,7 +67,8 @@ class MessagesService:
     async def prepare(self, request: MessagesRequest, owner: str = "") -> PreparedMessage:
         request.unsupported()
         body = chat_request(request, self._opener(owner))
-        chat = await self.chat.prepare(body, names=MESSAGES_NAMES)
+        names = replace(MESSAGES_NAMES, image_parts=image_names(request))
+        chat = await self.chat.prepare(body, names=names)
         signer = self.seal.sealer(owner, request.model)
         return PreparedMessage(request, chat, new_id("msg"), signer)
 

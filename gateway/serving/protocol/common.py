@@ -233,6 +233,9 @@ class ParamNames:
     image_parts: tuple[str, ...] = ()
     """The request's image parts, in order (a converted request's names for them; empty:
     ``messages.[i].content.[j]``)."""
+    image_url: str = "image_url"
+    """What a converted image part calls its URL (Responses' ``image_url``, Messages'
+    ``source``)."""
 
 
 class TopLogprobItem(BaseModel):
