@@ -21,10 +21,12 @@ from gateway.api.middleware import Drain, GatewayMiddleware
 from gateway.api.routers import (
     admin,
     audio,
+    batches,
     chat,
     completions,
     conversations,
     embeddings,
+    files,
     health,
     messages,
     models,
@@ -148,6 +150,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         migration = await _migrate(redis)
         services = build_services(settings, active, redis, metrics)
         app.state.services = services  # read through api.dependencies.ServicesDep
+        services.batch_worker.start(app)  # each batch line is a request to this app
         services.redis_health.start()  # gateway_redis_up, traffic or none
         try:
             yield
@@ -186,6 +189,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         inference_routes=inference_paths(
             route for group in V1_ROUTERS for route in group.router.routes
         ),
+        uploads={"/v1/files": (settings.max_file_mb + 1, "GATEWAY_MAX_FILE_MB")},
     )
     app.router.routes.extend(_routes())
     return app
@@ -200,6 +204,8 @@ V1_ROUTERS = (
     conversations,
     embeddings,
     audio,
+    files,
+    batches,
     realtime,
     models,
     realtime_secrets,

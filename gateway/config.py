@@ -199,6 +199,35 @@ class Settings(BaseSettings):
     """Largest audio file ``/v1/audio/transcriptions`` and ``/translations`` accept (OpenAI's
     limit is 25 MB)."""
 
+    # Files (/v1/files; docs/files.md).
+    max_file_mb: float = Field(32.0, gt=0, le=4096)
+    """Largest file ``POST /v1/files`` stores (MiB), counted as it is stored; a larger one is
+    a 413 ``file_too_large`` and nothing of it is kept. nginx's body cap covers it plus
+    1 MiB (:attr:`edge_body_mb`). Files count in their key's stored bytes
+    (``stored_mb_per_key``), so that quota bounds what a key keeps in all."""
+    files_dir: Path | None = None
+    """Where uploaded files' bytes live: unset (the default), in Redis, in chunks of at most
+    1 MiB; set, in this directory, which every replica must mount (a ReadWriteMany volume
+    in Kubernetes), so that large files do not take Redis's memory. The files' records stay
+    in Redis either way."""
+    files_ttl_days: int = Field(30, ge=1, le=3650)
+    """How long a file uploaded without ``expires_after`` is kept (days). OpenAI keeps such a
+    file until it is deleted; here every file expires, so that what keys store stays
+    bounded."""
+
+    # Batches (/v1/batches; docs/batches.md).
+    batch_concurrency: int = Field(4, ge=1, le=1024)
+    """Batch lines each replica runs at once, per model: how fast a batch drains (two
+    replicas run twice as many). They run at the lowest priority, so with a slot limit
+    (``triton_max_inflight``) interactive requests go first."""
+    max_batch_lines: int = Field(50_000, ge=1)
+    """Requests in one batch (OpenAI's 50,000); a longer input file fails the batch."""
+    max_batches_per_key: int = Field(8, ge=1)
+    """Batches of one key not yet ended; one more is a 429 ``too_many_batches``."""
+    batch_tick_s: float = Field(0.5, gt=0, le=10)
+    """How often each replica's batch worker looks at the batches, at most (it looks again
+    at once when one of its lines ends)."""
+
     # Images in chat (image_url parts, Responses input_image; docs/chat.md#images-image_url-parts).
     image_url_hosts: Annotated[list[str], NoDecode] = []
     """Hosts whose ``http(s)`` image URLs the gateway fetches (comma-separated host names,
@@ -285,10 +314,11 @@ class Settings(BaseSettings):
     it is parsed; token arrays (embeddings, completions) are one value a token."""
     stored_mb_per_key: float = Field(32.0, ge=0)
     """What one key may keep stored in Redis (Responses with their conversation, sessions,
-    spoken answers' transcripts), in MB of what is stored plus 512 bytes per record, until
-    the records expire or are deleted. Past it, that key's storing is refused before
-    anything is generated (403 ``storage_quota_exceeded``) while other keys go on. 0: no
-    quota of its own (only the global headroom); the bytes are still shown in ``/v1/me``."""
+    spoken answers' transcripts, files of ``/v1/files`` wherever their bytes are), in MB of
+    what is stored plus 512 bytes per record, until the records expire or are deleted. Past
+    it, that key's storing is refused before anything is generated (403
+    ``storage_quota_exceeded``) while other keys go on. 0: no quota of its own (only the
+    global headroom); the bytes are still shown in ``/v1/me``."""
     stored_mb_per_project: float = Field(128.0, ge=0)
     """The same, for all the keys of one project together. 0: no quota."""
     redis_maxmemory_mb: int = Field(512, ge=16)
@@ -415,11 +445,12 @@ class Settings(BaseSettings):
     @property
     def edge_body_mb(self) -> float:
         """The largest request body the gateway takes, and so nginx's cap (MiB): the request
-        limit, or the upload limit plus 1 MiB for a multipart body's boundaries and fields
-        when that is larger. A larger body gets nginx's 413 and never reaches a replica; a
-        replica reads a refused body up to this size to its end before it answers, so that
-        nginx, still sending it, sees no reset (``gateway/api/middleware.py``)."""
-        return max(self.max_request_mb, self.max_audio_upload_mb + 1)
+        limit, or an upload limit (audio, files) plus 1 MiB for a multipart body's
+        boundaries and fields when that is larger. A larger body gets nginx's 413 and never
+        reaches a replica; a replica reads a refused body up to this size to its end before
+        it answers, so that nginx, still sending it, sees no reset
+        (``gateway/api/middleware.py``)."""
+        return max(self.max_request_mb, self.max_audio_upload_mb + 1, self.max_file_mb + 1)
 
     @field_validator("admin_key")
     @classmethod

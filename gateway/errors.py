@@ -239,6 +239,21 @@ class StoreFullError(StoreUnavailableError):
     reason = "The gateway's store is full; try again later."
 
 
+class FileStorageError(GatewayError):
+    """The directory that holds uploaded files' bytes (``GATEWAY_FILES_DIR``) could not be
+    read or written, or lacks a file its record names (a directory not shared by every
+    replica): a fault of the deployment, not the request. What the system said is
+    ``detail`` (logged)."""
+
+    status_code = 503
+    code = "file_storage_unavailable"
+    retry_after_s = 5
+    reason = "The gateway's file storage could not be read or written; try again later."
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__(self.reason, detail=detail)
+
+
 class OverloadedError(GatewayError):
     """The gateway's queue for a model is full, or the request waited in it too long: shed
     before Triton falls over (:mod:`gateway.backend.scheduling`). ``reason`` is

@@ -33,8 +33,12 @@ process imports ``prometheus_client``.
     gateway_route_total{outcome}                        several Tritons: affinity | spill | fallback
     gateway_backend_waits_total{outcome}                calls that waited for Triton or Redis
                                                         coming back: waited_ok | gave_up
+    gateway_batch_lines_total{outcome}                  batch requests: completed | failed | retried
+    gateway_batch_lines_queued                          batch requests waiting, all batches
+    gateway_batches_total{status}                       batches ended: completed|cancelled|expired
     gateway_model_ready{model}                          1 if the model serves, 0 if it failed
                                                         to load, was unloaded or is loading
+    gateway_files_total{purpose,event}                  files (/v1/files) created | deleted
 
 Label values are never what a client chose: a ``model`` label is a model id the catalog has
 read from Triton (a repository model, or a LoRA adapter's id), else ``unknown`` (a request
@@ -288,6 +292,35 @@ class Metrics:
             "Realtime: from the end of the user's turn to the first audio of the answer",
             (),
             _LATENCY_BUCKETS,
+        )
+
+        # Batches (serving/batches/worker.py).
+        self.batch_lines = counter(
+            "gateway_batch_lines_total",
+            "Batch requests answered, by outcome (completed: 2xx; failed: any other answer; "
+            "retried: told to try later, put back)",
+            ("outcome",),
+        )
+        self.batch_lines_queued = Gauge(
+            "gateway_batch_lines_queued",
+            "Batch requests waiting to be claimed, in every batch (the fleet's figure: each "
+            "replica reads it from Redis)",
+            registry=own,
+            multiprocess_mode="livemax",
+        )
+        self.batches = counter(
+            "gateway_batches_total",
+            "Batches ended, by status (completed, cancelled, expired)",
+            ("status",),
+        )
+
+        # Counted by state.files.FileStore (docs/files.md): uploads and the files the
+        # gateway makes; a file deleted through the API (not one that expired).
+        self.files = counter(
+            "gateway_files_total",
+            "Files created and deleted (DELETE /v1/files/{id}; not those that expired), by "
+            "purpose and event (created, deleted)",
+            ("purpose", "event"),
         )
 
         # Set by state.redis_health.RedisHealth. Across the processes of one multiprocess

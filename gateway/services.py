@@ -20,12 +20,14 @@ from gateway.metrics import Metrics
 from gateway.serving.admin import AdminService
 from gateway.serving.audio import DecodeSlots
 from gateway.serving.audio_chat import AudioChat
+from gateway.serving.batches import BatchService, BatchWorker
 from gateway.serving.catalog import DefaultModels, ModelCatalog
 from gateway.serving.chat import ChatService
 from gateway.serving.chat.endpoint import ChatCompletions
 from gateway.serving.completions import CompletionService
 from gateway.serving.conversations import ConversationService
 from gateway.serving.embeddings import EmbeddingService
+from gateway.serving.files import FileService
 from gateway.serving.images import ImageLimits, ImageReader
 from gateway.serving.json_shape import JsonLimits
 from gateway.serving.messages import MessagesService
@@ -41,10 +43,13 @@ from gateway.serving.stored_chat import StoredChat
 from gateway.serving.transcription import TranscriptionService
 from gateway.state.admission import Admission, Gatekeeper
 from gateway.state.audit import AuditLog
+from gateway.state.batches import BatchStore
 from gateway.state.budgets import Budgets, Prices
 from gateway.state.chat_completions import ChatCompletionStore
 from gateway.state.client_secrets import ClientSecretStore
 from gateway.state.conversations import ConversationStore
+from gateway.state.file_blobs import DirectoryBlobs
+from gateway.state.files import FileStore
 from gateway.state.headroom import Headroom
 from gateway.state.keys import KeyStore
 from gateway.state.limits import Limits
@@ -84,6 +89,12 @@ class Services:
     background: BackgroundResponses
     conversations: ConversationService
     embeddings: EmbeddingService
+    file_store: FileStore
+    """Every key's files (``/v1/files``; a batch's input and output files)."""
+    files: FileService
+    batches: BatchService
+    batch_worker: BatchWorker
+    """This replica's batch worker (the lifespan starts it with the app it calls)."""
     speech: SpeechService
     transcription: TranscriptionService
     audio_chat: AudioChat
@@ -96,6 +107,7 @@ class Services:
     async def close(self) -> None:
         """Stops what the services run in the background (not the backend nor Redis: the
         lifespan that opened them closes them)."""
+        await self.batch_worker.close()  # its lines' leases given back while Redis is open
         await self.background.close()  # its runs stored failed and settled while Redis is open
         await self.gatekeeper.close()
         await self.redis_health.close()
@@ -165,6 +177,16 @@ def build_services(
             settings.max_stored_chat_completions,
         ),
     )
+    file_store = FileStore(
+        redis,
+        stored_bytes,
+        max_file_mb=settings.max_file_mb,
+        ttl_s=settings.files_ttl_days * 86_400,
+        directory=DirectoryBlobs(settings.files_dir) if settings.files_dir else None,
+        metrics=metrics,
+    )
+    batch_store = BatchStore(redis)
+    audit = AuditLog(redis, settings.audit_retention_days, settings.audit_max_entries)
     audio_chat = AudioChat(
         backend,
         chat,
@@ -210,6 +232,25 @@ def build_services(
         ),
         conversations=ConversationService(references.conversations, references),
         embeddings=EmbeddingService(backend, catalog, settings.max_inflight_per_request),
+        file_store=file_store,
+        files=FileService(file_store, JsonLimits.from_settings(settings)),
+        batches=BatchService(
+            batch_store,
+            file_store,
+            stored_bytes,
+            audit,
+            JsonLimits.from_settings(settings),
+            settings.max_batch_lines,
+            settings.max_batches_per_key,
+        ),
+        batch_worker=BatchWorker(
+            batch_store,
+            file_store,
+            stored_bytes,
+            metrics,
+            settings.batch_concurrency,
+            settings.batch_tick_s,
+        ),
         speech=speech,
         transcription=TranscriptionService(backend, catalog, decoder, settings.max_audio_seconds),
         audio_chat=audio_chat,
@@ -221,7 +262,7 @@ def build_services(
         redis_health=RedisHealth(
             redis, lambda up: metrics.redis_up.set(int(up)), settings.redis_check_interval_s
         ),
-        audit=AuditLog(redis, settings.audit_retention_days, settings.audit_max_entries),
+        audit=audit,
     )
 
 

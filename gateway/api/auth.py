@@ -40,6 +40,7 @@ from gateway.api.dependencies import ServicesDep
 from gateway.api.middleware import ADMISSION
 from gateway.backend import scheduling
 from gateway.errors import PermissionDeniedError
+from gateway.serving.batches import BATCH_CALLER, BatchCaller
 from gateway.serving.realtime import Admit
 from gateway.state.admission import Admission
 from gateway.state.client_secrets import ClientSecret, is_client_secret
@@ -82,7 +83,10 @@ async def admit(
     """The key check and the admission in one Redis round trip; the middleware settles the
     admission when the response has been sent (a WebSocket's when it closes)."""
     with span("redis.admission", _ADMISSION_ATTRIBUTES) as traced:
-        if connection.scope["type"] == "websocket" and is_client_secret(presented):
+        batch = connection.scope.get(BATCH_CALLER)
+        if isinstance(batch, BatchCaller):  # a batch's request, from this process only
+            admission = await services.gatekeeper.admit_as(batch.key_id, batch.key_hash)
+        elif connection.scope["type"] == "websocket" and is_client_secret(presented):
             admission = await _admit_client_secret(connection, presented, services)
         else:
             admission = await services.gatekeeper.admit(presented)

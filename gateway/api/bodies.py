@@ -6,7 +6,9 @@ docstring).
 
 - **Size.** A body over ``GATEWAY_MAX_REQUEST_MB`` is refused at once when its
   ``Content-Length`` says so; a chunked one is read here, up to the limit, so that the
-  answer can still be a 413 (:meth:`BodyGate.bounded`).
+  answer can still be a 413 (:meth:`BodyGate.bounded`). An upload route may take more
+  (:attr:`BodyGate.uploads`: ``POST /v1/files`` takes ``GATEWAY_MAX_FILE_MB`` plus 1 MiB of
+  multipart framing when that is larger); its file's own limit is checked as it is stored.
 - **Refused bodies are drained.** A body refused before it was read is read to its end and
   dropped, up to the largest body nginx lets through and for at most
   :data:`DISCARD_WAIT_S` (:meth:`BodyGate.discard`): a replica that answered and closed
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+from collections.abc import Mapping
 
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope
@@ -70,19 +73,38 @@ def declared_length(scope: Scope) -> int | None:
 class BodyGate:
     """The limits on a request body (see the module's docstring)."""
 
-    def __init__(self, max_body_mb: float, edge_body_mb: float, json_limits: JsonLimits) -> None:
+    def __init__(
+        self,
+        max_body_mb: float,
+        edge_body_mb: float,
+        json_limits: JsonLimits,
+        uploads: Mapping[str, float] | None = None,
+    ) -> None:
         self.max_body = int(max_body_mb * 1024 * 1024)
+        self.uploads = {
+            path: max(self.max_body, int(mb * 1024 * 1024)) for path, mb in (uploads or {}).items()
+        }
+        """The upload routes' paths and the largest body each takes (never less than the
+        request limit)."""
         # The largest body nginx passes on (Settings.edge_body_mb, which nginx's cap is
         # rendered from): a refused body up to this size is read and dropped, not reset.
         self.discard_limit = math.ceil(edge_body_mb) * 1024 * 1024
         self.json_limits = json_limits
 
-    async def bounded(self, receive: Receive, length: int | None) -> Receive | None:
-        """``receive`` for a body within the limit; None for one past it."""
+    def limit(self, path: str) -> int:
+        """The largest body a request for ``path`` may have, in bytes."""
+        return self.uploads.get(path, self.max_body)
+
+    async def bounded(
+        self, receive: Receive, length: int | None, limit: int | None = None
+    ) -> Receive | None:
+        """``receive`` for a body within ``limit`` (the request limit unless given); None
+        for one past it."""
+        limit = self.max_body if limit is None else limit
         if length is None:
             return receive
         if length != CHUNKED:
-            return receive if length <= self.max_body else None
+            return receive if length <= limit else None
         messages: list[Message] = []
         size = 0
         while True:
@@ -91,7 +113,7 @@ class BodyGate:
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
-            if size > self.max_body:
+            if size > limit:
                 return None
             if not message.get("more_body", False):
                 break

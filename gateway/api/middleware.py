@@ -12,12 +12,13 @@ the process serves HTTP, and orchestrators send many; routing it through FastAPI
 times what uvicorn itself spends on a request (``tests/bench/cpu.py``). The route stays
 declared in the app, so it is documented in the OpenAPI schema like the others.
 
-A request body larger than ``GATEWAY_MAX_REQUEST_MB`` gets a 413 before the app reads
-it, a JSON body past ``GATEWAY_MAX_JSON_*`` a 400 before it is parsed, and a body refused
-before it was read is read to its end and dropped first, so nginx sees no reset
-(:mod:`gateway.api.bodies`). A body over :data:`CHECKED_BODY_BYTES` (or a chunked one) is
-read only for a valid key: FastAPI parses a body before any dependency runs, so without
-this anyone could make a replica parse tens of megabytes of JSON.
+A request body larger than ``GATEWAY_MAX_REQUEST_MB`` (an upload route's: its own cap,
+``uploads``) gets a 413 before the app reads it, a JSON body past ``GATEWAY_MAX_JSON_*`` a
+400 before it is parsed, and a body refused before it was read is read to its end and
+dropped first, so nginx sees no reset (:mod:`gateway.api.bodies`). A body over
+:data:`CHECKED_BODY_BYTES` (or a chunked one) is read only for a valid key: FastAPI parses a
+body before any dependency runs, so without this anyone could make a replica parse tens of
+megabytes of JSON.
 
 While the process drains before it stops (:class:`Drain`, started by SIGTERM), requests
 already running go on to their end and every new one but the liveness probe and
@@ -41,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -61,6 +62,7 @@ from gateway.errors import (
     request_id,
 )
 from gateway.metrics import Metrics
+from gateway.serving.batches.inprocess import BATCH_CALLER
 from gateway.serving.json_shape import JsonLimits
 from gateway.state.admission import Admission
 from gateway.tracing import Activation, Tracing, failed, parent_of
@@ -126,11 +128,26 @@ class GatewayMiddleware:
         edge_body_mb: float = 36.0,
         json_limits: JsonLimits | None = None,
         inference_routes: frozenset[str] = frozenset(),
+        uploads: Mapping[str, tuple[float, str]] | None = None,
     ) -> None:
         self.app = app
         self.inference_routes = inference_routes
         """The paths of the inference routes: their requests are labelled by path."""
-        self.bodies = BodyGate(max_body_mb, edge_body_mb, json_limits or JsonLimits.defaults())
+        uploads = uploads or {}
+        self.bodies = BodyGate(
+            max_body_mb,
+            edge_body_mb,
+            json_limits or JsonLimits.defaults(),
+            {path: mb for path, (mb, _) in uploads.items()},
+        )
+        # An upload route's 413 names its file and the setting of its limit, as nginx's.
+        self._upload_too_large = {
+            path: (
+                f"The request body is larger than {max(mb, max_body_mb):g} MB: the file "
+                f"exceeds the upload limit ({setting})."
+            )
+            for path, (mb, setting) in uploads.items()
+        }
         self.backend_wait_s = backend_wait_s
         self.metrics = metrics
         self.drain = drain
@@ -140,6 +157,13 @@ class GatewayMiddleware:
             f"The request body is larger than {max_body_mb:g} MB, the most this gateway "
             "reads (GATEWAY_MAX_REQUEST_MB)."
         )
+
+    def _too_large_error(self, path: str) -> PayloadTooLargeError:
+        """The 413 of a body past its limit: an upload's names its file."""
+        upload = self._upload_too_large.get(path)
+        if upload is not None:
+            return PayloadTooLargeError(upload, param="file", code="file_too_large")
+        return PayloadTooLargeError(self._too_large, code="request_too_large")
 
     def _route_of(self, scope: Scope) -> str:
         return route_label(scope, self.inference_routes)
@@ -175,9 +199,9 @@ class GatewayMiddleware:
         if refused is not None:
             await self._send_error(scope, send, refused, await self.bodies.discard(receive, length))
             return
-        bounded = await self.bodies.bounded(receive, length)
+        bounded = await self.bodies.bounded(receive, length, self.bodies.limit(scope["path"]))
         if bounded is None:
-            too_large = PayloadTooLargeError(self._too_large, code="request_too_large")
+            too_large = self._too_large_error(scope["path"])
             await self._send_error(
                 scope, send, too_large, await self.bodies.discard(receive, length)
             )
@@ -328,8 +352,8 @@ class GatewayMiddleware:
 
     async def _unknown_caller(self, scope: Scope, length: int | None) -> GatewayError | None:
         """The 401 (or 503) for a large body without a valid key; None to go on."""
-        if length is None or 0 <= length <= CHECKED_BODY_BYTES:
-            return None
+        if length is None or 0 <= length <= CHECKED_BODY_BYTES or BATCH_CALLER in scope:
+            return None  # (a batch's request: its key is admitted by gateway.api.auth)
         headers = Headers(scope=scope)
         scheme, _, presented = headers.get("authorization", "").partition(" ")
         bearer = presented.strip() if scheme.lower() == "bearer" else ""

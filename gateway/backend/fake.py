@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gateway.backend import scheduling
 from gateway.backend.base import (
     AudioChunk,
     ChatImage,
@@ -67,6 +68,8 @@ class GenerateCall:
     cancelled: bool = False
     tokens_sent: int = 0
     images: tuple[ChatImage, ...] = ()
+    priority: int = 0
+    """The request's scheduling priority (gateway.backend.scheduling) when it was made."""
 
 
 @dataclass
@@ -127,6 +130,8 @@ class FakeBackend:
     fail_after_tokens: int | None = None
     """Raise a model error after this many tokens (0: before the first one)."""
     token_delay_s: float = 0.0
+    whole_delay_s: float = 0.0
+    """How long a non-streamed answer takes (a batch's lines are)."""
     calls: list[GenerateCall] = field(default_factory=list)
     speech_calls: list[tuple[str, str, str, float]] = field(default_factory=list)
     speech_instructions: list[str | None] = field(default_factory=list)
@@ -181,7 +186,9 @@ class FakeBackend:
         images: tuple[ChatImage, ...] = (),
     ) -> AsyncGenerator[GenerationChunk, None]:
         self._check_up()
-        call = GenerateCall(model, prompt, options, stream, images=images)
+        call = GenerateCall(
+            model, prompt, options, stream, images=images, priority=scheduling.current().priority
+        )
         self.calls.append(call)
         words = (self.replies.pop(0) if self.replies else self.reply).split(" ")
         limit = options.max_tokens if options.max_tokens is not None else len(words)
@@ -199,6 +206,8 @@ class FakeBackend:
         try:
             if not stream:
                 self._maybe_fail(0)
+                if self.whole_delay_s:
+                    await asyncio.sleep(self.whole_delay_s)
                 call.tokens_sent = len(pieces)
                 yield GenerationChunk(
                     text,

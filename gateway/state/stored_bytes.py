@@ -7,8 +7,9 @@ What counts: every record a key keeps for long, as the bytes of what is stored (
 text) plus :data:`RECORD_OVERHEAD` for what Redis keeps beside it: stored ``/v1/responses``
 responses (with their conversation, the index entries of their items:
 :mod:`gateway.state.item_index`, and a background response's event log), conversations,
-stored chat completions, chat sessions, spoken answers' transcripts, and Realtime client
-secrets not yet used.
+stored chat completions, chat sessions, spoken answers' transcripts, Realtime client
+secrets not yet used, and files (``/v1/files``, their bytes wherever they are kept:
+:mod:`gateway.state.files`, which holds an upload's room piece by piece as it arrives).
 
 **Accounting** (``lua/stored_bytes.lua``, one script run per scope, so a check and its
 increment cannot interleave between replicas). Each scope keeps a sorted set of its entries
@@ -220,7 +221,7 @@ def _refused(
     whose: str, scope: str, quota_mb: float, used: Any, size: int, param: str, instead: str
 ) -> PermissionDeniedError:
     return PermissionDeniedError(
-        f"{whose} keeps {int(used):,} bytes of stored responses, sessions and transcripts; "
+        f"{whose} keeps {int(used):,} bytes of stored responses, files, sessions and transcripts; "
         f"its quota is {int(quota_mb * MB):,} (GATEWAY_STORED_MB_PER_{scope}={quota_mb:g} MB)"
         + (f", and this one needs {size:,} more" if size else "")
         + ". Delete stored responses (DELETE /v1/responses/{id}) or sessions "

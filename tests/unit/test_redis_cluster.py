@@ -129,6 +129,17 @@ async def test_budgets_hold_exactly_over_a_cluster_across_two_replicas(cluster: 
         assert spent <= 600
 
 
+async def test_files_over_a_cluster(cluster: Cluster) -> None:
+    """A file's record, indexes and 1 MiB pieces share its key's slot; binary bytes come
+    back as they went (the client decodes text answers)."""
+    data = bytes(range(256)) * 4096 * 2 + b"end"  # three pieces
+    async with serve(make_settings(redis_url=cluster.url)) as (_, _http, sdk):
+        made = await sdk.files.create(file=("a.bin", data), purpose="user_data")
+        assert [f.id for f in (await sdk.files.list()).data] == [made.id]
+        assert (await sdk.files.content(made.id)).content == data
+        assert (await sdk.files.delete(made.id)).deleted
+
+
 async def test_a_dead_node_fails_its_keys_closed(cluster: Cluster) -> None:
     async with serve(make_settings(redis_url=cluster.url)) as (_, http, _sdk):
         made = [

@@ -1,0 +1,77 @@
+"""/v1/files: upload (multipart), list, retrieve, content, delete (the caller's own files;
+another key's file is a 404). What each does: :mod:`gateway.serving.files`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Form, Query, UploadFile
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+
+from gateway.api.auth import CallerDep
+from gateway.api.dependencies import ServicesDep
+from gateway.serving.files import FileCreate
+from gateway.state.file_blobs import CHUNK_BYTES
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+class FileForm(FileCreate):
+    """The whole multipart form, so that a field it does not declare is refused too."""
+
+    file: UploadFile = Field(description="The file: JSONL for purpose batch")
+
+
+@router.post("")
+async def create_file(
+    caller: CallerDep, services: ServicesDep, form: Annotated[FileForm, Form()]
+) -> dict[str, Any]:
+    upload = form.file
+    return await services.files.create(caller.id, form, upload.filename, upload.size, _read(upload))
+
+
+@router.get("")
+async def list_files(
+    caller: CallerDep,
+    services: ServicesDep,
+    purpose: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+) -> dict[str, Any]:
+    """The caller's files, newest first by default, paginated as OpenAI lists are
+    (``after`` a file id)."""
+    return await services.files.list(caller.id, purpose, after, limit, order)
+
+
+@router.get("/{file_id}")
+async def get_file(file_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
+    return await services.files.get(caller.id, file_id)
+
+
+@router.get(
+    "/{file_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "The bytes"}},
+)
+async def file_content(file_id: str, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
+    """The file's bytes, streamed as they are read (a 404 before any is sent)."""
+    found = await services.files.get(caller.id, file_id)
+    return StreamingResponse(
+        services.files.content(caller.id, file_id),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(found["bytes"])},
+    )
+
+
+@router.delete("/{file_id}")
+async def delete_file(file_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
+    return await services.files.delete(caller.id, file_id)
+
+
+async def _read(upload: UploadFile) -> AsyncIterator[bytes]:
+    """The uploaded file (spooled by the form parser), 1 MiB at a time."""
+    while piece := await upload.read(CHUNK_BYTES):
+        yield piece
