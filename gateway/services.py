@@ -238,7 +238,6 @@ def build_services(
             batch_store,
             file_store,
             stored_bytes,
-            audit,
             JsonLimits.from_settings(settings),
             settings.max_batch_lines,
             settings.max_batches_per_key,

@@ -10,6 +10,9 @@ and the client bound) and wraps the change in one line::
 The ``requested`` entry is written before the block runs (503, and the block does not run,
 when it cannot be); ``completed`` or ``failed`` after it. The block may complete what the
 log says: ``action.target = created.id``, ``action.details[...] = ...``.
+
+:data:`KeyAuditDep` is the same for a key's own actions the log records (any key: a batch
+made or cancelled).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import Request
 
-from gateway.api.auth import require_admin
+from gateway.api.auth import CallerDep, require_admin
 from gateway.api.dependencies import ServicesDep
 from gateway.errors import request_id
 from gateway.state.audit import Actor, Auditor
@@ -35,3 +38,15 @@ async def _auditor(
 
 
 AuditDep = Annotated[Auditor, Depends(_auditor)]
+
+
+async def _key_auditor(request: Request, caller: CallerDep, services: ServicesDep) -> Auditor:
+    """The auditor of a key's own action that the log records (a batch made or cancelled):
+    the caller is whichever key it is, admitted as for any ``/v1`` route."""
+    client = request.client.host if request.client else None
+    return Auditor(
+        services.audit, Actor(id=caller.id, name=caller.name), client, request_id(request)
+    )
+
+
+KeyAuditDep = Annotated[Auditor, Depends(_key_auditor)]

@@ -205,7 +205,7 @@ async def test_another_key_sees_nothing_and_a_models_allow_list_applies(
 async def test_cancel_stops_the_batch_and_keeps_what_finished(fake: FakeBackend) -> None:
     fake.whole_delay_s = 0.25
     settings = make_settings(batch_tick_s=0.02, batch_concurrency=2)
-    async with serve(settings, fake) as (_, _, client):
+    async with serve(settings, fake) as (_, http, client):
         file_id = await upload(client, [chat_line(f"r{i}") for i in range(40)])
         batch = await client.batches.create(
             input_file_id=file_id, endpoint=CHAT, completion_window="24h"
@@ -221,6 +221,10 @@ async def test_cancel_stops_the_batch_and_keeps_what_finished(fake: FakeBackend)
         # A running line was stopped as a client that leaves stops its request.
         assert any(call.cancelled for call in fake.calls)
         assert (await client.batches.cancel(batch.id)).status == "cancelled"  # as it ended
+        # The audit log has who made it and who cancelled it.
+        log = (await http.get("/admin/audit")).json()["data"]
+        done_entries = {(e["action"], e["target"]) for e in log if e["stage"] == "completed"}
+        assert {("batch.create", batch.id), ("batch.cancel", batch.id)} <= done_entries
 
 
 async def test_a_batch_that_ended_cannot_be_cancelled(

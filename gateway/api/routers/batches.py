@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from gateway.api.audit import KeyAuditDep
 from gateway.api.auth import CallerDep, PresentedKey
 from gateway.api.dependencies import ServicesDep
 from gateway.serving.batches import BatchCreate
@@ -17,10 +18,19 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 @router.post("")
 async def create_batch(
-    body: BatchCreate, caller: CallerDep, presented: PresentedKey, services: ServicesDep
+    body: BatchCreate,
+    caller: CallerDep,
+    presented: PresentedKey,
+    services: ServicesDep,
+    audit: KeyAuditDep,
 ) -> dict[str, Any]:
-    # The key's hash, as a client secret holds it: each line is admitted as the key is then.
-    return await services.batches.create(caller, hash_key(presented or ""), body)
+    asked = {"input_file_id": body.input_file_id, "endpoint": body.endpoint}
+    async with audit("batch.create", None, asked) as action:
+        # The key's hash, as a client secret holds it: each line is admitted as the key is.
+        made = await services.batches.create(caller, hash_key(presented or ""), body)
+        action.target = made["id"]
+        action.details["status"] = made["status"]
+        return made
 
 
 @router.get("")
@@ -39,5 +49,8 @@ async def retrieve_batch(batch_id: str, caller: CallerDep, services: ServicesDep
 
 
 @router.post("/{batch_id}/cancel")
-async def cancel_batch(batch_id: str, caller: CallerDep, services: ServicesDep) -> dict[str, Any]:
-    return await services.batches.cancel(caller.id, batch_id)
+async def cancel_batch(
+    batch_id: str, caller: CallerDep, services: ServicesDep, audit: KeyAuditDep
+) -> dict[str, Any]:
+    async with audit("batch.cancel", batch_id):
+        return await services.batches.cancel(caller.id, batch_id)

@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import GatewayError, InvalidRequestError, RateLimitError
 from gateway.serving.json_shape import JsonLimits, json_shape
-from gateway.state.audit import AuditLog
 from gateway.state.batches import KEEP_S, LIVE, BatchStore, new_batch_id
 from gateway.state.files import FileStore
 from gateway.state.keys import ApiKey
@@ -68,7 +67,6 @@ class BatchService:
         store: BatchStore,
         files: FileStore,
         stored_bytes: StoredBytes,
-        audit: AuditLog | None,
         json_limits: JsonLimits,
         max_lines: int,
         max_per_key: int,
@@ -76,7 +74,6 @@ class BatchService:
         self.store = store
         self.files = files
         self.stored_bytes = stored_bytes
-        self.audit = audit
         self.json_limits = json_limits
         self.max_lines = max_lines
         self.max_per_key = max_per_key
