@@ -211,6 +211,10 @@ async def test_cancel_stops_the_batch_and_keeps_what_finished(fake: FakeBackend)
             input_file_id=file_id, endpoint=CHAT, completion_window="24h"
         )
         await answered(client, batch.id, 2)
+        # The operator sees it running, and the key its count.
+        running = (await http.get("/admin/batches")).json()["data"]
+        assert [(b["id"], b["owner"]) for b in running] == [(batch.id, "admin")]
+        assert (await http.get("/v1/me")).json()["batches"] == {"live": 1, "limit": 8}
         cancelling = await client.batches.cancel(batch.id)
         assert cancelling.status == "cancelling" and cancelling.cancelling_at
         done = await ended(client, batch.id)

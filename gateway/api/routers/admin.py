@@ -75,6 +75,13 @@ async def key_usage(key_id: str, services: ServicesDep) -> dict[str, Any]:
     return await services.admin.usage(key_id)
 
 
+@router.get("/batches")
+async def running_batches(services: ServicesDep) -> dict[str, Any]:
+    """Every batch not yet ended, whoever's key made it (``owner``: its id): the operator's
+    view of the batch work (docs/batches.md)."""
+    return {"object": "list", "data": await services.batches.running()}
+
+
 @router.get("/audit")
 async def audit_log(
     services: ServicesDep,

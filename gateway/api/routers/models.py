@@ -98,6 +98,8 @@ class Me(ApiKey):
     spend: dict[str, Any] | None = None
     budgets: list[dict[str, Any]] | None = None
     storage: dict[str, Any] | None = None
+    batches: dict[str, int] | None = None
+    """The key's batches not yet ended, and how many it may have (docs/batches.md)."""
 
 
 @router.get("/me")
@@ -108,6 +110,8 @@ async def me(caller: CallerDep, services: ServicesDep) -> Me:
     try:
         status = await services.spend.status(caller)
         status["storage"] = await services.stored_bytes.usage(caller.id, caller.project)
+        batches = services.batches
+        status["batches"] = {"live": await batches.live(caller.id), "limit": batches.max_per_key}
     except StoreUnavailableError:
         status = {}
     return Me(**caller.model_dump(), **status)

@@ -97,7 +97,7 @@ class BatchService:
                 f"'{found['purpose']}'; a batch reads a file of purpose 'batch'.",
                 param="input_file_id",
             )
-        live = await self._live(caller.id)
+        live = await self.live(caller.id)
         if live >= self.max_per_key:
             refused = RateLimitError(
                 f"This key has {live} batches not yet ended, the most one key may have "
@@ -146,7 +146,8 @@ class BatchService:
             await self.stored_bytes.release(hold)
         return public(await self.store.get(caller.id, batch_id))
 
-    async def _live(self, owner: str) -> int:
+    async def live(self, owner: str) -> int:
+        """How many of the key's batches have not ended (up to the bound)."""
         ids, _ = await self.store.page(owner, None, 10_000)
         live = 0
         for batch_id in ids:
@@ -209,6 +210,18 @@ class BatchService:
                 "model",
             )
         return lines, errors, next(iter(models), "")
+
+    async def running(self) -> list[dict[str, Any]]:
+        """Every batch not yet ended, whoever's (the admin's view): each as the API shows
+        it, with the key that made it."""
+        shown = []
+        for batch_id in await self.store.active():
+            try:
+                found = await self.store.get(None, batch_id)
+            except GatewayError:
+                continue
+            shown.append({**public(found), "owner": found["owner"]})
+        return shown
 
     async def get(self, owner: str, batch_id: str) -> dict[str, Any]:
         return public(await self.store.get(owner, batch_id))
