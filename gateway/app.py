@@ -189,7 +189,19 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         inference_routes=inference_paths(
             route for group in V1_ROUTERS for route in group.router.routes
         ),
-        uploads={"/v1/files": (settings.max_file_mb + 1, "GATEWAY_MAX_FILE_MB")},
+        # Upload routes take their file's limit plus 1 MiB of multipart framing (as nginx's
+        # cap does), and their 413 names the file.
+        uploads={
+            "/v1/files": (settings.max_file_mb + 1, "GATEWAY_MAX_FILE_MB"),
+            "/v1/audio/transcriptions": (
+                settings.max_audio_upload_mb + 1,
+                "GATEWAY_MAX_AUDIO_UPLOAD_MB",
+            ),
+            "/v1/audio/translations": (
+                settings.max_audio_upload_mb + 1,
+                "GATEWAY_MAX_AUDIO_UPLOAD_MB",
+            ),
+        },
     )
     app.router.routes.extend(_routes())
     return app
