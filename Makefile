@@ -47,6 +47,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# NVIDIA's benchmark client (tests/bench/aiperf.py), for `make bench` only: a virtualenv of
+# its own, as it brings pandas, transformers, dash and more that neither the gateway nor the
+# tests need (and `make test` installs nothing of it).
+AIPERF_VERSION := 0.13.0
+AIPERF_VENV := .venv-aiperf
+AIPERF_STAMP := $(AIPERF_VENV)/.installed
 bench: $(STAMP) $(AIPERF_STAMP)
 	$(BIN)/python -m tests.bench.chat
 	$(BIN)/python -m tests.bench.batching
@@ -135,13 +141,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(UV_INSTALL) --offline --no-deps $(JA_TEXT) 2>/dev/null || $(UV_INSTALL) --no-deps $(JA_TEXT)
 	touch $@
 
-# NVIDIA's benchmark client (tests/bench/aiperf.py), for `make bench` only: a virtualenv of
-# its own, as it brings pandas, transformers, dash and more that neither the gateway nor the
-# tests need (and `make test` installs nothing of it).
-AIPERF_VERSION := 0.13.0
-AIPERF_VENV := .venv-aiperf
-AIPERF_STAMP := $(AIPERF_VENV)/.installed
-$(AIPERF_STAMP): | $(STAMP)
+# (make .venv-aiperf/.installed alone installs it, for python -m tests.bench.aiperf.)
+$(AIPERF_STAMP): Makefile | $(STAMP)
 	$(BIN)/uv venv -q --allow-existing --python $(BIN)/python $(AIPERF_VENV)
 	$(BIN)/uv pip install -q --python $(AIPERF_VENV)/bin/python aiperf==$(AIPERF_VERSION)
 	touch $@

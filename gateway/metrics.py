@@ -33,7 +33,8 @@ process imports ``prometheus_client``.
     gateway_route_total{outcome}                        several Tritons: affinity | spill | fallback
     gateway_backend_waits_total{outcome}                calls that waited for Triton or Redis
                                                         coming back: waited_ok | gave_up
-    gateway_batch_lines_total{outcome}                  batch requests: completed | failed | retried
+    gateway_batch_lines_total{outcome}                  batch requests by outcome: completed,
+                                                        failed, expired, retried
     gateway_batch_lines_queued                          batch requests waiting, all batches
     gateway_batches_total{status}                       batches ended: completed|cancelled|expired
     gateway_model_ready{model}                          1 if the model serves, 0 if it failed
@@ -298,7 +299,8 @@ class Metrics:
         self.batch_lines = counter(
             "gateway_batch_lines_total",
             "Batch requests answered, by outcome (completed: 2xx; failed: any other answer; "
-            "retried: told to try later, put back)",
+            "expired: not answered before the batch's window ended; retried: told to try "
+            "later, put back)",
             ("outcome",),
         )
         self.batch_lines_queued = Gauge(

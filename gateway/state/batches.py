@@ -50,7 +50,10 @@ KEEP_S = 30 * 24 * 3600
 #: replica); the others are ends.
 LIVE = ("validating", "in_progress", "cancelling", "finalizing")
 _ACTIVE = f"{PREFIX}batches:active"
+#: The keys ``lua/batch.lua`` takes, in its order (``KEYS[1]`` to ``KEYS[9]``).
 _WORK = ("status", "times", "todo", "lines", "leases", "done", "output", "errors", "counts")
+#: What is dropped once the batch has ended.
+_DROPPED = ("lines", "todo", "leases", "done", "output", "errors")
 
 
 def new_batch_id() -> str:
@@ -67,6 +70,10 @@ def _key(batch_id: str, name: str) -> str:
 
 def _index(owner: str) -> str:
     return f"{PREFIX}batches:{{{owner}}}:index"
+
+
+def _live(owner: str) -> str:
+    return f"{PREFIX}batches:{{{owner}}}:live"
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,8 @@ class BatchStore:
         ``created_at``), its ``status`` and, to run, its ``lines`` (all in ``todo``)."""
         batch_id, owner = record["id"], record["owner"]
         now = record["created_at"]
-        pipe = self.redis.pipeline(transaction=True)
+        # Not one MULTI: a 32 MB file would be one command's worth; each piece is its own.
+        pipe = self.redis.pipeline(transaction=False)
         pipe.set(_key(batch_id, "rec"), json.dumps(record), ex=ttl_s)
         pipe.set(_key(batch_id, "status"), status, ex=ttl_s)
         pipe.hset(_key(batch_id, "times"), f"{status}_at", now)
@@ -151,10 +159,44 @@ class BatchStore:
         return [_text(i) for i in await self.redis.zrange(_ACTIVE, 0, -1)]
 
     @needs_store
-    async def retire(self, batch_id: str) -> None:
-        """The batch has ended: no replica looks at it again; its lines are dropped."""
+    async def retire(self, batch_id: str, owner: str | None) -> None:
+        """The batch has ended (its files are written): no replica looks at it again, and
+        its work is dropped (lines, queue, leases, results); its record, status, counts and
+        files stay until they expire."""
         await self.redis.zrem(_ACTIVE, batch_id)
-        await self.redis.delete(*(_key(batch_id, n) for n in ("lines", "todo", "leases")))
+        if owner is not None:
+            await self.redis.zrem(_live(owner), batch_id)
+        await self.redis.delete(*(_key(batch_id, n) for n in _DROPPED))
+
+    @needs_store
+    async def admit_live(self, owner: str, batch_id: str, ends_at: int, limit: int) -> int:
+        """Counts the batch among the key's batches not yet ended (each until it is retired,
+        or its window ends): how many there were before; it is not counted when they were
+        ``limit`` already."""
+        key, now = _live(owner), time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", now)
+        pipe.zadd(key, {batch_id: ends_at})
+        pipe.zcard(key)
+        pipe.expire(key, max(int(ends_at - now), 1))
+        *_, count, _ = await pipe.execute()
+        if int(count) > limit:
+            await self.redis.zrem(key, batch_id)
+        return int(count) - 1
+
+    @needs_store
+    async def live(self, owner: str) -> int:
+        """How many of the key's batches have not ended."""
+        key = _live(owner)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(key, "-inf", time.time())
+        pipe.zcard(key)
+        _, count = await pipe.execute()
+        return int(count)
+
+    @needs_store
+    async def forget_live(self, owner: str, batch_id: str) -> None:
+        await self.redis.zrem(_live(owner), batch_id)
 
     @needs_store
     async def claim(self, batch_id: str, n: int, lease_s: float = LEASE_S) -> list[Claimed]:

@@ -3,8 +3,9 @@
 ``x-api-key``), on mock_chat and one replica (no nginx), the same prompts, streamed, with
 the rounds alternating.
 
-aiperf (pinned in the Makefile, ``AIPERF``) runs from its own virtualenv, ``.venv-aiperf``,
-which ``make bench`` makes: it brings pandas, transformers, dash and more, none of which the
+aiperf (pinned in the Makefile, ``AIPERF_VERSION``) runs from its own virtualenv,
+``.venv-aiperf``, which ``make bench`` makes (``make .venv-aiperf/.installed`` alone, to run
+this module by itself): it brings pandas, transformers, dash and more, none of which the
 gateway or its tests need. It counts tokens as the server reports them
 (``--use-server-token-count``: mock_chat's tokens are words), and generates nothing: its
 dataset is a file of prompts that ask mock_chat for a long answer, cut by ``--osl``. The

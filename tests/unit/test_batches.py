@@ -127,7 +127,7 @@ async def test_a_chat_batch_answers_every_line_once_and_a_bad_body_in_the_error_
 async def test_an_embeddings_batch(
     served: tuple[FastAPI, httpx.AsyncClient, openai.AsyncOpenAI],
 ) -> None:
-    _, _, client = served
+    app, _, client = served
     lines = [
         {
             "custom_id": f"e{i}",
@@ -141,6 +141,18 @@ async def test_an_embeddings_batch(
     assert batch.status == "completed" and batch.request_counts.completed == 5
     output = await lines_of(client, batch.output_file_id)
     assert all(len(o["response"]["body"]["data"]) == 2 for o in output)
+    # Once its files are written, its work leaves Redis; what is kept expires.
+    redis = app.state.services.redis
+    left = await redis.keys(f"gw:batch:{{{batch.id}}}:*")
+    kept = {k.rsplit(":", 1)[1] for k in left}
+    assert (
+        {"rec", "status", "counts"}
+        <= kept
+        <= {"rec", "status", "times", "counts", "files", "finalizer"}
+    )
+    for k in left:
+        assert await redis.ttl(k) > 0, k
+    assert await redis.zscore("gw:batches:{admin}:live", batch.id) is None
 
 
 @pytest.mark.parametrize(

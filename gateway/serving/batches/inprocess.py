@@ -25,7 +25,6 @@ class BatchCaller:
 
     key_id: str
     key_hash: str
-    batch_id: str
 
 
 @dataclass(frozen=True)

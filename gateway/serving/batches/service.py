@@ -26,9 +26,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.errors import GatewayError, InvalidRequestError, RateLimitError
+from gateway.errors import GatewayError, InvalidRequestError, NotFoundError, RateLimitError
 from gateway.serving.json_shape import JsonLimits, json_shape
-from gateway.state.batches import KEEP_S, LIVE, BatchStore, new_batch_id
+from gateway.state.batches import KEEP_S, BatchStore, new_batch_id
 from gateway.state.files import FileStore
 from gateway.state.keys import ApiKey
 from gateway.state.stored_bytes import RECORD_OVERHEAD, StoredBytes
@@ -90,24 +90,16 @@ class BatchService:
                 raise InvalidRequestError(
                     "metadata keys are at most 64 characters.", param="metadata"
                 )
-        found = await self.files.get(caller.id, body.input_file_id)
+        try:
+            found = await self.files.get(caller.id, body.input_file_id)
+        except NotFoundError as exc:
+            raise NotFoundError(exc.message, param="input_file_id") from None
         if found["purpose"] != "batch":
             raise InvalidRequestError(
                 f"The file '{body.input_file_id}' was uploaded with purpose "
                 f"'{found['purpose']}'; a batch reads a file of purpose 'batch'.",
                 param="input_file_id",
             )
-        live = await self.live(caller.id)
-        if live >= self.max_per_key:
-            refused = RateLimitError(
-                f"This key has {live} batches not yet ended, the most one key may have "
-                "(GATEWAY_MAX_BATCHES_PER_KEY); wait for one to end or cancel one.",
-                "batches",
-                60.0,
-                {},
-            )
-            refused.code = "too_many_batches"
-            raise refused
         data = await self.files.read(caller.id, body.input_file_id)
         lines, errors, model = await asyncio.to_thread(self._checked, data, body.endpoint)
         del data
@@ -132,33 +124,31 @@ class BatchService:
             "errors": {"object": "list", "data": errors} if errors else None,
         }
         ttl = window + KEEP_S
-        status = "failed" if errors else "in_progress"
-        run = [] if errors else lines
-        size = sum(len(line) for line in run) + RECORD_OVERHEAD
+        if errors:
+            await self.store.create(record, "failed", [], ttl)
+            return public(await self.store.get(caller.id, batch_id))
+        before = await self.store.admit_live(caller.id, batch_id, now + window, self.max_per_key)
+        if before >= self.max_per_key:
+            raise _too_many(before)
+        size = sum(len(line) for line in lines) + RECORD_OVERHEAD
         entry = f"batch:{batch_id}"
-        hold = await self.stored_bytes.hold(
-            caller.id, entry, size, "input_file_id", "a smaller input file"
-        )
         try:
-            await self.store.create(record, status, run, ttl)
+            hold = await self.stored_bytes.hold(
+                caller.id, entry, size, "input_file_id", "a smaller input file"
+            )
+        except BaseException:
+            await self.store.forget_live(caller.id, batch_id)
+            raise
+        try:
+            await self.store.create(record, "in_progress", lines, ttl)
             await self.stored_bytes.put(caller.id, entry, size, window, hold)
         finally:
             await self.stored_bytes.release(hold)
         return public(await self.store.get(caller.id, batch_id))
 
     async def live(self, owner: str) -> int:
-        """How many of the key's batches have not ended (up to the bound)."""
-        ids, _ = await self.store.page(owner, None, 10_000)
-        live = 0
-        for batch_id in ids:
-            try:
-                found = await self.store.get(owner, batch_id)
-            except GatewayError:
-                continue
-            live += found["status"] in LIVE
-            if live >= self.max_per_key:
-                break
-        return live
+        """How many of the key's batches have not ended."""
+        return await self.store.live(owner)
 
     def _checked(self, data: bytes, endpoint: str) -> tuple[list[str], list[dict[str, Any]], str]:
         """The file's lines to run, the errors that fail the batch (none: it runs) and the
@@ -166,13 +156,14 @@ class BatchService:
         lines: list[str] = []
         errors: list[dict[str, Any]] = []
         seen: set[str] = set()
-        models: set[str] = set()
+        models: dict[str, None] = {}  # in the order the lines name them
 
-        def error(number: int, code: str, message: str, param: str | None = None) -> None:
+        def error(number: int | None, code: str, message: str, param: str | None = None) -> None:
             if len(errors) < MAX_ERRORS:
                 errors.append({"code": code, "line": number, "message": message, "param": param})
 
-        for number, raw in enumerate(data.splitlines(), start=1):
+        # Lines end at \n only, as the upload's check reads them (a \r inside is the line's).
+        for number, raw in enumerate(data.split(b"\n"), start=1):
             if not raw.strip():
                 continue
             if len(lines) >= self.max_lines:
@@ -197,16 +188,16 @@ class BatchService:
                 error(number, *problem)
                 continue
             seen.add(item["custom_id"])
-            models.add(item["body"]["model"])
+            models.setdefault(item["body"]["model"], None)
             lines.append(text)
         if not lines and not errors:
-            error(0, "empty_file", "The input file holds no request.")
+            error(None, "empty_file", "The input file holds no request.")
         if len(models) > 1:
             error(
-                0,
+                None,
                 "mismatched_model",
                 f"Every request of a batch names the same model; this file names "
-                f"{len(models)}: {', '.join(sorted(models)[:5])}.",
+                f"{len(models)}: {', '.join(list(models)[:5])}.",
                 "model",
             )
         return lines, errors, next(iter(models), "")
@@ -256,6 +247,19 @@ class BatchService:
                         code="batch_not_cancellable",
                     )
         return public(await self.store.get(owner, batch_id))
+
+
+def _too_many(live: int) -> RateLimitError:
+    refused = RateLimitError(
+        f"This key has {live} batches not yet ended, the most one key may have "
+        "(GATEWAY_MAX_BATCHES_PER_KEY); wait for one to end or cancel one.",
+        "batches",
+        60.0,
+        # The SDKs would wait out the Retry-After twice: a batch ends in minutes or hours.
+        {"x-should-retry": "false"},
+    )
+    refused.code = "too_many_batches"
+    return refused
 
 
 def _line_problem(item: Any, endpoint: str, seen: set[str]) -> tuple[str, str, str] | None:

@@ -42,7 +42,7 @@ from gateway import outages
 from gateway.errors import GatewayError, NotFoundError, StoreUnavailableError
 from gateway.metrics import Metrics
 from gateway.serving.batches.inprocess import Answer, BatchCaller, call
-from gateway.state.batches import LEASE_S, BatchStore, Claimed
+from gateway.state.batches import KEEP_S, LEASE_S, BatchStore, Claimed
 from gateway.state.files import FileStore
 from gateway.state.stored_bytes import StoredBytes
 
@@ -138,7 +138,7 @@ class BatchWorker:
             try:
                 batch = await self.store.get(None, batch_id)
             except NotFoundError:  # its keys expired
-                await self.store.retire(batch_id)
+                await self.store.retire(batch_id, None)
                 continue
             await self._step(batch)
         self.metrics.batch_lines_queued.set(await self.store.queued())
@@ -170,8 +170,8 @@ class BatchWorker:
                 await self._finalize(batch_id)
         elif status == "finalizing":
             await self._finalize(batch_id)
-        else:  # ended (its finalizer retired it, or it failed validation)
-            await self.store.retire(batch_id)
+        else:  # ended (its finalizer died before it retired it)
+            await self.store.retire(batch_id, batch["owner"])
 
     def _start_line(self, batch: dict[str, Any], claimed: Claimed) -> None:
         model = batch["model"]
@@ -205,7 +205,7 @@ class BatchWorker:
         item = json.loads(claimed.line)
         body = dict(item["body"])
         body["priority"] = BATCH_PRIORITY
-        caller = BatchCaller(batch["owner"], batch["key_hash"], batch_id)
+        caller = BatchCaller(batch["owner"], batch["key_hash"])
         request_id = secrets.token_hex(16)
         assert self._app is not None
         try:
@@ -219,9 +219,15 @@ class BatchWorker:
             answer = Answer(
                 500, {}, b'{"error": {"message": "The gateway failed.", "type": "server_error"}}'
             )
+        if _error_code(answer) == "shutting_down":  # this replica drains: others take it
+            await self.store.release(batch_id, [claimed.index])
+            self._paused[batch_id] = time.monotonic() + MAX_PAUSE_S
+            return
         if _later(answer):
             left = await self.store.retry(batch_id, claimed.index, MAX_ATTEMPTS)
-            if left >= 0:
+            if left == 0:
+                return  # answered elsewhere meanwhile
+            if left > 0:
                 wait = min(float(answer.headers.get("retry-after", "1") or 1), MAX_PAUSE_S)
                 self._paused[batch_id] = time.monotonic() + wait
                 self.metrics.batch_lines.labels("retried").inc()
@@ -262,9 +268,13 @@ class BatchWorker:
             end = "expired"
             for claimed in await self.store.unanswered(batch_id):
                 custom_id = json.loads(claimed.line)["custom_id"]
-                await self.store.finish(
-                    batch_id, claimed.index, False, _expired(custom_id), (0, 0, 0)
-                )
+                if (
+                    await self.store.finish(
+                        batch_id, claimed.index, False, _expired(custom_id), (0, 0, 0)
+                    )
+                    >= 0
+                ):
+                    self.metrics.batch_lines.labels("expired").inc()
         output, errors = await self.store.results(batch_id)
         expires = batch.get("output_expires_after")
         files: dict[str, str] = {}
@@ -279,12 +289,21 @@ class BatchWorker:
                     quota=False,
                 )
                 files[f"{name}_file_id"] = made["id"]
-        keep = max(int(batch["expires_at"] - time.time()), 0) + 30 * 24 * 3600
+        keep = max(int(batch["expires_at"] - time.time()), 0) + KEEP_S
         await self.store.set_files(batch_id, files, keep)
         await self.store.move(batch_id, end, "finalizing")
-        await self.store.retire(batch_id)
+        await self.store.retire(batch_id, owner)
         await self.stored_bytes.drop(owner, f"batch:{batch_id}")
         self.metrics.batches.labels(end).inc()
+
+
+def _error_code(answer: Answer) -> str | None:
+    """The ``code`` of an error answer's body, if it has one."""
+    if answer.status < 400:
+        return None
+    with contextlib.suppress(ValueError, KeyError, AttributeError, TypeError):
+        return str(json.loads(answer.body)["error"]["code"])
+    return None
 
 
 def _later(answer: Answer) -> bool:
@@ -292,11 +311,7 @@ def _later(answer: Answer) -> bool:
     the gateway or its backend overloaded or away."""
     if answer.status == 503:
         return True
-    if answer.status != 429:
-        return False
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        return bool(json.loads(answer.body)["error"]["code"] != "budget_exceeded")
-    return True
+    return answer.status == 429 and _error_code(answer) != "budget_exceeded"
 
 
 def _result(custom_id: str, answer: Answer, request_id: str) -> tuple[str, tuple[int, int, int]]:

@@ -19,8 +19,9 @@
 --   renew  lease_ms index...      -> how many of these leases were still held (renewed)
 --   finish index kind line in out reasoning
 --                                 -> the lines left to answer, or -1 when this index was
---                                    answered already (its result is dropped: each request
---                                    is answered once). kind: completed or failed
+--                                    answered already or the batch has ended (its result
+--                                    is dropped: each request is answered once). kind:
+--                                    completed or failed
 --   retry  index max_attempts     -> 1 the line is back in todo (last), 0 when it was
 --                                    answered meanwhile, -1 when it was tried max_attempts
 --                                    times (the caller answers it as failed)
@@ -31,6 +32,14 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
+
+-- A key written here expires with the batch (its status key's TTL), whatever writes it.
+local function keep(key)
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
 
 local function requeue_ended()
   local ended = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)
@@ -55,6 +64,7 @@ if op == 'claim' then
       break
     end
     redis.call('ZADD', KEYS[5], now + lease, index)
+    keep(KEYS[5])
     out[#out + 1] = index
     out[#out + 1] = redis.call('HGET', KEYS[4], index) or ''
   end
@@ -67,12 +77,19 @@ elseif op == 'renew' then
   return renewed
 elseif op == 'finish' then
   local index = ARGV[2]
+  local status = redis.call('GET', KEYS[1])
+  if status ~= 'in_progress' and status ~= 'cancelling' and status ~= 'finalizing' then
+    return -1 -- the batch ended (its results are written): a late answer is dropped
+  end
   if redis.call('SADD', KEYS[6], index) == 0 then
     return -1
   end
   redis.call('ZREM', KEYS[5], index)
   local kind = ARGV[3]
-  redis.call('RPUSH', kind == 'completed' and KEYS[7] or KEYS[8], ARGV[4])
+  local results = kind == 'completed' and KEYS[7] or KEYS[8]
+  redis.call('RPUSH', results, ARGV[4])
+  keep(KEYS[6])
+  keep(results)
   redis.call('HINCRBY', KEYS[9], kind, 1)
   redis.call('HINCRBY', KEYS[9], 'input_tokens', tonumber(ARGV[5]))
   redis.call('HINCRBY', KEYS[9], 'output_tokens', tonumber(ARGV[6]))
