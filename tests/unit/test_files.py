@@ -92,6 +92,17 @@ async def test_round_trip(where: str, tmp_path: Path, redis_server: EmbeddedRedi
         assert empty.bytes == 0 and (await client.files.content(empty.id)).content == b""
 
 
+async def test_bytes_lost_from_the_directory_are_a_503_not_a_cut_200(tmp_path: Path) -> None:
+    directory = tmp_path / "files"
+    async with serve(make_settings(files_dir=directory)) as (_, http, client):
+        made = await client.files.create(file=("data.bin", BINARY), purpose="user_data")
+        for path in directory.iterdir():
+            path.unlink()  # an operator's mistake, a volume not mounted on this replica
+        answer = await http.get(f"/v1/files/{made.id}/content")
+        assert answer.status_code == 503, answer.status_code
+        assert answer.json()["error"]["code"] == "file_storage_unavailable"
+
+
 async def test_another_key_sees_nothing(
     client: openai.AsyncOpenAI, http: httpx.AsyncClient
 ) -> None:

@@ -57,13 +57,23 @@ async def get_file(file_id: str, caller: CallerDep, services: ServicesDep) -> di
     responses={200: {"content": {"application/octet-stream": {}}, "description": "The bytes"}},
 )
 async def file_content(file_id: str, caller: CallerDep, services: ServicesDep) -> StreamingResponse:
-    """The file's bytes, streamed as they are read (a 404 before any is sent)."""
+    """The file's bytes, streamed as they are read. The first piece is read before the
+    answer starts, so a file gone meanwhile is its 404, and bytes that cannot be read its
+    503, rather than a 200 cut short."""
     found = await services.files.get(caller.id, file_id)
+    pieces = services.files.content(caller.id, file_id)
+    first = await anext(pieces, b"")
     return StreamingResponse(
-        services.files.content(caller.id, file_id),
+        _then(first, pieces),
         media_type="application/octet-stream",
         headers={"Content-Length": str(found["bytes"])},
     )
+
+
+async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for piece in rest:
+        yield piece
 
 
 @router.delete("/{file_id}")
