@@ -156,7 +156,9 @@ def json_depth(text: bytes | str) -> int:
     return json_shape(text).depth
 
 
-_SURROGATE_ESCAPE = re.compile(rb"(\\+)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
+#: A run of backslashes (tried once, from its first: a run's every backslash tried as the
+#: start made a long run quadratic) that ends ``u`` and a surrogate's four hex digits.
+_SURROGATE_ESCAPE = re.compile(rb"(?<!\\)(\\+)u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
 #: A surrogate's code point encoded as UTF-8 (never valid UTF-8; the parser lets it through).
 _ENCODED_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
 

@@ -271,3 +271,19 @@ def test_pairs_and_escaped_backslashes_are_no_lone_surrogates(text: str) -> None
 )
 def test_lone_surrogates_are_found_where_they_are(text: bytes, at: int) -> None:
     assert lone_surrogate(text) == at
+
+
+async def test_a_long_run_of_backslashes_is_read_once_not_once_per_backslash(
+    http: httpx.AsyncClient,
+) -> None:
+    """Each run of backslashes was tried from each of its backslashes: a keyless 1 MB body
+    of them held a replica for about an hour (the check runs before the key's). It is
+    answered at once now, as any other body without a key."""
+    text = '{"model": "fake-chat", "x": "' + "\\\\" * 400_000 + '\\u0041"}'
+    assert lone_surrogate(text.encode()) is None
+    answered = await http.post(
+        "/v1/chat/completions",
+        content=text,
+        headers={"content-type": "application/json", "Authorization": ""},
+    )
+    assert answered.status_code == 401
