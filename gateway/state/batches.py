@@ -44,6 +44,8 @@ from gateway.state.scripts import register
 
 #: How long a replica holds a line without renewing it: past it, the line is another's.
 LEASE_S = 30.0
+#: How long a replica may take to write a batch's files before another takes over.
+FINALIZE_S = 300.0
 #: How long a batch is kept after its window ends (its record, counts and status).
 KEEP_S = 30 * 24 * 3600
 #: The statuses of a batch that still has work (claimed, cancelled or finalized by some
@@ -139,7 +141,9 @@ class BatchStore:
         record["status"] = _text(status)
         record["times"] = {_text(k): int(v) for k, v in times.items()}
         record["counts"] = {
-            _text(k): int(v) for k, v in counts.items() if not _text(k).startswith("attempts:")
+            _text(k): int(v)
+            for k, v in counts.items()
+            if not _text(k).startswith("attempts:") and _text(k) != "result_bytes"
         }
         record["files"] = {_text(k): _text(v) for k, v in files.items()}
         return record
@@ -211,12 +215,20 @@ class BatchStore:
 
     @needs_store
     async def finish(
-        self, batch_id: str, index: int, ok: bool, line: str, tokens: tuple[int, int, int]
+        self,
+        batch_id: str,
+        index: int,
+        ok: bool,
+        line: str,
+        tokens: tuple[int, int, int],
+        cap: int,
+        short: str,
     ) -> int:
-        """Records line ``index``'s result; the lines left to answer, or -1 when it had been
-        answered already (this result is dropped)."""
+        """Records line ``index``'s result (``short`` instead, failed, when the batch's
+        results would pass ``cap`` bytes); the lines left to answer, or -1 when it had been
+        answered already or the batch ended (this result is dropped)."""
         kind = "completed" if ok else "failed"
-        return int(await self._run(batch_id, "finish", index, kind, line, *tokens))
+        return int(await self._run(batch_id, "finish", index, kind, line, *tokens, cap, short))
 
     @needs_store
     async def retry(self, batch_id: str, index: int, max_attempts: int) -> int:
@@ -261,11 +273,11 @@ class BatchStore:
             await self.redis.expire(_key(batch_id, "files"), ttl_s)
 
     @needs_store
-    async def finalizer(self, batch_id: str, owner: str, lease_s: float = LEASE_S) -> bool:
-        """Whether the caller now finalizes the batch (none else does, or the one that did
-        died: its lock ended)."""
+    async def finalizer(self, batch_id: str, worker: str, lease_s: float = FINALIZE_S) -> bool:
+        """Whether ``worker`` (a replica's worker) now finalizes the batch: none else does,
+        or the one that did died (its lock ended)."""
         lock = _key(batch_id, "finalizer")
-        return bool(await self.redis.set(lock, owner, nx=True, px=int(lease_s * 1000)))
+        return bool(await self.redis.set(lock, worker, nx=True, px=int(lease_s * 1000)))
 
     @needs_store
     async def queued(self) -> int:

@@ -299,7 +299,7 @@ async def test_lines_of_a_replica_that_died_are_answered_once(
     assert sorted(o["custom_id"] for o in output) == sorted(f"r{i}" for i in range(12))
     assert len(fake.calls) == 12  # each line generated once
     # A second result for a line already answered is dropped.
-    assert await dead.finish(batch.id, claimed[0].index, True, "{}", (0, 0, 0)) == -1
+    assert await dead.finish(batch.id, claimed[0].index, True, "{}", (0, 0, 0), 1 << 20, "{}") == -1
 
 
 async def test_the_lines_run_at_the_lowest_priority(
@@ -309,3 +309,36 @@ async def test_the_lines_run_at_the_lowest_priority(
     batch = await run(client, [chat_line("a", priority=-5), chat_line("b")])
     assert batch.request_counts.completed == 2
     assert {call.priority for call in fake.calls} == {100}
+
+
+async def test_a_batchs_results_are_bounded(fake: FakeBackend) -> None:
+    """What a batch keeps in Redis for its output is at most GATEWAY_MAX_FILE_MB: past it,
+    each answer is dropped for a short error line."""
+    settings = make_settings(batch_tick_s=0.02, max_file_mb=0.001)  # 1 KiB
+    async with serve(settings, fake) as (_, _, client):
+        batch = await run(client, [chat_line(f"r{i}") for i in range(5)])
+        assert batch.status == "completed"
+        errors = await lines_of(client, batch.error_file_id)
+        assert errors and {e["error"]["code"] for e in errors} == {"batch_output_too_large"}
+        output = await lines_of(client, batch.output_file_id)
+        assert len(output) + len(errors) == 5 and len(output) < 5
+        assert batch.request_counts.failed == len(errors)
+
+
+async def test_a_large_batch_does_not_hold_every_slot(
+    served: tuple[FastAPI, httpx.AsyncClient, openai.AsyncOpenAI], fake: FakeBackend
+) -> None:
+    """Two keys' batches on one model share its slots: the small one ends long before the
+    large one, which would have held them all."""
+    _, http, client = served
+    fake.whole_delay_s = 0.05
+    large = await client.batches.create(
+        input_file_id=await upload(client, [chat_line(f"a{i}") for i in range(80)]),
+        endpoint=CHAT,
+        completion_window="24h",
+    )
+    other = sdk(http, (await new_key(http))["key"])
+    small = await run(other, [chat_line("b")])
+    assert small.status == "completed"
+    assert (await client.batches.retrieve(large.id)).status == "in_progress"
+    await ended(client, large.id)

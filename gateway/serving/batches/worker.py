@@ -70,7 +70,11 @@ class BatchWorker:
         concurrency: int,
         tick_s: float = TICK_S,
         lease_s: float = LEASE_S,
+        max_output_bytes: int = 32 << 20,
     ) -> None:
+        self.max_output_bytes = max_output_bytes
+        """The most bytes of results one batch keeps (``GATEWAY_MAX_FILE_MB``): a result
+        past it is answered ``batch_output_too_large`` instead."""
         self.store = store
         self.files = files
         self.stored_bytes = stored_bytes
@@ -134,16 +138,25 @@ class BatchWorker:
             self._wake.clear()
 
     async def _tick(self) -> None:
+        batches = []
         for batch_id in await self.store.active():
             try:
-                batch = await self.store.get(None, batch_id)
+                batches.append(await self.store.get(None, batch_id))
             except NotFoundError:  # its keys expired
                 await self.store.retire(batch_id, None)
-                continue
-            await self._step(batch)
+        # The slots of a model are shared among its batches running (each claims its share
+        # first; what one leaves, the next may take), so one key's large batch does not
+        # hold every slot while another's waits.
+        running: dict[str, int] = {}
+        for batch in batches:
+            if batch["status"] == "in_progress":
+                running[batch["model"]] = running.get(batch["model"], 0) + 1
+        for batch in batches:
+            share = max(1, -(-self.concurrency // running.get(batch["model"], 1)))
+            await self._step(batch, share)
         self.metrics.batch_lines_queued.set(await self.store.queued())
 
-    async def _step(self, batch: dict[str, Any]) -> None:
+    async def _step(self, batch: dict[str, Any], share: int) -> None:
         batch_id, status = batch["id"], batch["status"]
         running = self._running.get(batch_id, {})
         if status != "in_progress":
@@ -154,12 +167,13 @@ class BatchWorker:
             if time.time() >= batch["expires_at"]:
                 await self._stop_lines(batch_id)
                 if await self.store.move(batch_id, "finalizing", "in_progress"):
-                    await self._finalize(batch_id)
+                    self._finalize_soon(batch_id)
                 return
             if self._paused.get(batch_id, 0.0) > time.monotonic():
                 return
             model = batch["model"]
-            free = self.concurrency - self._in_flight.get(model, 0)
+            mine = len(self._running.get(batch_id, {}))
+            free = min(self.concurrency - self._in_flight.get(model, 0), share - mine)
             if free > 0:
                 for claimed in await self.store.claim(batch_id, free, self.lease_s):
                     self._start_line(batch, claimed)
@@ -167,9 +181,9 @@ class BatchWorker:
             if await self.store.leased(batch_id) == 0 and await self.store.move(
                 batch_id, "finalizing", "cancelling"
             ):
-                await self._finalize(batch_id)
+                self._finalize_soon(batch_id)
         elif status == "finalizing":
-            await self._finalize(batch_id)
+            self._finalize_soon(batch_id)
         else:  # ended (its finalizer died before it retired it)
             await self.store.retire(batch_id, batch["owner"])
 
@@ -234,25 +248,38 @@ class BatchWorker:
                 return
         ok = 200 <= answer.status < 300
         result, tokens = _result(item["custom_id"], answer, request_id)
-        left = await self.store.finish(batch_id, claimed.index, ok, result, tokens)
+        short = _failed_line(
+            item["custom_id"],
+            "batch_output_too_large",
+            f"The batch's results reached {self.max_output_bytes >> 20} MB "
+            "(GATEWAY_MAX_FILE_MB): this answer was dropped.",
+        )
+        left = await self.store.finish(
+            batch_id, claimed.index, ok, result, tokens, self.max_output_bytes, short
+        )
         if left < 0:
             return  # answered elsewhere meanwhile: this result is dropped
         self.metrics.batch_lines.labels("completed" if ok else "failed").inc()
         if left == 0 and await self.store.move(batch_id, "finalizing", "in_progress"):
-            task = asyncio.create_task(self._finalize(batch_id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._finalize_soon(batch_id)
+
+    def _finalize_soon(self, batch_id: str) -> None:
+        """Finalizes the batch in a task of its own (the tick goes on renewing leases)."""
+        if batch_id in self._finalizing:
+            return
+        task = asyncio.create_task(self._finalize(batch_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _finalize(self, batch_id: str) -> None:
-        if batch_id in self._finalizing or not await self.store.finalizer(
-            batch_id, self.name, self.lease_s
-        ):
+        if batch_id in self._finalizing:
             return
         self._finalizing.add(batch_id)
         try:
-            await self._write_results(batch_id)
+            if await self.store.finalizer(batch_id, self.name):
+                await self._write_results(batch_id)
         except GatewayError:
-            logger.exception("batch %s: finalizing failed; another tick tries again", batch_id)
+            logger.exception("batch %s: finalizing failed; another tries later", batch_id)
         finally:
             self._finalizing.discard(batch_id)
 
@@ -267,10 +294,15 @@ class BatchWorker:
         else:
             end = "expired"
             for claimed in await self.store.unanswered(batch_id):
-                custom_id = json.loads(claimed.line)["custom_id"]
+                expired = _failed_line(
+                    json.loads(claimed.line)["custom_id"],
+                    "batch_expired",
+                    "This request could not be executed before the completion window expired.",
+                )
+                cap = self.max_output_bytes + len(expired)  # an expired line is always said
                 if (
                     await self.store.finish(
-                        batch_id, claimed.index, False, _expired(custom_id), (0, 0, 0)
+                        batch_id, claimed.index, False, expired, (0, 0, 0), cap, expired
                     )
                     >= 0
                 ):
@@ -343,17 +375,14 @@ def _result(custom_id: str, answer: Answer, request_id: str) -> tuple[str, tuple
     return json.dumps(line), tokens
 
 
-def _expired(custom_id: str) -> str:
+def _failed_line(custom_id: str, code: str, message: str) -> str:
+    """An error file's line for a request the batch did not answer (``response`` null)."""
     return json.dumps(
         {
             "id": f"batch_req_{secrets.token_hex(12)}",
             "custom_id": custom_id,
             "response": None,
-            "error": {
-                "code": "batch_expired",
-                "message": "This request could not be executed before the completion window "
-                "expired.",
-            },
+            "error": {"code": code, "message": message},
         }
     )
 

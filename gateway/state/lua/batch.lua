@@ -17,7 +17,9 @@
 --                                    (none unless in_progress); leases that ended (their
 --                                    replica died) go back to todo first
 --   renew  lease_ms index...      -> how many of these leases were still held (renewed)
---   finish index kind line in out reasoning
+--   finish index kind line in out reasoning cap short
+--                                 (cap: the most bytes of results the batch keeps; past
+--                                 it, `short` is written instead, counted as failed)
 --                                 -> the lines left to answer, or -1 when this index was
 --                                    answered already or the batch has ended (its result
 --                                    is dropped: each request is answered once). kind:
@@ -85,9 +87,13 @@ elseif op == 'finish' then
     return -1
   end
   redis.call('ZREM', KEYS[5], index)
-  local kind = ARGV[3]
+  local kind, line = ARGV[3], ARGV[4]
+  if tonumber(redis.call('HGET', KEYS[9], 'result_bytes') or '0') + #line > tonumber(ARGV[8]) then
+    kind, line = 'failed', ARGV[9]
+  end
+  redis.call('HINCRBY', KEYS[9], 'result_bytes', #line)
   local results = kind == 'completed' and KEYS[7] or KEYS[8]
-  redis.call('RPUSH', results, ARGV[4])
+  redis.call('RPUSH', results, line)
   keep(KEYS[6])
   keep(results)
   redis.call('HINCRBY', KEYS[9], kind, 1)
