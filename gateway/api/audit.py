@@ -42,11 +42,11 @@ AuditDep = Annotated[Auditor, Depends(_auditor)]
 
 async def _key_auditor(request: Request, caller: CallerDep, services: ServicesDep) -> Auditor:
     """The auditor of a key's own action that the log records (a batch made or cancelled):
-    the caller is whichever key it is, admitted as for any ``/v1`` route."""
+    the caller is whichever key it is, admitted as for any ``/v1`` route; only what was done
+    is written (a key's refused attempts would flood the admins' log)."""
     client = request.client.host if request.client else None
-    return Auditor(
-        services.audit, Actor(id=caller.id, name=caller.name), client, request_id(request)
-    )
+    actor = Actor(id=caller.id, name=caller.name)
+    return Auditor(services.audit, actor, client, request_id(request), done_only=True)
 
 
 KeyAuditDep = Annotated[Auditor, Depends(_key_auditor)]

@@ -162,18 +162,31 @@ class Auditor:
     """Records the actions of one admin request (who and from where are bound)."""
 
     def __init__(
-        self, log: AuditLog, actor: Actor, client: str | None, request_id: str | None
+        self,
+        log: AuditLog,
+        actor: Actor,
+        client: str | None,
+        request_id: str | None,
+        done_only: bool = False,
     ) -> None:
         self.log = log
         self.actor = actor
         self.client = client
         self.request_id = request_id
+        self.done_only = done_only
+        """Only actions that were done are written (any key's own, a batch made or
+        cancelled: a key cannot fill the log with refusals, nor hold its action on it)."""
 
     @asynccontextmanager
     async def __call__(
         self, action: str, target: str | None = None, details: dict[str, Any] | None = None
     ) -> AsyncIterator[Action]:
         """Records ``action`` on ``target`` (``details``: what was asked) around the block."""
+        if self.done_only:
+            done = Action(target, dict(details or {}))
+            yield done
+            await self._after(action, "completed", done.target, done.details)
+            return
         try:
             await self._append(action, "requested", target, details or {})
         except StoreUnavailableError as exc:

@@ -38,8 +38,11 @@ from gateway.state.stored_bytes import RECORD_OVERHEAD, StoredBytes
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 #: The window a batch has to run: OpenAI's one value.
 WINDOW_S = {"24h": 24 * 3600}
-#: Line errors a failed batch lists, at most.
+#: Line errors a failed batch lists, at most (each message names at most 64 characters of
+#: what the client sent: the record stays a few tens of KB).
 MAX_ERRORS = 100
+#: The longest model name a line may give (the record keeps it).
+MAX_MODEL_CHARS = 256
 
 
 class OutputExpiresAfter(BaseModel):
@@ -77,6 +80,8 @@ class BatchService:
         self.json_limits = json_limits
         self.max_lines = max_lines
         self.max_per_key = max_per_key
+        self._reading = asyncio.Semaphore(1)
+        """One input file read and checked at a time on this replica (up to 32 MB each)."""
 
     async def create(self, caller: ApiKey, key_hash: str, body: BatchCreate) -> dict[str, Any]:
         if body.endpoint not in ENDPOINTS:
@@ -100,48 +105,61 @@ class BatchService:
                 f"'{found['purpose']}'; a batch reads a file of purpose 'batch'.",
                 param="input_file_id",
             )
-        data = await self.files.read(caller.id, body.input_file_id)
-        lines, errors, model = await asyncio.to_thread(self._checked, data, body.endpoint)
-        del data
         now = int(time.time())
         window = WINDOW_S[body.completion_window]
         batch_id = new_batch_id()
-        record: dict[str, Any] = {
-            "id": batch_id,
-            "object": "batch",
-            "endpoint": body.endpoint,
-            "input_file_id": body.input_file_id,
-            "completion_window": body.completion_window,
-            "created_at": now,
-            "expires_at": now + window,
-            "metadata": body.metadata,
-            "model": model,
-            "owner": caller.id,
-            "key_hash": key_hash,
-            "output_expires_after": body.output_expires_after.seconds
-            if body.output_expires_after
-            else None,
-            "errors": {"object": "list", "data": errors} if errors else None,
-        }
-        ttl = window + KEEP_S
-        if errors:
-            await self.store.create(record, "failed", [], ttl)
-            return public(await self.store.get(caller.id, batch_id))
+        # The key's room (a live batch, the lines' bytes: about the file's) is taken before
+        # the file is read, and a replica reads one file at a time: refusals cost nothing.
         before = await self.store.admit_live(caller.id, batch_id, now + window, self.max_per_key)
         if before >= self.max_per_key:
             raise _too_many(before)
-        size = sum(len(line) for line in lines) + RECORD_OVERHEAD
         entry = f"batch:{batch_id}"
         try:
             hold = await self.stored_bytes.hold(
-                caller.id, entry, size, "input_file_id", "a smaller input file"
+                caller.id,
+                entry,
+                int(found["bytes"]) + RECORD_OVERHEAD,
+                "input_file_id",
+                "a smaller input file",
             )
         except BaseException:
             await self.store.forget_live(caller.id, batch_id)
             raise
         try:
-            await self.store.create(record, "in_progress", lines, ttl)
-            await self.stored_bytes.put(caller.id, entry, size, window, hold)
+            async with self._reading:
+                data = await self.files.read(caller.id, body.input_file_id)
+                lines, errors, model = await asyncio.to_thread(self._checked, data, body.endpoint)
+                del data
+            record: dict[str, Any] = {
+                "id": batch_id,
+                "object": "batch",
+                "endpoint": body.endpoint,
+                "input_file_id": body.input_file_id,
+                "completion_window": body.completion_window,
+                "created_at": now,
+                "expires_at": now + window,
+                "metadata": body.metadata,
+                "model": model,
+                "owner": caller.id,
+                "key_hash": key_hash,
+                "output_expires_after": body.output_expires_after.seconds
+                if body.output_expires_after
+                else None,
+                "errors": {"object": "list", "data": errors} if errors else None,
+            }
+            ttl = window + KEEP_S
+            if errors:  # a failed batch keeps its record (tens of KB at most), counted
+                await self.store.forget_live(caller.id, batch_id)
+                await self.store.create(record, "failed", [], ttl)
+                size = len(json.dumps(record)) + RECORD_OVERHEAD
+                await self.stored_bytes.put(caller.id, entry, size, ttl, hold)
+            else:
+                await self.store.create(record, "in_progress", lines, ttl)
+                size = sum(len(line) for line in lines) + RECORD_OVERHEAD
+                await self.stored_bytes.put(caller.id, entry, size, window, hold)
+        except BaseException:
+            await self.store.forget_live(caller.id, batch_id)
+            raise
         finally:
             await self.stored_bytes.release(hold)
         return public(await self.store.get(caller.id, batch_id))
@@ -276,7 +294,7 @@ def _line_problem(item: Any, endpoint: str, seen: set[str]) -> tuple[str, str, s
     if custom_id in seen:
         return (
             "duplicate_custom_id",
-            f"The custom_id '{custom_id}' is on an earlier line too.",
+            f"The custom_id '{custom_id[:64]}' is on an earlier line too.",
             "custom_id",
         )
     if item.get("method") != "POST":
@@ -290,6 +308,8 @@ def _line_problem(item: Any, endpoint: str, seen: set[str]) -> tuple[str, str, s
     body = item.get("body")
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return "invalid_body", "Each line's body is a JSON object naming a model.", "body"
+    if not 0 < len(body["model"]) <= MAX_MODEL_CHARS:
+        return "invalid_body", f"A model's name is 1 to {MAX_MODEL_CHARS} characters.", "body.model"
     if body.get("stream"):
         return (
             "invalid_body",
