@@ -32,8 +32,8 @@ indexes are trimmed of expired files whenever the key uploads or lists (at most
 
 **Lifetime.** ``expires_after`` (``{"anchor": "created_at", "seconds": 3600..2592000}``, as
 OpenAI bounds it) sets ``expires_at``; without it a file is kept ``GATEWAY_FILES_TTL_DAYS``
-(30) and its ``expires_at`` is ``null``. OpenAI keeps such a file until it is deleted; here
-every file ends, so what keys store stays bounded. An expired file is gone (its keys by
+(30), and its ``expires_at`` says when that ends. OpenAI keeps such a file until it is
+deleted (a ``batch`` file 30 days); here every file ends, so what keys store stays bounded. An expired file is gone (its keys by
 their TTL, a directory's blob at the next sweep) and stops counting.
 
 **Bounds and quota.** An upload is at most ``GATEWAY_MAX_FILE_MB``, counted as it is stored:
@@ -126,7 +126,9 @@ class StoredFile(BaseModel):
             "object": "file",
             "bytes": self.size,
             "created_at": self.created_at,
-            "expires_at": self.expires_at,
+            # When it is removed: expires_after's end, or the default lifetime's (a client
+            # that reads expires_at learns when the file is gone either way).
+            "expires_at": self.ends_at,
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",

@@ -60,7 +60,8 @@ async def test_round_trip(where: str, tmp_path: Path, redis_server: EmbeddedRedi
         assert made.id.startswith("file-") and len(made.id) == 5 + 24
         assert made.object == "file" and made.bytes == len(data)
         assert made.filename == "data.bin" and made.purpose == "user_data"
-        assert made.status == "processed" and made.expires_at is None
+        # Without expires_after it is kept GATEWAY_FILES_TTL_DAYS, which expires_at says.
+        assert made.status == "processed" and made.expires_at == made.created_at + 30 * 86_400
         assert abs(made.created_at - time.time()) < 5
         assert (await client.files.retrieve(made.id)) == made
         listed = await client.files.list()

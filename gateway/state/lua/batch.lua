@@ -113,11 +113,14 @@ elseif op == 'retry' then
   end
   redis.call('ZREM', KEYS[5], index)
   redis.call('RPUSH', KEYS[3], index)
+  keep(KEYS[3])
+  keep(KEYS[9])
   return 1
 elseif op == 'release' then
   for i = 2, #ARGV do
     if redis.call('ZREM', KEYS[5], ARGV[i]) == 1 and redis.call('SISMEMBER', KEYS[6], ARGV[i]) == 0 then
       redis.call('LPUSH', KEYS[3], ARGV[i])
+      keep(KEYS[3])
     end
   end
   return 1
