@@ -33,8 +33,9 @@ indexes are trimmed of expired files whenever the key uploads or lists (at most
 **Lifetime.** ``expires_after`` (``{"anchor": "created_at", "seconds": 3600..2592000}``, as
 OpenAI bounds it) sets ``expires_at``; without it a file is kept ``GATEWAY_FILES_TTL_DAYS``
 (30), and its ``expires_at`` says when that ends. OpenAI keeps such a file until it is
-deleted (a ``batch`` file 30 days); here every file ends, so what keys store stays bounded. An expired file is gone (its keys by
-their TTL, a directory's blob at the next sweep) and stops counting.
+deleted (a ``batch`` file 30 days); here every file ends, so what keys store stays
+bounded. An expired file is gone (its keys by their TTL, a directory's blob at the next
+sweep) and stops counting.
 
 **Bounds and quota.** An upload is at most ``GATEWAY_MAX_FILE_MB``, counted as it is stored:
 past it, 413 ``file_too_large`` naming ``file``, and what was written is removed. Its bytes
