@@ -35,6 +35,7 @@ from pydantic import Field, model_validator
 from gateway.errors import InvalidRequestError, PayloadTooLargeError
 from gateway.serving.json_shape import JsonLimits, json_shape, surrogate_refusal
 from gateway.serving.protocol import Strict
+from gateway.serving.protocol.common import bracketed
 from gateway.state.files import MAX_EXPIRES_S, MIN_EXPIRES_S, FileStore
 
 #: What a client may upload.
@@ -82,13 +83,7 @@ class FileCreate(Strict):
     def _expires_object(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        fields = dict(data)
-        prefix = "expires_after["
-        nested = {
-            key[len(prefix) : -1]: fields.pop(key)
-            for key in data
-            if isinstance(key, str) and key.startswith(prefix) and key.endswith("]")
-        }
+        fields, nested = bracketed(data, "expires_after")
         raw = fields.get("expires_after")
         if nested:
             fields["expires_after"] = nested

@@ -11,7 +11,7 @@ from pydantic import (
 )
 
 from gateway.serving.json_shape import json_depth
-from gateway.serving.protocol.common import Strict
+from gateway.serving.protocol.common import Strict, bracketed
 
 #: The voice names of the OpenAI speech API; each maps onto a voice of the speech model.
 OPENAI_VOICES = (
@@ -84,13 +84,7 @@ class TranscriptionRequest(Strict):
         text, or the bare type (``auto``)."""
         if not isinstance(data, dict):
             return data
-        fields = dict(data)
-        prefix = "chunking_strategy["
-        nested = {
-            key[len(prefix) : -1]: fields.pop(key)
-            for key in data
-            if isinstance(key, str) and key.startswith(prefix) and key.endswith("]")
-        }
+        fields, nested = bracketed(data, "chunking_strategy")
         raw = fields.get("chunking_strategy")
         if nested:
             fields["chunking_strategy"] = nested

@@ -32,6 +32,19 @@ class Strict(BaseModel):
 Echoed = Annotated[Any, Field(exclude=True)]
 
 
+def bracketed(data: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A multipart form's fields, and the object the SDKs send as ``name[key]`` fields
+    (taken out of the fields; empty when there are none)."""
+    fields = dict(data)
+    prefix = f"{name}["
+    nested = {
+        key[len(prefix) : -1]: fields.pop(key)
+        for key in data
+        if isinstance(key, str) and key.startswith(prefix) and key.endswith("]")
+    }
+    return fields, nested
+
+
 class StreamOptions(Strict):
     include_usage: bool = False
     include_obfuscation: bool | None = None
