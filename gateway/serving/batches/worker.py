@@ -190,7 +190,7 @@ class BatchWorker:
     def _start_line(self, batch: dict[str, Any], claimed: Claimed) -> None:
         model = batch["model"]
         self._in_flight[model] = self._in_flight.get(model, 0) + 1
-        task = asyncio.create_task(self._line(batch, claimed))
+        task = asyncio.create_task(self._guarded(batch, claimed))
         self._running.setdefault(batch["id"], {})[claimed.index] = task
 
         def done(_: asyncio.Task[None]) -> None:
@@ -213,6 +213,17 @@ class BatchWorker:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.release(batch_id, indexes)
+
+    async def _guarded(self, batch: dict[str, Any], claimed: Claimed) -> None:
+        """A line, its failure logged: its lease ends and another claim runs it again (Redis
+        away when its result was to be written, say)."""
+        try:
+            await self._line(batch, claimed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, StoreUnavailableError):
+                logger.exception("batch %s: line %d failed", batch["id"], claimed.index)
 
     async def _line(self, batch: dict[str, Any], claimed: Claimed) -> None:
         batch_id = batch["id"]
