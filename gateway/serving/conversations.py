@@ -26,6 +26,7 @@ from pydantic import Field
 
 from gateway.errors import InvalidRequestError
 from gateway.serving.protocol import Strict
+from gateway.serving.protocol.common import list_page
 from gateway.serving.responses.conversion import input_messages
 from gateway.serving.responses.protocol import InputItem, MetadataKey, MetadataValue
 from gateway.serving.responses.references import References, chat_messages
@@ -65,14 +66,8 @@ def check_include(include: list[str] | None) -> None:
             )
 
 
-def item_list(items: list[dict[str, Any]], has_more: bool = False) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": items,
-        "first_id": items[0]["id"] if items else None,
-        "last_id": items[-1]["id"] if items else None,
-        "has_more": has_more,
-    }
+#: A page of conversation items (an OpenAI list).
+item_list = list_page
 
 
 class ConversationService:

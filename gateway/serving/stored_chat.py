@@ -45,6 +45,7 @@ from gateway.serving.protocol import (
     ToolCall,
     Usage,
 )
+from gateway.serving.protocol.common import list_page
 from gateway.serving.sse import event, failure
 from gateway.state.chat_completions import ChatCompletionStore, StoredChatCompletion
 from gateway.state.limits import Meter
@@ -287,7 +288,7 @@ class StoredChat:
         found = await self.store.list(
             owner, model=model, metadata=metadata, after=after, limit=limit, order=order
         )
-        return _page([record.completion for record in found.records], found.has_more)
+        return list_page([record.completion for record in found.records], found.has_more)
 
     async def retrieve(self, owner: str, completion_id: str) -> dict[str, Any]:
         return (await self.store.get(owner, completion_id)).completion
@@ -316,17 +317,7 @@ class StoredChat:
                     param="after",
                 )
             messages = messages[ids.index(after) + 1 :]
-        return _page(messages[:limit], len(messages) > limit)
-
-
-def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+        return list_page(messages[:limit], len(messages) > limit)
 
 
 class StoredChatUpdate(Strict):

@@ -27,7 +27,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError, RateLimitError
+from gateway.serving.files import ExpiresAfter
 from gateway.serving.json_shape import JsonLimits, json_shape
+from gateway.serving.protocol.common import list_page
 from gateway.state.batches import KEEP_S, BatchStore, new_batch_id
 from gateway.state.files import FileStore
 from gateway.state.keys import ApiKey
@@ -45,12 +47,6 @@ MAX_ERRORS = 100
 MAX_MODEL_CHARS = 256
 
 
-class OutputExpiresAfter(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    anchor: Literal["created_at"]
-    seconds: int = Field(ge=3600, le=2_592_000)
-
-
 class BatchCreate(BaseModel):
     """``POST /v1/batches`` (openai-python's ``BatchCreateParams``)."""
 
@@ -59,7 +55,7 @@ class BatchCreate(BaseModel):
     endpoint: str = Field(max_length=64)
     completion_window: Literal["24h"]
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(None, max_length=16)
-    output_expires_after: OutputExpiresAfter | None = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 class BatchService:
@@ -243,13 +239,7 @@ class BatchService:
                 data.append(public(await self.store.get(owner, batch_id)))
             except GatewayError:
                 continue  # expired meanwhile
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": more,
-        }
+        return list_page(data, more)
 
     async def cancel(self, owner: str, batch_id: str) -> dict[str, Any]:
         found = await self.store.get(owner, batch_id)

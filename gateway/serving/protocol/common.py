@@ -32,6 +32,18 @@ class Strict(BaseModel):
 Echoed = Annotated[Any, Field(exclude=True)]
 
 
+def list_page(data: list[dict[str, Any]], has_more: bool = False) -> dict[str, Any]:
+    """One page of an OpenAI list (``object: list``, ``data``, the first and last ids,
+    ``has_more``)."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
 def bracketed(data: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A multipart form's fields, and the object the SDKs send as ``name[key]`` fields
     (taken out of the fields; empty when there are none)."""
