@@ -24,6 +24,7 @@ tensors are length-prefixed strings (Triton's raw binary format), numbers little
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
@@ -248,6 +249,12 @@ class StreamPool:
         finally:
             if finished and metadata is None:
                 self._give_back(call)
+            elif finished:
+                # A traced call, its request done: ended as a client with no more to send,
+                # not cancelled, so Triton ends the request (and exports its spans) as usual.
+                with contextlib.suppress(Exception):
+                    await call.done_writing()
+                    await asyncio.wait_for(call.code(), 2.0)
             else:
                 # The client went away or the request failed: stop the model. (A traced
                 # call, its request done, is simply closed.)
