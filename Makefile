@@ -73,6 +73,7 @@ bench: $(STAMP) $(AIPERF_STAMP)
 	$(BIN)/python -m tests.bench.llmapi
 	$(BIN)/python -m tests.bench.messages
 	$(BIN)/python -m tests.bench.aiperf
+	$(BIN)/python -m tests.bench.batches
 
 # The playground screenshots of docs/playground.md (docs/playground/*.png), from a stack it starts.
 screenshots: $(STAMP) system-deps

@@ -227,6 +227,19 @@ class Settings(BaseSettings):
     batch_tick_s: float = Field(0.5, gt=0, le=10)
     """How often each replica's batch worker looks at the batches, at most (it looks again
     at once when one of its lines ends)."""
+    batch_lease_s: float = Field(30.0, ge=1, le=3600)
+    """How long a replica holds a batch line without renewing its lease (it renews every
+    tick): how soon the lines of a replica that died go to the others. At least four
+    ticks, so that a slow tick does not lose a line that runs."""
+
+    @model_validator(mode="after")
+    def _lease_outlasts_ticks(self) -> Settings:
+        if self.batch_lease_s < 4 * self.batch_tick_s:
+            raise ValueError(
+                "GATEWAY_BATCH_LEASE_S must be at least four GATEWAY_BATCH_TICK_S "
+                f"({self.batch_lease_s} < 4 x {self.batch_tick_s})"
+            )
+        return self
 
     # Images in chat (image_url parts, Responses input_image; docs/chat.md#images-image_url-parts).
     image_url_hosts: Annotated[list[str], NoDecode] = []

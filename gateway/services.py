@@ -249,6 +249,7 @@ def build_services(
             metrics,
             settings.batch_concurrency,
             settings.batch_tick_s,
+            settings.batch_lease_s,
             max_output_bytes=int(settings.max_file_mb * 1024 * 1024),
         ),
         speech=speech,

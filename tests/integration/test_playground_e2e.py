@@ -5,12 +5,16 @@ purpose (see :func:`tests.support.browser.playground`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from openai.types import Batch
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from tests.support.browser import launch, playground, spoken_wav
@@ -287,6 +291,62 @@ def test_admin_console_loads_models_and_manages_keys(
         expect(audit.first).to_contain_text(f"GATEWAY_ADMIN_KEY (admin)127.0.0.1key.revoke{key_id}")
         with pytest.raises(openai.AuthenticationError):
             made.models.list()
+
+
+def answered(batch: Batch) -> int:
+    counts = batch.request_counts
+    return counts.completed + counts.failed if counts else 0
+
+
+def until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    """Polls ``condition`` (a call to the API, which no ``expect`` can wait on) until true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_admin_console_lists_the_batches_running(stack: GatewayProcess, browser: Browser) -> None:
+    batcher = stack.create_key("batcher", models=["mock_chat"])
+    sdk = stack.client(batcher["key"])
+    body = {
+        "model": "mock_chat",
+        "messages": [{"role": "user", "content": "[mock:delay_ms=40] [mock:words=40] story"}],
+    }
+    lines = [
+        {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(60)
+    ]  # 1.6 s each, GATEWAY_BATCH_CONCURRENCY (4) at once per replica: 12 s or more
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    uploaded = sdk.files.create(file=("b.jsonl", data), purpose="batch")
+    batch = sdk.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    try:
+        with playground(browser, stack.base_url, stack.admin_key) as (page, _):
+            page.get_by_test_id("tab-admin").click()
+            row = page.locator(f'[data-testid="admin-batches"] tr[data-batch="{batch.id}"]')
+            expect(page.get_by_test_id(f"admin-batch-status-{batch.id}")).to_have_text(
+                re.compile(r"^(validating|in_progress)$")
+            )
+            expect(row).to_contain_text("batcher")
+            expect(row).to_contain_text("/v1/chat/completions")
+
+            # Once some lines are answered, a refresh shows them.
+            until(lambda: answered(sdk.batches.retrieve(batch.id)) >= 1)
+            page.get_by_test_id("admin-refresh").click()
+            expect(page.get_by_test_id(f"admin-batch-progress-{batch.id}")).to_have_text(
+                re.compile(r"^[1-9]\d*/60$")
+            )
+
+            # Cancelled, it has ended: it leaves the list.
+            sdk.batches.cancel(batch.id)
+            until(lambda: sdk.batches.retrieve(batch.id).status == "cancelled")
+            page.get_by_test_id("admin-refresh").click()
+            expect(row).to_have_count(0)
+    finally:
+        if sdk.batches.retrieve(batch.id).status not in ("cancelled", "completed", "failed"):
+            sdk.batches.cancel(batch.id)
 
 
 def test_a_wrong_key_and_a_refused_request_show_the_api_error(

@@ -4,6 +4,7 @@ OpenAI errors meanwhile, nothing it started outlives it, and SIGTERM drains."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,7 +17,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import redis
 
+from tests.support.bodies import mock_say
 from tests.support.stack import ROOT, GatewayProcess, free_port
 from tests.support.waiting import wait_until
 
@@ -106,13 +109,17 @@ QUICK_WATCH = {
     "GATEWAY_RESTART_DELAY_S": "0.05",
     "GATEWAY_TRITON_MODELS_CHECK_S": "0.2",
 }
+#: A batch line's lease, shortened the same way (30 s by default): a dead replica's lines
+#: go to the other after 2 s.
+BATCH_LEASE = {"GATEWAY_BATCH_LEASE_S": "2", "GATEWAY_BATCH_CONCURRENCY": "4"}
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[GatewayProcess]:
     """Its own stack, Redis included (``gateway up`` starts and supervises it). The last
     test of this module kills it."""
-    with GatewayProcess(models=["mock_chat"], env=QUICK_WATCH).running(120) as gateway:
+    env = {**QUICK_WATCH, **BATCH_LEASE}
+    with GatewayProcess(models=["mock_chat"], env=env).running(120) as gateway:
         yield gateway
 
 
@@ -231,6 +238,64 @@ def test_no_request_fails_across_a_triton_restart(stack: GatewayProcess) -> None
     assert slow, "no request met the restart"
     assert _waits(stack, "waited_ok") > waited_before
     wait_until(lambda: "Triton is back" in stack.output().split("Triton exited")[-1], "back", 30)
+
+
+def _leased(stack: GatewayProcess, batch_id: str) -> int:
+    """Lines of the batch leased to a replica now (``gateway/state/batches.py``'s layout),
+    read with the embedded Redis's password (``gateway up``'s run dir)."""
+    password = (stack.run_dir / f"gateway-{stack.port}" / "redis_password").read_text().strip()
+    with redis.Redis(port=stack.redis_port, password=password) as store:
+        return int(store.zcard(f"gw:batch:{{{batch_id}}}:leases"))
+
+
+def test_a_replica_killed_mid_batch_leaves_its_lines_to_the_other(stack: GatewayProcess) -> None:
+    wait_until(lambda: all(_ready(a) for a in stack.replica_addresses()), "replicas ready", 60)
+    key = stack.create_key("batch chaos")
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key["key"], max_retries=3)
+    lines = [
+        {
+            "custom_id": f"line-{i}",
+            "method": "POST",
+            "url": CHAT,
+            "body": {
+                "model": "mock_chat",
+                "messages": [
+                    {"role": "user", "content": f"[mock:delay_ms=60] {mock_say(f'Answer {i}.')}"}
+                ],
+            },
+        }
+        for i in range(48)
+    ]
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    uploaded = client.files.create(file=("chaos.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+    # Each replica runs 4 lines at once: more than 4 leased means both hold some.
+    wait_until(lambda: _leased(stack, batch.id) > 4, "both replicas run lines", 30)
+    victim = stack.replica_addresses()[0]
+    os.kill(stack.replica_pid(victim), signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while (found := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
+    assert found.status == "completed", found
+    counts = found.request_counts
+    assert counts is not None and (counts.total, counts.completed, counts.failed) == (48, 48, 0)
+    assert found.error_file_id is None
+    output = [
+        json.loads(x) for x in client.files.content(found.output_file_id or "").text.splitlines()
+    ]
+    # Every line answered exactly once, each with its own answer.
+    assert sorted(o["custom_id"] for o in output) == sorted(x["custom_id"] for x in lines)
+    for answer in output:
+        i = answer["custom_id"].removeprefix("line-")
+        assert answer["response"]["body"]["choices"][0]["message"]["content"] == f"Answer {i}."
+    # Usage counted once per line: the killed replica's lines never settled there.
+    used = httpx.get(
+        f"{stack.base_url}/admin/keys/{key['id']}/usage", headers=stack.headers, timeout=10
+    ).json()["models"]["mock_chat"]
+    tokens = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in output)
+    assert (used["requests"], used["completion_tokens"]) == (48, tokens)
+    assert found.usage is not None and found.usage.output_tokens == tokens
 
 
 def test_nothing_outlives_gateway_up_killed_with_sigkill(stack: GatewayProcess) -> None:

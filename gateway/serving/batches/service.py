@@ -30,7 +30,7 @@ from gateway.errors import GatewayError, InvalidRequestError, NotFoundError, Rat
 from gateway.serving.files import ExpiresAfter
 from gateway.serving.json_shape import JsonLimits, json_shape
 from gateway.serving.protocol.common import list_page
-from gateway.state.batches import KEEP_S, BatchStore, new_batch_id
+from gateway.state.batches import KEEP_S, LIVE, BatchStore, new_batch_id
 from gateway.state.files import FileStore
 from gateway.state.keys import ApiKey
 from gateway.state.stored_bytes import RECORD_OVERHEAD, StoredBytes
@@ -225,7 +225,8 @@ class BatchService:
                 found = await self.store.get(None, batch_id)
             except GatewayError:
                 continue
-            shown.append({**public(found), "owner": found["owner"]})
+            if found["status"] in LIVE:  # not one that ended a moment ago
+                shown.append({**public(found), "owner": found["owner"]})
         return shown
 
     async def get(self, owner: str, batch_id: str) -> dict[str, Any]:

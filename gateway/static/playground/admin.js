@@ -1,12 +1,14 @@
 // Admin tab (admin keys only): Triton's models with load / unload, API keys (create, with the
 // secret shown once; revoke), what each key used, this month's spend by key, project, model
-// or day with the budgets' use (docs/budgets.md), and the audit log of admin actions, all
-// from the /admin API.
+// or day with the budgets' use (docs/budgets.md), the batches not yet ended
+// (docs/batches.md) and the audit log of admin actions, all from the /admin API.
 
 import { call, callJson } from "./api.js";
 import { $, busy, clearError, el, optionalNumber, showError } from "./ui.js";
 
 let afterModelChange = async () => {};
+/** Key id -> name, from the keys table as last loaded (the batches table names its keys). */
+let keyNames = new Map();
 
 function fail(failure) {
   showError($("admin-error"), failure);
@@ -100,6 +102,7 @@ async function showSpend() {
 async function showKeys() {
   const { data } = await callJson("/admin/keys");
   data.sort((a, b) => b.created_at - a.created_at);
+  keyNames = new Map(data.map((key) => [key.id, key.name]));
   const usages = await Promise.all(data.map((key) => callJson(`/admin/keys/${key.id}/usage`)));
   const rows = data.map((key, i) => {
     const u = usages[i];
@@ -148,6 +151,33 @@ async function createKey() {
   await Promise.all([showKeys(), showAudit()]);
 }
 
+async function showBatches() {
+  const { data } = await callJson("/admin/batches");
+  data.sort((a, b) => b.created_at - a.created_at);
+  const rows = data.map((batch) => {
+    const counts = batch.request_counts;
+    const row = el("tr", "", { "data-batch": batch.id });
+    row.append(
+      el("th", batch.id, { scope: "row" }),
+      el("td", keyNames.get(batch.owner) ?? batch.owner),
+      el("td", batch.endpoint),
+      el("td", batch.status, { "data-testid": `admin-batch-status-${batch.id}` }),
+      el("td", `${counts.completed + counts.failed}/${counts.total}`, {
+        "data-testid": `admin-batch-progress-${batch.id}`,
+      }),
+      el("td", new Date(batch.created_at * 1000).toLocaleString()),
+    );
+    if (batch.model) row.title = `model ${batch.model}`;
+    return row;
+  });
+  if (!rows.length) {
+    const empty = el("tr");
+    empty.append(el("td", "No batches running.", { colspan: "6", class: "hint" }));
+    rows.push(empty);
+  }
+  $("admin-batches").tBodies[0].replaceChildren(...rows);
+}
+
 /** The outcome or the request's details, in a few words. */
 function auditDetails(entry) {
   return Object.entries(entry.details || {})
@@ -184,7 +214,9 @@ export async function showAdmin() {
   $("admin-new-key").hidden = true;
   $("admin-new-key-value").textContent = "";
   try {
-    await Promise.all([showModels(), showKeys(), showSpend(), showAudit()]);
+    // The batches follow the keys, whose names they show (or their ids, the keys failing).
+    const keysThenBatches = showKeys().finally(showBatches);
+    await Promise.all([showModels(), keysThenBatches, showSpend(), showAudit()]);
   } catch (failure) {
     fail(failure);
   }
