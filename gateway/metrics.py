@@ -40,6 +40,8 @@ process imports ``prometheus_client``.
     gateway_model_ready{model}                          1 if the model serves, 0 if it failed
                                                         to load, was unloaded or is loading
     gateway_files_total{purpose,event}                  files (/v1/files) created | deleted
+    gateway_files_bytes                                 bytes in files, every key's (uploads and
+                                                        batch results not yet expired or deleted)
 
 Label values are never what a client chose: a ``model`` label is a model id the catalog has
 read from Triton (a repository model, or a LoRA adapter's id), else ``unknown`` (a request
@@ -323,6 +325,13 @@ class Metrics:
             "Files created and deleted (DELETE /v1/files/{id}; not those that expired), by "
             "purpose and event (created, deleted)",
             ("purpose", "event"),
+        )
+        self.files_bytes = Gauge(
+            "gateway_files_bytes",
+            "Bytes of every key's files not yet expired or deleted, uploads and batch "
+            "results (the fleet's figure: each replica's batch worker reads it from Redis)",
+            registry=own,
+            multiprocess_mode="livemax",
         )
 
         # Set by state.redis_health.RedisHealth. Across the processes of one multiprocess

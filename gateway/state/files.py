@@ -238,8 +238,10 @@ class FileStore:
             await sink.commit()
             raw = stored.model_dump_json()
             size = stored.size + len(raw) + INDEX_BYTES
-            await self.stored_bytes.put(owner, entry, size, stored.ends_at - time.time(), hold)
+            ttl_s = stored.ends_at - time.time()
+            await self.stored_bytes.put(owner, entry, size, ttl_s, hold)
             hold, counted = None, True
+            await self.stored_bytes.count_all("files", f"{owner}:{entry}", size, ttl_s)
             await self._write(stored, raw, created_us)
         except BaseException:
             await _cleaned(self._undo(stored, sink, hold, counted))
@@ -288,6 +290,9 @@ class FileStore:
                 await self.redis.delete(self._key(stored.owner, stored.id))
             with contextlib.suppress(Exception):
                 await self.stored_bytes.drop(stored.owner, self._entry(stored.id))
+            with contextlib.suppress(Exception):
+                entry = self._entry(stored.id)
+                await self.stored_bytes.uncount_all("files", f"{stored.owner}:{entry}")
 
     # --- read -------------------------------------------------------------------------
 
@@ -346,6 +351,7 @@ class FileStore:
         with contextlib.suppress(FileStorageError):  # a directory's blob ends at its sweep
             await self._blobs_of(stored).delete(stored.ref())
         await self.stored_bytes.drop(owner, self._entry(file_id))
+        await self.stored_bytes.uncount_all("files", f"{owner}:{self._entry(file_id)}")
         if self.metrics is not None:
             self.metrics.files.labels(stored.purpose, "deleted").inc()
         return {"id": file_id, "object": "file", "deleted": True}

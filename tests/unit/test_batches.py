@@ -342,3 +342,34 @@ async def test_a_large_batch_does_not_hold_every_slot(
     assert small.status == "completed"
     assert (await client.batches.retrieve(large.id)).status == "in_progress"
     await ended(client, large.id)
+
+
+async def test_the_files_bytes_gauge_follows_uploads_results_and_deletes(
+    served: tuple[FastAPI, httpx.AsyncClient, openai.AsyncOpenAI],
+) -> None:
+    _, http, client = served
+
+    async def gauge_becomes(check: Any) -> float:
+        deadline = time.monotonic() + 10
+        while True:
+            text = (await http.get("/metrics")).text
+            found = [line for line in text.splitlines() if line.startswith("gateway_files_bytes ")]
+            value = float(found[0].split()[1]) if found else 0.0
+            if check(value):
+                return value
+            assert time.monotonic() < deadline, value
+            await asyncio.sleep(0.02)
+
+    before = await gauge_becomes(lambda _: True)
+    file_id = await upload(client, [chat_line("a"), chat_line("b")])
+    size = (await client.files.retrieve(file_id)).bytes
+    uploaded = await gauge_becomes(lambda v: v >= before + size)
+    batch = await client.batches.create(
+        input_file_id=file_id, endpoint=CHAT, completion_window="24h"
+    )
+    done = await ended(client, batch.id)
+    results = (await client.files.retrieve(done.output_file_id or "")).bytes
+    with_results = await gauge_becomes(lambda v: v >= uploaded + results)
+    await client.files.delete(file_id)
+    await client.files.delete(done.output_file_id or "")
+    await gauge_becomes(lambda v: v <= with_results - size - results)

@@ -155,6 +155,7 @@ class BatchWorker:
             share = max(1, -(-self.concurrency // running.get(batch["model"], 1)))
             await self._step(batch, share)
         self.metrics.batch_lines_queued.set(await self.store.queued())
+        self.metrics.files_bytes.set(await self.stored_bytes.all_used("files"))
 
     async def _step(self, batch: dict[str, Any], share: int) -> None:
         batch_id, status = batch["id"], batch["status"]
