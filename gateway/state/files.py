@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import re
 import secrets
 import time
@@ -99,6 +100,13 @@ _CLEANING: set[asyncio.Task[None]] = set()
 
 def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
+
+
+def derived_file_id(*names: str) -> str:
+    """The id of a file the gateway makes for ``names`` (a batch's id and which file): the
+    same each time, so that a second try at making it replaces the first rather than
+    leaving it beside."""
+    return f"file-{hashlib.sha256(chr(0).join(names).encode()).hexdigest()[:24]}"
 
 
 def not_found(file_id: str) -> NotFoundError:
@@ -200,6 +208,7 @@ class FileStore:
         *,
         expires_after_s: int | None,
         quota: bool = True,
+        file_id: str | None = None,
     ) -> dict[str, Any]:
         """Stores the file ``chunks`` make for the key ``owner`` and returns its file
         object. ``expires_after_s``: seconds from now until it expires (None: kept
@@ -207,13 +216,15 @@ class FileStore:
         refused past ``GATEWAY_MAX_FILE_MB`` (413 ``file_too_large``) or past the key's or
         project's quota (403 ``storage_quota_exceeded``), as soon as it passes either;
         without (a file the gateway makes: a batch's output) it is counted, never refused.
-        Refused or failed (an error of ``chunks`` included), nothing of it is left."""
+        Refused or failed (an error of ``chunks`` included), nothing of it is left.
+        ``file_id`` (:func:`derived_file_id`): the file replaces the key's file of that id
+        if there is one."""
         created_us = time.time_ns() // 1000  # the lists' order: when the upload began
         created_at = created_us // 1_000_000
         lifetime = self.ttl_s if expires_after_s is None else expires_after_s
         stored = StoredFile(
             owner=owner,
-            id=new_file_id(),
+            id=file_id or new_file_id(),
             size=0,
             created_at=created_at,
             expires_at=None if expires_after_s is None else created_at + expires_after_s,

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from gateway.errors import PayloadTooLargeError
 from gateway.stack.redis_server import EmbeddedRedis
 from gateway.state.file_blobs import CHUNK_BYTES
-from gateway.state.files import FileStore
+from gateway.state.files import FileStore, derived_file_id
 from tests.support.bodies import assert_openai_error
 from tests.support.inprocess import bearer, make_settings, new_key, sdk, serve
 
@@ -305,3 +305,40 @@ async def test_a_file_the_gateway_makes_is_counted_never_refused(
         await owner.files.delete(made["id"])
         assert await used(http, key["key"]) == 0
         assert (await owner.files.create(file=("a.txt", b"a"), purpose="user_data")).bytes == 1
+
+
+@pytest.mark.parametrize("where", ["redis", "directory"])
+async def test_a_file_made_twice_under_its_derived_id_is_one_file(
+    where: str, tmp_path: Path, redis_server: EmbeddedRedis
+) -> None:
+    # A batch's finalizer that died after writing its output file is followed by another,
+    # which writes the same file again: it replaces the first, nothing is left beside it.
+    settings = make_settings(files_dir=tmp_path) if where == "directory" else make_settings()
+    async with serve(settings) as (app, http, _):
+        key = await new_key(http)
+        file_id = derived_file_id("batch_abc", "output")
+        assert (
+            file_id
+            == derived_file_id("batch_abc", "output")
+            != derived_file_id("batch_abc", "error")
+        )
+        data = b'{"custom_id": "a"}\n' * 1000
+        counted = []
+        for _ in range(2):
+            made = await store_of(app).create(
+                key["id"],
+                "batch_output",
+                "batch_abc_output.jsonl",
+                pieces(data, 7000),
+                expires_after_s=None,
+                quota=False,
+                file_id=file_id,
+            )
+            assert made["id"] == file_id
+            counted.append(await used(http, key["key"]))
+        owner = sdk(http, key["key"])
+        assert [f.id async for f in owner.files.list()] == [file_id]
+        assert (await owner.files.content(file_id)).content == data
+        assert counted[0] == counted[1] > len(data)  # counted once
+        await owner.files.delete(file_id)
+        assert await used(http, key["key"]) == 0

@@ -43,7 +43,7 @@ from gateway.errors import GatewayError, NotFoundError, StoreUnavailableError
 from gateway.metrics import Metrics
 from gateway.serving.batches.inprocess import Answer, BatchCaller, call
 from gateway.state.batches import KEEP_S, LEASE_S, BatchStore, Claimed
-from gateway.state.files import FileStore
+from gateway.state.files import FileStore, derived_file_id
 from gateway.state.stored_bytes import StoredBytes
 
 logger = logging.getLogger("gateway")
@@ -331,6 +331,7 @@ class BatchWorker:
                     _chunks(lines),
                     expires_after_s=expires,
                     quota=False,
+                    file_id=derived_file_id(batch_id, name),  # a second finalizer's replaces
                 )
                 files[f"{name}_file_id"] = made["id"]
         keep = max(int(batch["expires_at"] - time.time()), 0) + KEEP_S
