@@ -169,29 +169,51 @@ class JsonlCheck:
             )
 
     def _line(self, line: bytes) -> None:
-        line = line.strip()
         number = self.number
         self.number += 1
-        if not line:
+        if not line.strip():
             return
-        subject = f"Line {number} of the file"
-        refused = self.limits.refusal(json_shape(line, self.limits), subject)
-        if refused is not None:
-            raise InvalidRequestError(refused[0], param="file", code=refused[1])
         try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _not_jsonl(f"{subject} is not UTF-8 text.") from None
-        lone = surrogate_refusal(line, subject)
-        if lone is not None:
-            raise _not_jsonl(lone)
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise _not_jsonl(f"{subject} is not valid JSON ({exc.msg}).") from None
-        if not isinstance(value, dict):
-            raise _not_jsonl(f"{subject} is not a JSON object.")
+            jsonl_object(line, self.limits, f"Line {number} of the file")
+        except BadLine as exc:
+            if exc.code == "invalid_file_format":
+                raise _not_jsonl(exc.message) from None
+            raise InvalidRequestError(exc.message, param="file", code=exc.code) from None
         self.objects += 1
+
+
+class BadLine(Exception):
+    """A line of a JSONL file that is not a JSON object: why (``message``) and its error
+    ``code``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def jsonl_object(line: bytes, limits: JsonLimits, subject: str) -> dict[str, Any]:
+    """One line of a JSONL file (not blank) as the JSON object it holds, ``subject``
+    naming it in the :class:`BadLine` raised when it is not one: past the JSON bounds
+    (their code), not UTF-8, a lone surrogate, not JSON, or not an object
+    (``invalid_file_format``). The upload's check and a batch's read use it alike."""
+    line = line.strip()
+    refused = limits.refusal(json_shape(line, limits), subject)
+    if refused is not None:
+        raise BadLine(*refused)
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadLine(f"{subject} is not UTF-8 text.", "invalid_file_format") from None
+    lone = surrogate_refusal(line, subject)
+    if lone is not None:
+        raise BadLine(lone, "invalid_file_format")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"{subject} is not valid JSON ({exc.msg}).", "invalid_file_format") from None
+    if not isinstance(value, dict):
+        raise BadLine(f"{subject} is not a JSON object.", "invalid_file_format")
+    return value
 
 
 def _not_jsonl(message: str) -> InvalidRequestError:

@@ -27,8 +27,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError, RateLimitError
-from gateway.serving.files import ExpiresAfter
-from gateway.serving.json_shape import JsonLimits, json_shape
+from gateway.serving.files import BadLine, ExpiresAfter, jsonl_object
+from gateway.serving.json_shape import JsonLimits
 from gateway.serving.protocol.common import list_page
 from gateway.state.batches import KEEP_S, LIVE, BatchStore, new_batch_id
 from gateway.state.files import FileStore
@@ -187,15 +187,11 @@ class BatchService:
                     f"A batch holds at most {self.max_lines} requests (GATEWAY_MAX_BATCH_LINES).",
                 )
                 break
-            text = raw.decode("utf-8", errors="replace")
-            refused = self.json_limits.refusal(json_shape(raw, self.json_limits), "This line")
-            if refused is not None:
-                error(number, refused[1], refused[0])
-                continue
-            try:
-                item = json.loads(text)
-            except ValueError:
-                error(number, "invalid_json_line", "This line is not valid JSON.")
+            try:  # the upload's check passed it; read it the same way
+                item = jsonl_object(raw, self.json_limits, "This line")
+            except BadLine as exc:
+                bounds = exc.code != "invalid_file_format"  # else not a JSON object
+                error(number, exc.code if bounds else "invalid_json_line", exc.message)
                 continue
             problem = _line_problem(item, endpoint, seen)
             if problem is not None:
@@ -203,7 +199,7 @@ class BatchService:
                 continue
             seen.add(item["custom_id"])
             models.setdefault(item["body"]["model"], None)
-            lines.append(text)
+            lines.append(raw.strip().decode())
         if not lines and not errors:
             error(None, "empty_file", "The input file holds no request.")
         if len(models) > 1:
