@@ -233,7 +233,7 @@ def build_services(
         conversations=ConversationService(references.conversations, references),
         embeddings=EmbeddingService(backend, catalog, settings.max_inflight_per_request),
         file_store=file_store,
-        files=FileService(file_store, JsonLimits.from_settings(settings)),
+        files=FileService(file_store, JsonLimits.from_settings(settings), settings.max_batch_lines),
         batches=BatchService(
             batch_store,
             file_store,

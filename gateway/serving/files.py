@@ -140,8 +140,11 @@ class JsonlCheck:
     :meth:`end`): each line but a blank one is one JSON object (see the module's
     docstring). Only the line being read is kept."""
 
-    def __init__(self, limits: JsonLimits) -> None:
+    def __init__(self, limits: JsonLimits, max_lines: int) -> None:
         self.limits = limits
+        self.max_lines = max_lines
+        """The most lines a file may have, blank ones included (``GATEWAY_MAX_BATCH_LINES``:
+        a batch runs no more), so that a file of tiny lines costs a bounded time to check."""
         self.number = 1
         """The number of the line being read (from 1)."""
         self.objects = 0
@@ -171,6 +174,13 @@ class JsonlCheck:
     def _line(self, line: bytes) -> None:
         number = self.number
         self.number += 1
+        if number > self.max_lines:
+            raise InvalidRequestError(
+                f"The file has more than {self.max_lines} lines: a batch file holds at most "
+                f"{self.max_lines} requests (GATEWAY_MAX_BATCH_LINES), one per line.",
+                param="file",
+                code="too_many_lines",
+            )
         if not line.strip():
             return
         try:
@@ -183,8 +193,8 @@ class JsonlCheck:
 
 
 class BadLine(Exception):
-    """A line of a JSONL file that is not a JSON object: why (``message``) and its error
-    ``code``."""
+    """A line of a JSONL file refused: past the JSON bounds (``code`` theirs) or not a JSON
+    object (``code`` ``invalid_file_format``), and why (``message``)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -224,10 +234,12 @@ def _not_jsonl(message: str) -> InvalidRequestError:
     )
 
 
-async def jsonl_checked(chunks: AsyncIterator[bytes], limits: JsonLimits) -> AsyncIterator[bytes]:
+async def jsonl_checked(
+    chunks: AsyncIterator[bytes], limits: JsonLimits, max_lines: int
+) -> AsyncIterator[bytes]:
     """``chunks``, each passed on once its complete lines were checked (a 400 at the first
-    line that is not a JSON object)."""
-    check = JsonlCheck(limits)
+    line that is not a JSON object, or past ``max_lines`` lines)."""
+    check = JsonlCheck(limits, max_lines)
     async for chunk in chunks:
         if len(chunk) <= _CHECKED_INLINE_BYTES:
             check.feed(chunk)
@@ -238,9 +250,10 @@ async def jsonl_checked(chunks: AsyncIterator[bytes], limits: JsonLimits) -> Asy
 
 
 class FileService:
-    def __init__(self, store: FileStore, json_limits: JsonLimits) -> None:
+    def __init__(self, store: FileStore, json_limits: JsonLimits, max_batch_lines: int) -> None:
         self.store = store
         self.json_limits = json_limits
+        self.max_batch_lines = max_batch_lines
 
     async def create(
         self,
@@ -262,7 +275,7 @@ class FileService:
                 code="file_too_large",
             )
         if purpose == "batch":
-            chunks = jsonl_checked(chunks, self.json_limits)
+            chunks = jsonl_checked(chunks, self.json_limits, self.max_batch_lines)
         expires = form.expires_after.seconds if form.expires_after is not None else None
         return await self.store.create(owner, purpose, name, chunks, expires_after_s=expires)
 

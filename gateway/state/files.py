@@ -98,6 +98,10 @@ _ID = re.compile(r"file-[0-9a-f]{24}")
 _CLEANING: set[asyncio.Task[None]] = set()
 
 
+#: Files' kind among the records every key keeps (:meth:`StoredBytes.count_fleet`).
+FILES = "files"
+
+
 def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
 
@@ -252,7 +256,7 @@ class FileStore:
             ttl_s = stored.ends_at - time.time()
             await self.stored_bytes.put(owner, entry, size, ttl_s, hold)
             hold, counted = None, True
-            await self.stored_bytes.count_all("files", f"{owner}:{entry}", size, ttl_s)
+            await self.stored_bytes.count_fleet(FILES, f"{owner}:{entry}", size, ttl_s)
             await self._write(stored, raw, created_us)
         except BaseException:
             await _cleaned(self._undo(stored, sink, hold, counted))
@@ -303,7 +307,7 @@ class FileStore:
                 await self.stored_bytes.drop(stored.owner, self._entry(stored.id))
             with contextlib.suppress(Exception):
                 entry = self._entry(stored.id)
-                await self.stored_bytes.uncount_all("files", f"{stored.owner}:{entry}")
+                await self.stored_bytes.uncount_fleet(FILES, f"{stored.owner}:{entry}")
 
     # --- read -------------------------------------------------------------------------
 
@@ -362,7 +366,7 @@ class FileStore:
         with contextlib.suppress(FileStorageError):  # a directory's blob ends at its sweep
             await self._blobs_of(stored).delete(stored.ref())
         await self.stored_bytes.drop(owner, self._entry(file_id))
-        await self.stored_bytes.uncount_all("files", f"{owner}:{self._entry(file_id)}")
+        await self.stored_bytes.uncount_fleet(FILES, f"{owner}:{self._entry(file_id)}")
         if self.metrics is not None:
             self.metrics.files.labels(stored.purpose, "deleted").inc()
         return {"id": file_id, "object": "file", "deleted": True}

@@ -90,9 +90,11 @@ _RELEASING: set[asyncio.Task[None]] = set()
 
 def counter_keys(scope: str, name: str) -> list[str]:
     """The Redis keys of a key's (``scope`` "key"), a project's or every key's (``scope``
-    "all", ``name`` a kind of record: :meth:`StoredBytes.count_all`) stored bytes: the
+    "fleet", ``name`` a kind of record: :meth:`StoredBytes.count_fleet`) stored bytes: the
     ends of its entries and their sizes, in the slot of its id."""
-    tag = {"key": f"{{{name}}}", "project": f"project:{{{name}}}"}.get(scope, f"all:{{{name}}}")
+    tag = {"key": f"{{{name}}}", "project": f"project:{{{name}}}", "fleet": f"fleet:{{{name}}}"}[
+        scope
+    ]
     return [f"{PREFIX}stored:{tag}:ends", f"{PREFIX}stored:{tag}:sizes"]
 
 
@@ -202,19 +204,20 @@ class StoredBytes:
             await self._run("project", project, "drop", f"{owner}:{entry}")
 
     @needs_store
-    async def count_all(self, kind: str, entry: str, size: int, ttl_s: float) -> None:
+    async def count_fleet(self, kind: str, entry: str, size: int, ttl_s: float) -> None:
         """Counts the record ``entry`` among every key's records of ``kind`` (``files``),
         kept ``ttl_s`` from now: the fleet's figure a metric shows, no quota."""
-        await self._run("all", kind, "put", entry, size, int(ttl_s * 1000), "")
+        await self._run("fleet", kind, "put", entry, size, int(ttl_s * 1000), "")
 
     @needs_store
-    async def uncount_all(self, kind: str, entry: str) -> None:
-        await self._run("all", kind, "drop", entry)
+    async def uncount_fleet(self, kind: str, entry: str) -> None:
+        """Stops counting ``entry`` among every key's records of ``kind`` (deleted)."""
+        await self._run("fleet", kind, "drop", entry)
 
     @needs_store
-    async def all_used(self, kind: str) -> int:
+    async def fleet_used(self, kind: str) -> int:
         """The bytes of every key's records of ``kind`` not yet ended."""
-        return int(await self._run("all", kind, "read"))
+        return int(await self._run("fleet", kind, "read"))
 
     @needs_store
     async def usage(self, owner: str, project: str | None) -> dict[str, Any]:

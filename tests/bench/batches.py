@@ -4,13 +4,16 @@ measured in one run.
 
 Run with ``make bench`` (or ``python -m tests.bench.batches``). It starts ``gateway up``
 (one gateway process, the weightless ``mock_chat`` model) with ``GATEWAY_BATCH_CONCURRENCY``
-set to the client's concurrency. Every request is the same chat request whose answer is 8
-tokens 25 ms apart (about 200 ms). Each round, in this order:
+set to the client's concurrency (``--concurrency``, 8) and ``GATEWAY_TRITON_MAX_INFLIGHT``
+to ``--slots`` (8: a batch alone would take every slot; 0: no slot limit). Every request is
+the same chat request whose answer is 8 tokens 25 ms apart (about 200 ms). The input file of
+``--lines`` requests is uploaded once, and the replica warmed with a few client requests;
+then each round, in this order:
 
-1. **Idle**: interactive clients alone, one request at a time each (they read for 50 ms
-   between requests).
-2. **Batch + interactive**: a batch of ``--lines`` requests (``/v1/files`` then
-   ``/v1/batches``), and the same interactive clients for as long as it runs.
+1. **Idle**: interactive clients alone for 4 s, one request at a time each (they read for
+   50 ms between requests).
+2. **Batch + interactive**: a batch of the file, and the same interactive clients for as
+   long as it runs.
 3. **Batch alone**: the same batch again, timed from ``batches.create`` until the SDK sees
    it ``completed`` (its output file written).
 4. **Client alone**: the same requests sent over HTTP by ``--concurrency`` client tasks.
@@ -107,7 +110,7 @@ async def measure(
         for i in range(lines)
     ).encode()
     uploaded = await sdk.files.create(file=("bench.jsonl", data), purpose="batch")
-    idle, during, batch, client = Tally(), Tally(), Tally(), Tally()
+    idle, during, batch, client, beside = Tally(), Tally(), Tally(), Tally(), Tally()
 
     def http(key: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -133,14 +136,14 @@ async def measure(
             running = [
                 asyncio.create_task(interactive(users_http, during, stop)) for _ in range(users)
             ]
-            await run_batch(sdk, uploaded.id, Tally())
+            await run_batch(sdk, uploaded.id, beside)
             stop.set()
             await asyncio.gather(*running)
 
             await run_batch(sdk, uploaded.id, batch)
             await run_client(client_http, lines, concurrency, client)
     await sdk.close()
-    failed = idle.failed + during.failed + batch.failed + client.failed + warm.failed
+    failed = sum(t.failed for t in (idle, during, batch, client, beside, warm))
 
     def rate(tally: Tally) -> float:
         return lines * len(tally.drains) / sum(tally.drains)
@@ -176,7 +179,7 @@ def main() -> None:
         "--slots",
         type=int,
         default=8,
-        help="GATEWAY_TRITON_MAX_INFLIGHT (0: none); the default, the batch's concurrency: "
+        help="GATEWAY_TRITON_MAX_INFLIGHT (0: none); 8, as many as the batch's concurrency: "
         "a batch alone would take every slot",
     )
     parser.add_argument("--out", help="also write the table to this file")

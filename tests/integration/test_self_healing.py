@@ -289,13 +289,17 @@ def test_a_replica_killed_mid_batch_leaves_its_lines_to_the_other(stack: Gateway
     for answer in output:
         i = answer["custom_id"].removeprefix("line-")
         assert answer["response"]["body"]["choices"][0]["message"]["content"] == f"Answer {i}."
-    # Usage counted once per line: the killed replica's lines never settled there.
+    # The batch's usage counts each answer once. The key's counts every line, the killed
+    # replica's included (answered by the other); a line killed in the instant between its
+    # answer and its result's write is counted twice (docs/batches.md), so at most the 4
+    # lines the killed replica ran may count twice: never one lost.
+    tokens = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in output)
+    assert found.usage is not None and found.usage.output_tokens == tokens
     used = httpx.get(
         f"{stack.base_url}/admin/keys/{key['id']}/usage", headers=stack.headers, timeout=10
     ).json()["models"]["mock_chat"]
-    tokens = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in output)
-    assert (used["requests"], used["completion_tokens"]) == (48, tokens)
-    assert found.usage is not None and found.usage.output_tokens == tokens
+    assert 48 <= used["requests"] <= 48 + 4, used
+    assert used["completion_tokens"] >= tokens, (used, tokens)
 
 
 def test_nothing_outlives_gateway_up_killed_with_sigkill(stack: GatewayProcess) -> None:

@@ -225,6 +225,22 @@ async def test_a_large_batch_file_is_checked_as_it_is_stored(client: openai.Asyn
     assert "Line 601" in refused.value.message
 
 
+async def test_a_batch_file_of_more_lines_than_a_batch_runs_is_refused(
+    redis_server: EmbeddedRedis,
+) -> None:
+    # Blank lines count too: a file of tiny lines costs a bounded time to check.
+    async with serve(make_settings(max_batch_lines=5)) as (_, _, client):
+        five = b'{"custom_id": "r"}\n' * 5
+        assert (await client.files.create(file=("ok.jsonl", five), purpose="batch")).bytes
+        for data in (five + b'{"custom_id": "s"}\n', five + b"\n"):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.files.create(file=("long.jsonl", data), purpose="batch")
+            body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+            assert (body["code"], body["param"]) == ("too_many_lines", "file"), body
+            assert "GATEWAY_MAX_BATCH_LINES" in body["message"]
+        assert len((await client.files.list()).data) == 1
+
+
 async def test_size_over_the_limit_is_a_413_with_nothing_stored(
     redis_server: EmbeddedRedis,
 ) -> None:

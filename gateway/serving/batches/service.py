@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -176,17 +177,18 @@ class BatchService:
             if len(errors) < MAX_ERRORS:
                 errors.append({"code": code, "line": number, "message": message, "param": param})
 
-        # Lines end at \n only, as the upload's check reads them (a \r inside is the line's).
-        for number, raw in enumerate(data.split(b"\n"), start=1):
-            if not raw.strip():
-                continue
-            if len(lines) >= self.max_lines:
+        for number, raw in enumerate(_lines(data), start=1):
+            if len(errors) >= MAX_ERRORS:
+                break  # it fails: the rest need no reading
+            if number > self.max_lines:  # every line counts, as the upload's check counts
                 error(
                     number,
                     "too_many_lines",
                     f"A batch holds at most {self.max_lines} requests (GATEWAY_MAX_BATCH_LINES).",
                 )
                 break
+            if not raw.strip():
+                continue
             try:  # the upload's check passed it; read it the same way
                 item = jsonl_object(raw, self.json_limits, "This line")
             except BadLine as exc:
@@ -304,6 +306,17 @@ def _line_problem(item: Any, endpoint: str, seen: set[str]) -> tuple[str, str, s
             "body.stream",
         )
     return None
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The lines of ``data``, one at a time (no list of them all). Lines end at ``\n``
+    only, as the upload's check reads them (a ``\r`` inside is the line's)."""
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        yield data[start:end]
+        start = end + 1
+    if start < len(data):
+        yield data[start:]
 
 
 def public(stored: dict[str, Any]) -> dict[str, Any]:

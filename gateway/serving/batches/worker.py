@@ -43,7 +43,7 @@ from gateway.errors import GatewayError, NotFoundError, StoreUnavailableError
 from gateway.metrics import Metrics
 from gateway.serving.batches.inprocess import Answer, BatchCaller, call
 from gateway.state.batches import KEEP_S, LEASE_S, BatchStore, Claimed
-from gateway.state.files import FileStore, derived_file_id
+from gateway.state.files import FILES, FileStore, derived_file_id
 from gateway.state.stored_bytes import StoredBytes
 
 logger = logging.getLogger("gateway")
@@ -56,6 +56,8 @@ BATCH_PRIORITY = 100
 MAX_ATTEMPTS = 20
 #: The longest a batch pauses on this replica after a *try later* answer.
 MAX_PAUSE_S = 30.0
+#: How often the worker reads the bytes in every key's files (``gateway_files_bytes``).
+FILES_GAUGE_S = 10.0
 
 
 class BatchWorker:
@@ -92,6 +94,7 @@ class BatchWorker:
         """Lines running here, per batch, by index."""
         self._paused: dict[str, float] = {}
         self._finalizing: set[str] = set()
+        self._files_read_at = -FILES_GAUGE_S
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         """Finalizations started by a line's end (kept until they end)."""
@@ -155,7 +158,9 @@ class BatchWorker:
             share = max(1, -(-self.concurrency // running.get(batch["model"], 1)))
             await self._step(batch, share)
         self.metrics.batch_lines_queued.set(await self.store.queued())
-        self.metrics.files_bytes.set(await self.stored_bytes.all_used("files"))
+        if time.monotonic() >= self._files_read_at + FILES_GAUGE_S:
+            self._files_read_at = time.monotonic()
+            self.metrics.files_bytes.set(await self.stored_bytes.fleet_used(FILES))
 
     async def _step(self, batch: dict[str, Any], share: int) -> None:
         batch_id, status = batch["id"], batch["status"]
@@ -323,17 +328,22 @@ class BatchWorker:
         expires = batch.get("output_expires_after")
         files: dict[str, str] = {}
         for name, lines in (("output", output), ("error", errors)):
-            if lines:
-                made = await self.files.create(
+            if not lines:
+                continue
+            file_id = derived_file_id(batch_id, name)
+            try:  # written whole by a finalizer that died before the end (its record last)
+                await self.files.get(owner, file_id)
+            except NotFoundError:
+                await self.files.create(
                     owner,
                     "batch_output",
                     f"{batch_id}_{name}.jsonl",
                     _chunks(lines),
                     expires_after_s=expires,
                     quota=False,
-                    file_id=derived_file_id(batch_id, name),  # a second finalizer's replaces
+                    file_id=file_id,
                 )
-                files[f"{name}_file_id"] = made["id"]
+            files[f"{name}_file_id"] = file_id
         keep = max(int(batch["expires_at"] - time.time()), 0) + KEEP_S
         await self.store.set_files(batch_id, files, keep)
         await self.store.move(batch_id, end, "finalizing")
