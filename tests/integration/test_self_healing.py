@@ -324,6 +324,7 @@ def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signa
     started = _children(gateway.process.pid)
     client = gateway.client()
     results: list[tuple[int, bool]] = []
+    begun = threading.Semaphore(0)
 
     def stream() -> None:
         pieces, finished = 0, False
@@ -337,12 +338,17 @@ def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signa
         ):
             pieces += bool(chunk.choices and chunk.choices[0].delta.content)
             finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
+            if pieces == 1 and chunk.choices and chunk.choices[0].delta.content:
+                begun.release()
         results.append((pieces, finished))
 
     streams = [threading.Thread(target=stream) for _ in range(3)]
     for thread in streams:
         thread.start()
-    time.sleep(0.8)  # the streams are under way
+    # The streams are under way (each has its first piece; on a busy machine that can take
+    # longer than their start), and 60 pieces 40 ms apart leave them seconds to go.
+    for _ in streams:
+        assert begun.acquire(timeout=30), "a stream did not begin"
     gateway.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     for _ in range(3):  # a service manager insisting must not cut the cleanup short
