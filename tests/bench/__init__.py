@@ -9,7 +9,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import httpx
+
     from tests.support.stack import GatewayProcess
+
+
+def keyed_client(stack: GatewayProcess, key: str) -> httpx.AsyncClient:
+    """An httpx client of ``stack`` sending ``key``, with room for many connections (a
+    benchmark's many users share it)."""
+    import httpx
+
+    return httpx.AsyncClient(
+        base_url=stack.base_url,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+    )
 
 
 def write_table(path: str | None, lines: list[str]) -> None:

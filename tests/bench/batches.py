@@ -38,7 +38,7 @@ from typing import Literal
 import httpx
 import openai
 
-from tests.bench import write_table
+from tests.bench import keyed_client, write_table
 from tests.bench.chat import pct
 from tests.support.stack import GatewayProcess
 
@@ -103,7 +103,6 @@ async def measure(
     spec = {"rpm": 10**9, "tpm": 10**12, "max_concurrency": 10**4}
     batch_key = stack.create_key("batch", **spec)["key"]
     user_key = stack.create_key("interactive", **spec)["key"]
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     sdk = openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key=batch_key, max_retries=0)
     data = "\n".join(
         json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": BODY})
@@ -112,15 +111,10 @@ async def measure(
     uploaded = await sdk.files.create(file=("bench.jsonl", data), purpose="batch")
     idle, during, batch, client, beside = Tally(), Tally(), Tally(), Tally(), Tally()
 
-    def http(key: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=stack.base_url,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=60,
-            limits=limits,
-        )
-
-    async with http(user_key) as users_http, http(batch_key) as client_http:
+    async with (
+        keyed_client(stack, user_key) as users_http,
+        keyed_client(stack, batch_key) as client_http,
+    ):
         warm = Tally()
         await run_client(client_http, 4 * concurrency, concurrency, warm)
         for _ in range(rounds):

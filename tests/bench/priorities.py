@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.bench import write_table
+from tests.bench import keyed_client, write_table
 from tests.bench.chat import pct
 from tests.support.stack import GatewayProcess
 
@@ -107,17 +107,8 @@ async def measure(stack: GatewayProcess, scale: float, users: int, bulk_users: i
     high = stack.create_key("interactive", priority=0)["key"]
     low = stack.create_key("bulk", priority=10)["key"]
     per_user = max(ROUNDS * 5, int(200 * scale))
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
 
-    def client(key: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=stack.base_url,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=60,
-            limits=limits,
-        )
-
-    async with client(high) as hi, client(low) as lo:
+    async with keyed_client(stack, high) as hi, keyed_client(stack, low) as lo:
         await asyncio.gather(*(interactive(hi, Tally(), 5) for _ in range(users)))  # warm up
         alone, loaded, flood = Tally(), Tally(), Tally()
         wait_sum = wait_count = 0.0
