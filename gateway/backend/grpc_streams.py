@@ -252,9 +252,11 @@ class StreamPool:
             elif finished:
                 # A traced call, its request done: ended as a client with no more to send,
                 # not cancelled, so Triton ends the request (and exports its spans) as usual.
+                # (Up to 5 s: on a busy machine Triton may take seconds to close it, and a
+                # call dropped before it closed is cancelled, spans and all.)
                 with contextlib.suppress(Exception):
                     await call.done_writing()
-                    await asyncio.wait_for(call.code(), 2.0)
+                    await asyncio.wait_for(call.code(), 5.0)
             else:
                 # The client went away or the request failed: stop the model. (A traced
                 # call, its request done, is simply closed.)

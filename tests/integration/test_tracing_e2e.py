@@ -124,7 +124,12 @@ def test_a_new_trace_without_traceparent_and_none_in_triton_for_an_unsampled_one
         new = {s.trace_id for s in spans} - before
         return [trace for trace in sorted(new) if _complete(trace)(spans)]
 
-    spans = receiver.wait_for(lambda spans: bool(complete_new_traces(spans)))
+    try:
+        spans = receiver.wait_for(lambda spans: bool(complete_new_traces(spans)))
+    except AssertionError:
+        new = {s.trace_id for s in receiver.received()} - before
+        got = {t: sorted((s.service, s.name) for s in _trace(receiver.received(), t)) for t in new}
+        raise AssertionError(f"no new trace is complete; the new traces hold: {got}") from None
     trace_id = complete_new_traces(spans)[0]
     spans = _trace(spans, trace_id)
     request = _one(spans, "triton-gateway", "POST /v1/chat/completions")
