@@ -280,9 +280,8 @@ class BatchStore:
         return bool(await self.redis.set(lock, worker, nx=True, px=int(lease_s * 1000)))
 
     @needs_store
-    async def queued(self) -> int:
-        """Lines waiting in every active batch (the metrics' gauge)."""
-        ids = await self.active()
+    async def queued(self, ids: list[str]) -> int:
+        """Lines waiting in the batches ``ids`` (every active batch: the metrics' gauge)."""
         if not ids:
             return 0
         pipe = self.redis.pipeline(transaction=False)

@@ -142,7 +142,8 @@ class BatchWorker:
 
     async def _tick(self) -> None:
         batches = []
-        for batch_id in await self.store.active():
+        active = await self.store.active()
+        for batch_id in active:
             try:
                 batches.append(await self.store.get(None, batch_id))
             except NotFoundError:  # its keys expired
@@ -157,7 +158,7 @@ class BatchWorker:
         for batch in batches:
             share = max(1, -(-self.concurrency // running.get(batch["model"], 1)))
             await self._step(batch, share)
-        self.metrics.batch_lines_queued.set(await self.store.queued())
+        self.metrics.batch_lines_queued.set(await self.store.queued(active))
         if time.monotonic() >= self._files_read_at + FILES_GAUGE_S:
             self._files_read_at = time.monotonic()
             self.metrics.files_bytes.set(await self.stored_bytes.fleet_used(FILES))
