@@ -41,6 +41,22 @@ def options(doc: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def table_on_stack(
+    doc: str | None,
+    header: list[str],
+    models: Sequence[str],
+    rows: Callable[[GatewayProcess, float], Coroutine[Any, Any, list[str]]],
+) -> None:
+    """A benchmark's ``main``: its options (:func:`options`), its ``header`` printed, the
+    rows ``rows`` measures on a stack of ``models`` (:func:`rows_on_stack`) printed, and
+    the table written to ``--out``."""
+    args = options(doc)
+    print(*header, sep="\n", flush=True)
+    found = rows_on_stack(models, rows, args.scale)
+    print(*found, sep="\n", flush=True)
+    write_table(args.out, header + found)
+
+
 def rows_on_stack(
     models: Sequence[str],
     rows: Callable[[GatewayProcess, float], Coroutine[Any, Any, list[str]]],

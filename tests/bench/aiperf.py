@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.bench import options, rows_on_stack, write_table
+from tests.bench import table_on_stack
 from tests.bench.messages import call, load
 from tests.support.shared_stack import byte_tokenizer
 from tests.support.stack import ROOT, GatewayProcess
@@ -167,16 +167,12 @@ async def run(stack: GatewayProcess, scale: float) -> list[str]:
 
 
 def main() -> None:
-    args = options(__doc__)
     header = [
         f"| aiperf 0.13, mock_chat, {CONCURRENCY} streams, {OUTPUT_TOKENS}-token answers "
         "| endpoint type `chat` | endpoint type `messages` | ratio |",
         "| --- | --- | --- | --- |",
     ]
-    print(*header, sep="\n", flush=True)
-    rows = rows_on_stack(["mock_chat"], run, args.scale)
-    print(*rows, sep="\n", flush=True)
-    write_table(args.out, header + rows)
+    table_on_stack(__doc__, header, ["mock_chat"], run)
 
 
 if __name__ == "__main__":

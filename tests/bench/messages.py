@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from tests.bench import options, rows_on_stack, write_table
+from tests.bench import table_on_stack
 from tests.bench.cpu import cpu_seconds
 from tests.support.stack import GatewayProcess
 
@@ -101,15 +101,11 @@ async def run(stack: GatewayProcess, scale: float) -> list[str]:
 
 
 def main() -> None:
-    args = options(__doc__)
     header = [
         "| measure (mock_chat, one replica) | /v1/chat/completions | /v1/messages | ratio |",
         "| --- | --- | --- | --- |",
     ]
-    print(*header, sep="\n", flush=True)
-    rows = rows_on_stack(["mock_chat"], run, args.scale)
-    print(*rows, sep="\n", flush=True)
-    write_table(args.out, header + rows)
+    table_on_stack(__doc__, header, ["mock_chat"], run)
 
 
 if __name__ == "__main__":
