@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.backend.fake import FakeBackend
-from gateway.serving.batches import worker
+from gateway.serving.batches import worker as worker_module
 from gateway.state.batches import BatchStore
 from tests.support.inprocess import make_settings, new_key, sdk, serve
 
@@ -350,7 +350,7 @@ async def test_the_files_bytes_gauge_follows_uploads_results_and_deletes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, http, client = served
-    monkeypatch.setattr(worker, "FILES_GAUGE_S", 0.0)  # read every tick, not every 10 s
+    monkeypatch.setattr(worker_module, "FILES_GAUGE_S", 0.0)  # read every tick, not every 10 s
 
     async def gauge_becomes(check: Any) -> float:
         deadline = time.monotonic() + 10
