@@ -331,7 +331,7 @@ def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signa
         for chunk in client.chat.completions.create(
             model="mock_chat",
             messages=[
-                {"role": "user", "content": "[mock:delay_ms=40] [mock:words=60] tell me more"}
+                {"role": "user", "content": "[mock:delay_ms=100] [mock:words=60] tell me more"}
             ],
             max_tokens=60,
             stream=True,
@@ -346,7 +346,8 @@ def test_sigterm_drains_streams_refuses_new_requests_and_survives_repeated_signa
     for thread in streams:
         thread.start()
     # The streams are under way (each has its first piece; on a busy machine that can take
-    # longer than their start), and 60 pieces 40 ms apart leave them seconds to go.
+    # longer than their start), and 60 pieces 100 ms apart leave them seconds to go: the
+    # server is still streaming at the SIGTERM even when this client reads seconds behind.
     for _ in streams:
         assert begun.acquire(timeout=30), "a stream did not begin"
     gateway.process.send_signal(signal.SIGTERM)
