@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 from gateway.errors import InvalidRequestError, PayloadTooLargeError
 from gateway.serving.json_shape import JsonLimits, json_shape, surrogate_refusal
 from gateway.serving.protocol import Strict
-from gateway.serving.protocol.common import bracketed
+from gateway.serving.protocol.common import bracketed, list_page
 from gateway.state.files import MAX_EXPIRES_S, MIN_EXPIRES_S, FileStore
 
 #: What a client may upload.
@@ -282,9 +282,10 @@ class FileService:
     async def list(
         self, owner: str, purpose: str | None, after: str | None, limit: int, order: str
     ) -> dict[str, Any]:
-        return await self.store.list(
+        data, more = await self.store.list(
             owner, purpose=listed_purpose(purpose), after=after, limit=limit, order=order
         )
+        return list_page(data, more)
 
     async def get(self, owner: str, file_id: str) -> dict[str, Any]:
         return await self.store.get(owner, file_id)

@@ -396,10 +396,10 @@ class FileStore:
         after: str | None,
         limit: int,
         order: str,
-    ) -> dict[str, Any]:
+    ) -> tuple[list[dict[str, Any]], bool]:
         """A page of the caller's files (those of ``purpose``), by creation (``desc``:
         newest first), from the one after ``after`` (a 400 naming ``after`` when it is not
-        one of them), as OpenAI's list object."""
+        one of them): their file objects, and whether more follow."""
         await self._trim(owner)
         index = self._index(owner, purpose)
         desc = order == "desc"
@@ -427,14 +427,7 @@ class FileStore:
             bound = f"({int(scored[-1][1])}"
             if len(scored) < SCAN_BATCH:
                 break
-        data = [stored.public() for stored in found[:limit]]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(found) > limit,
-        }
+        return [stored.public() for stored in found[:limit]], len(found) > limit
 
 
 async def _pieces(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -275,7 +275,7 @@ async def test_the_store_refuses_while_streaming(
         await store.create(owner, "user_data", "x", pieces(BINARY * 2), expires_after_s=None)
     assert refused.value.param == "file" and refused.value.code == "file_too_large"
     assert file_keys(redis_server) == []
-    assert (await store.list(owner, purpose=None, after=None, limit=10, order="desc"))["data"] == []
+    assert await store.list(owner, purpose=None, after=None, limit=10, order="desc") == ([], False)
 
 
 async def test_past_the_quota_is_a_403_with_nothing_stored(redis_server: EmbeddedRedis) -> None:

@@ -15,6 +15,7 @@ from gateway.api.disconnect import cancel_on_disconnect
 from gateway.api.inference import inference
 from gateway.backend import scheduling
 from gateway.errors import InvalidRequestError
+from gateway.serving.protocol.common import list_page
 from gateway.serving.responses import ResponsesRequest
 from gateway.serving.sse import SSE_HEADERS
 
@@ -99,14 +100,7 @@ async def list_input_items(
         if after not in ids:
             raise InvalidRequestError(f"No input item with id '{after}'.", param="after")
         items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(items) > limit,
-    }
+    return list_page(items[:limit], len(items) > limit)
 
 
 @router.delete("/{response_id}")
