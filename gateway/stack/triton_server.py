@@ -22,6 +22,7 @@ variables: model code has no business with the gateway's admin key or Redis pass
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import ipaddress
 import os
@@ -31,6 +32,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,11 +122,38 @@ PORTS = range(20_000, 32_000)
 #: picking several (Triton's gRPC, HTTP and metrics ports, the replicas') binds them only
 #: later (a clean-clone test run once got one port for Triton's gRPC and HTTP).
 _HANDED_OUT: set[int] = set()
+#: Where :func:`free_port` records its picks for the other processes of this user on this
+#: machine (several ``gateway up``, the test suite's workers and the stacks they start):
+#: one file per port, so that a port another process picked but has not bound yet is not
+#: picked again (the test suite once lost a module to a Triton metrics port two workers
+#: had both picked).
+_RESERVATIONS = Path(tempfile.gettempdir()) / f"triton-gateway-ports-{os.getuid()}"
+#: How long a pick holds its port for the other processes: far longer than any server
+#: takes to bind it; past it the pick is forgotten (whoever binds the port holds it).
+RESERVED_S = 600.0
+
+
+def _reserve(port: int) -> bool:
+    """Whether ``port`` is this process's pick now: no other process picked it in the last
+    :data:`RESERVED_S`. Best effort: without a usable directory, every port is."""
+    path = _RESERVATIONS / str(port)
+    try:
+        _RESERVATIONS.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - path.stat().st_mtime > RESERVED_S:
+                path.unlink()
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, at random in :data:`PORTS` and never one this
-    process was given before (the kernel's pick when a hundred tries found none)."""
+    """A port nothing listens on now, at random in :data:`PORTS`, never one this process
+    was given before nor one another process picked lately (:func:`_reserve`); the
+    kernel's pick when a hundred tries found none."""
     for _ in range(100):
         port = random.choice(PORTS)
         if port in _HANDED_OUT:
@@ -134,8 +163,10 @@ def free_port(host: str = "127.0.0.1") -> int:
                 sock.bind((host, port))
             except OSError:
                 continue
-            _HANDED_OUT.add(port)
-            return port
+        if not _reserve(port):
+            continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
