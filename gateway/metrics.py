@@ -58,6 +58,8 @@ Triton's own metrics stay on Triton's metrics port.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -72,6 +74,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -99,6 +102,24 @@ class Usage:
 
 def multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class _FilesCollector(MultiProcessCollector):
+    """prometheus_client's multiprocess collector, less the files another process is just
+    making: such a file is empty for an instant, and reading it raised ``struct.error`` (a
+    replica starting beside another once failed to start; a scrape would fail the same)."""
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with contextlib.suppress(OSError):  # (gone meanwhile: a process's files removed)
+                if os.path.getsize(path) >= _HEADER_BYTES:
+                    files.append(path)
+        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call,no-any-return]
+
+
+#: The length of a metrics file's header (the bytes it uses), written once it is made.
+_HEADER_BYTES = 4
 
 
 class ModelLabelled(Generic[_Family]):
@@ -129,7 +150,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         if multiprocess():
             # Samples live in PROMETHEUS_MULTIPROC_DIR; /metrics reads all processes' files.
-            MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
+            _FilesCollector(self.registry)  # type: ignore[no-untyped-call]
         own = None if multiprocess() else self.registry
 
         def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:

@@ -7,7 +7,9 @@ import re
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from gateway.backend import ModelInfo
 from gateway.backend.fake import FakeBackend
@@ -234,3 +236,17 @@ def test_every_family_with_a_model_label_maps_it() -> None:
             *["real" if label == "model" else label for label in names]
         )
     assert "x" * 50 not in metrics.render()[0].decode()
+
+
+def test_a_metrics_file_another_process_is_making_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A replica that starts while another makes its file (empty for an instant) starts, and
+    # a scrape then answers: reading the empty file raised struct.error.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    written = MmapedDict(str(tmp_path / "counter_4241.db"))  # a process's, written
+    written.write_value(mmap_key("gateway_t_total", "gateway_t_total", (), (), "t"), 3.0, 0.0)
+    written.close()
+    (tmp_path / "counter_4242.db").write_bytes(b"")  # another's, being made
+    body, _ = Metrics().render()
+    assert b"gateway_t_total 3.0" in body
